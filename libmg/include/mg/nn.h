@@ -1,0 +1,190 @@
+/**
+ * @file nn.h
+ * @brief A seeded random generator and micrograd's Neuron, Layer and MLP.
+ *
+ * @defgroup nn Neural networks
+ * @brief Neurons, layers and MLPs whose parameters are leaves of a graph.
+ *
+ * A neuron computes `act(b + w[0]*x[0] + ... + w[n-1]*x[n-1])` as one #MG_OP_DOT node with a
+ * bias plus the activation, which is bit for bit what micrograd's `Neuron.__call__` computes.
+ * Parameters are created in the graph passed to the init call and hold one reference each for
+ * the struct; the struct must be freed before the graph and must not outlive a restore to a
+ * checkpoint saved before it was created.
+ * @{
+ */
+#ifndef MG_NN_H
+#define MG_NN_H
+
+#include "graph.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/** A seeded pseudo-random generator (xoshiro256**, seeded through splitmix64). */
+typedef struct mg_rng {
+    uint64_t s[4]; /**< Generator state. */
+} mg_rng;
+
+/**
+ * @brief Seeds a generator. The same seed gives the same sequence on every platform.
+ * @param[out] rng the generator to seed
+ * @param seed any 64-bit seed
+ */
+MG_API void mg_rng_seed(mg_rng *rng, uint64_t seed);
+
+/**
+ * @brief Next 64 random bits.
+ * @param rng the generator
+ * @return the bits.
+ */
+MG_API uint64_t mg_rng_next(mg_rng *rng);
+
+/**
+ * @brief A double uniform in [lo, hi), from 53 random bits (exact on every platform).
+ * @param rng the generator
+ * @param lo lower bound
+ * @param hi upper bound
+ * @return the number.
+ */
+MG_API double mg_rng_uniform(mg_rng *rng, double lo, double hi);
+
+/** Activation applied by a neuron. */
+typedef enum mg_activation {
+    MG_ACT_LINEAR = 0, /**< None. */
+    MG_ACT_RELU = 1,   /**< ReLU (micrograd's default). */
+    MG_ACT_TANH = 2,   /**< tanh. */
+    MG_ACT_SIGMOID = 3 /**< Logistic sigmoid. */
+} mg_activation;
+
+/** Weight initialisation. Biases start at 0 in both, as in micrograd. */
+typedef enum mg_init {
+    MG_INIT_UNIFORM = 0, /**< uniform(-1, 1), micrograd's. */
+    MG_INIT_SCALED = 1   /**< uniform(-1, 1) / sqrt(fan_in). */
+} mg_init;
+
+/** A neuron: `nin` weights and a bias, all leaves of its graph. */
+typedef struct mg_neuron mg_neuron;
+/** A layer of `nout` neurons over the same `nin` inputs. */
+typedef struct mg_layer mg_layer;
+/** A multi-layer perceptron; the last layer is linear. */
+typedef struct mg_mlp mg_mlp;
+
+/**
+ * @brief Creates a neuron with random weights.
+ * @param g the graph that owns the parameters
+ * @param nin number of inputs (0 allowed: the neuron is its bias)
+ * @param act activation
+ * @param init weight initialisation
+ * @param rng generator; NULL sets every weight to 0
+ * @return the neuron, freed with mg_neuron_free(); NULL on failure (the graph is unchanged).
+ */
+MG_API mg_neuron *mg_neuron_init(mg_graph *g, size_t nin, mg_activation act, mg_init init,
+                                 mg_rng *rng);
+/**
+ * @brief Applies a neuron to @p x.
+ * @param g the neuron's graph
+ * @param n the neuron
+ * @param x `nin` inputs
+ * @return the activation, owned by @p g; NULL on failure.
+ */
+MG_API mg_value *mg_neuron_call(mg_graph *g, const mg_neuron *n, mg_value *const *x);
+/** @brief Parameter count (`nin + 1`). @param n the neuron @return the count; 0 for NULL. */
+MG_API size_t mg_neuron_param_count(const mg_neuron *n);
+/**
+ * @brief Writes the parameters, weights then bias (micrograd's order).
+ * @param n the neuron
+ * @param[out] out room for mg_neuron_param_count() pointers (borrowed; owned by the graph)
+ * @return the number written.
+ */
+MG_API size_t mg_neuron_params(const mg_neuron *n, mg_value **out);
+/** @brief Number of inputs. @param n the neuron @return `nin`. */
+MG_API size_t mg_neuron_nin(const mg_neuron *n);
+/** @brief Activation. @param n the neuron @return the activation. */
+MG_API mg_activation mg_neuron_activation(const mg_neuron *n);
+/** @brief Changes the activation. @param n the neuron @param act the activation */
+MG_API void mg_neuron_set_activation(mg_neuron *n, mg_activation act);
+/** @brief Frees a neuron and drops its references to its parameters. @param n NULL is a no-op */
+MG_API void mg_neuron_free(mg_neuron *n);
+
+/**
+ * @brief Creates a layer of @p nout neurons.
+ * @param g the graph that owns the parameters
+ * @param nin inputs per neuron
+ * @param nout number of neurons, at least 1
+ * @param act activation of every neuron
+ * @param init weight initialisation
+ * @param rng generator (NULL: zero weights)
+ * @return the layer, freed with mg_layer_free(); NULL on failure (the graph is unchanged).
+ */
+MG_API mg_layer *mg_layer_init(mg_graph *g, size_t nin, size_t nout, mg_activation act,
+                               mg_init init, mg_rng *rng);
+/**
+ * @brief Applies a layer.
+ * @param g the layer's graph
+ * @param l the layer
+ * @param x `nin` inputs
+ * @param[out] out room for `nout` outputs (owned by @p g)
+ * @return #MG_OK or a negative status (the graph is unchanged then).
+ */
+MG_API int mg_layer_call(mg_graph *g, const mg_layer *l, mg_value *const *x, mg_value **out);
+/** @brief Parameter count. @param l the layer @return the count; 0 for NULL. */
+MG_API size_t mg_layer_param_count(const mg_layer *l);
+/** @brief Writes the parameters neuron by neuron. @param l the layer
+ *  @param[out] out room for mg_layer_param_count() pointers @return the number written. */
+MG_API size_t mg_layer_params(const mg_layer *l, mg_value **out);
+/** @brief Inputs per neuron. @param l the layer @return `nin`. */
+MG_API size_t mg_layer_nin(const mg_layer *l);
+/** @brief Number of neurons. @param l the layer @return `nout`. */
+MG_API size_t mg_layer_nout(const mg_layer *l);
+/** @brief The i-th neuron (owned by the layer). @param l the layer @param i index
+ *  @return the neuron; NULL when out of range. */
+MG_API mg_neuron *mg_layer_neuron(const mg_layer *l, size_t i);
+/** @brief Frees a layer and its neurons. @param l NULL is a no-op */
+MG_API void mg_layer_free(mg_layer *l);
+
+/**
+ * @brief Creates an MLP `nin -> nouts[0] -> ... -> nouts[nlayers-1]`.
+ * @param g the graph that owns the parameters
+ * @param nin number of inputs
+ * @param nouts layer widths, each at least 1
+ * @param nlayers number of layers, at least 1
+ * @param act activation of every layer but the last, which is linear
+ * @param init weight initialisation
+ * @param rng generator (NULL: zero weights)
+ * @return the MLP, freed with mg_mlp_free(); NULL on failure (the graph is unchanged).
+ */
+MG_API mg_mlp *mg_mlp_init(mg_graph *g, size_t nin, const size_t *nouts, size_t nlayers,
+                           mg_activation act, mg_init init, mg_rng *rng);
+/**
+ * @brief Applies an MLP.
+ * @param g the MLP's graph
+ * @param m the MLP
+ * @param x `nin` inputs
+ * @param[out] out room for mg_mlp_nout() outputs (owned by @p g)
+ * @return #MG_OK or a negative status (the graph is unchanged then).
+ */
+MG_API int mg_mlp_call(mg_graph *g, const mg_mlp *m, mg_value *const *x, mg_value **out);
+/** @brief Parameter count. @param m the MLP @return the count; 0 for NULL. */
+MG_API size_t mg_mlp_param_count(const mg_mlp *m);
+/** @brief Writes the parameters layer by layer (micrograd's order). @param m the MLP
+ *  @param[out] out room for mg_mlp_param_count() pointers @return the number written. */
+MG_API size_t mg_mlp_params(const mg_mlp *m, mg_value **out);
+/** @brief Number of inputs. @param m the MLP @return `nin`. */
+MG_API size_t mg_mlp_nin(const mg_mlp *m);
+/** @brief Number of outputs. @param m the MLP @return the last layer's width. */
+MG_API size_t mg_mlp_nout(const mg_mlp *m);
+/** @brief Number of layers. @param m the MLP @return the count. */
+MG_API size_t mg_mlp_nlayers(const mg_mlp *m);
+/** @brief The i-th layer (owned by the MLP). @param m the MLP @param i index
+ *  @return the layer; NULL when out of range. */
+MG_API mg_layer *mg_mlp_layer(const mg_mlp *m, size_t i);
+/** @brief Frees an MLP and its layers. @param m NULL is a no-op */
+MG_API void mg_mlp_free(mg_mlp *m);
+
+#ifdef __cplusplus
+}
+#endif
+
+/** @} */
+#endif /* MG_NN_H */

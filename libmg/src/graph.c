@@ -1,0 +1,492 @@
+/* Graphs: block allocation of values, the live list, checkpoints, reclamation and backward. */
+#include "graph_impl.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- allocator --------------------------------------------------------------------------- */
+
+static void *std_malloc(size_t n, void *ctx) { (void)ctx; return malloc(n); }
+static void *std_realloc(void *p, size_t n, void *ctx) { (void)ctx; return realloc(p, n); }
+static void std_free(void *p, void *ctx) { (void)ctx; free(p); }
+
+static const mg_allocator default_allocator = {std_malloc, std_realloc, std_free, NULL};
+
+const mg_allocator *mg_default_allocator(void) { return &default_allocator; }
+
+void *mg_graph__malloc(mg_graph *g, size_t n) {
+    void *p = g->alloc.malloc_fn(n ? n : 1, g->alloc.ctx);
+    if (!p) mg_graph__fail(g, MG_ENOMEM, "out of memory allocating %zu bytes", n);
+    return p;
+}
+
+void *mg_graph__realloc(mg_graph *g, void *p, size_t n) {
+    void *q = g->alloc.realloc_fn(p, n ? n : 1, g->alloc.ctx);
+    if (!q) mg_graph__fail(g, MG_ENOMEM, "out of memory growing a buffer to %zu bytes", n);
+    return q;
+}
+
+void mg_graph__free(mg_graph *g, void *p) {
+    if (p) g->alloc.free_fn(p, g->alloc.ctx);
+}
+
+int mg_graph__fail(mg_graph *g, int status, const char *fmt, ...) {
+    if (!g) return status;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(g->err, sizeof g->err, fmt, ap);
+    va_end(ap);
+    g->status = status;
+    return status;
+}
+
+/* ---- graphs ------------------------------------------------------------------------------ */
+
+mg_graph *mg_graph_new(void) { return mg_graph_new_with(NULL); }
+
+mg_graph *mg_graph_new_with(const mg_allocator *allocator) {
+    const mg_allocator *a = allocator ? allocator : &default_allocator;
+    if (!a->malloc_fn || !a->realloc_fn || !a->free_fn) return NULL;
+    mg_graph *g = a->malloc_fn(sizeof *g, a->ctx);
+    if (!g) return NULL;
+    memset(g, 0, sizeof *g);
+    g->alloc = *a;
+    g->next_serial = 1;
+    /* a tag from the address: distinct for graphs alive together, but for rare collisions */
+    uint64_t h = (uint64_t)(uintptr_t)g * 0x9E3779B97F4A7C15ull;
+    g->tag = (uint16_t)((h >> 48) | 1u);
+    return g;
+}
+
+static void free_args(mg_graph *g, mg_value *v) {
+    if (mg_op__arity[v->op] < 0) {
+        g->args_bytes -= sizeof(mg_args) + v->a.args->len * sizeof(mg_value *);
+        mg_graph__free(g, v->a.args);
+        v->a.args = NULL;
+    }
+}
+
+void mg_graph_free(mg_graph *g) {
+    if (!g) return;
+    for (mg_value *v = g->head; v; v = v->next) free_args(g, v);
+    mg_block *b = g->blocks;
+    while (b) {
+        mg_block *next = b->next;
+        mg_graph__free(g, b);
+        b = next;
+    }
+    mg_graph__free(g, g->stack);
+    mg_graph__free(g, g->order);
+    g->alloc.free_fn(g, g->alloc.ctx);
+}
+
+size_t mg_graph_len(const mg_graph *g) { return g ? g->len : 0; }
+
+size_t mg_graph_bytes(const mg_graph *g) {
+    if (!g) return 0;
+    return sizeof *g + g->block_bytes + g->args_bytes + g->stack_cap * sizeof(mg_frame) +
+           g->order_cap * sizeof(mg_value *);
+}
+
+const char *mg_graph_last_error(const mg_graph *g) { return g ? g->err : "no graph"; }
+int mg_graph_last_status(const mg_graph *g) { return g ? g->status : MG_EINVAL; }
+
+void mg_graph_clear_error(mg_graph *g) {
+    if (!g) return;
+    g->err[0] = '\0';
+    g->status = MG_OK;
+}
+
+void mg_graph_set_autofree(mg_graph *g, int on) {
+    if (g) g->autofree = on != 0;
+}
+
+/* ---- value slots ------------------------------------------------------------------------- */
+
+#define MG_BLOCK_MIN 64
+#define MG_BLOCK_MAX 16384 /* 1 MiB of values per block */
+
+/* A fresh slot, linked at the tail of the live list. Blocks grow geometrically, so the
+ * per-block malloc overhead is amortised to well under a byte per value. */
+static mg_value *new_slot(mg_graph *g) {
+    mg_value *v = g->free_list;
+    if (v) {
+        g->free_list = v->next;
+    } else {
+        mg_block *b = g->blocks;
+        if (!b || b->used == b->cap) {
+            size_t cap = b ? b->cap * 2 : MG_BLOCK_MIN;
+            if (cap > MG_BLOCK_MAX) cap = MG_BLOCK_MAX;
+            size_t bytes = sizeof(mg_block) + cap * sizeof(mg_value);
+            mg_block *nb = mg_graph__malloc(g, bytes);
+            if (!nb) return NULL;
+            nb->next = b;
+            nb->cap = cap;
+            nb->used = 0;
+            g->blocks = nb;
+            g->block_bytes += bytes;
+            b = nb;
+        }
+        v = &b->values[b->used++];
+    }
+    v->grad = 0.0;
+    v->next = NULL;
+    v->prev = g->tail;
+    if (g->tail) g->tail->next = v;
+    else g->head = v;
+    g->tail = v;
+    v->serial = g->next_serial++;
+    v->refs = 0;
+    v->flags = 0;
+    v->tag = g->tag;
+    g->len++;
+    return v;
+}
+
+static void unlink_value(mg_graph *g, mg_value *v) {
+    if (v->prev) v->prev->next = v->next;
+    else g->head = v->next;
+    if (v->next) v->next->prev = v->prev;
+    else g->tail = v->prev;
+    g->len--;
+}
+
+/* Drops the references `v` holds on its operands, queueing operands that die (autofree) on the
+ * intrusive worklist `*pending` (linked through `next`), then returns `v`'s slot to the free list.
+ * iterative: releasing the head of a 10,000,000-deep chain must not recurse. */
+static void drop_slot(mg_graph *g, mg_value *v, mg_value **pending) {
+    size_t n = mg_value__nops(v);
+    for (size_t i = 0; i < n; i++) {
+        mg_value *o = mg_value__op(v, i);
+        if (o->refs != UINT32_MAX && o->refs > 0 && --o->refs == 0 && g->autofree &&
+            o->serial != 0) {
+            unlink_value(g, o);
+            o->serial = 0;
+            o->next = *pending;
+            *pending = o;
+        }
+    }
+    free_args(g, v);
+    v->serial = 0;
+    v->next = g->free_list;
+    g->free_list = v;
+}
+
+static void drain(mg_graph *g, mg_value *pending) {
+    while (pending) {
+        mg_value *v = pending;
+        pending = v->next;
+        drop_slot(g, v, &pending);
+    }
+}
+
+void mg_value_retain(mg_value *v) {
+    if (v && v->refs != UINT32_MAX) v->refs++;
+}
+
+void mg_value_release(mg_graph *g, mg_value *v) {
+    if (!g || !v || v->serial == 0 || v->tag != g->tag || v->refs == UINT32_MAX || v->refs == 0)
+        return;
+    if (--v->refs > 0 || !g->autofree) return;
+    unlink_value(g, v);
+    v->serial = 0;
+    v->next = NULL;
+    drain(g, v);
+}
+
+mg_graph_checkpoint mg_graph_save(const mg_graph *g) {
+    mg_graph_checkpoint cp = {g ? g->next_serial : UINT64_MAX};
+    return cp;
+}
+
+size_t mg_graph_restore(mg_graph *g, mg_graph_checkpoint cp) {
+    if (!g) return 0;
+    size_t before = g->len;
+    /* The live list is in creation order, so everything newer than the checkpoint is a suffix. */
+    while (g->tail && g->tail->serial >= cp.serial) {
+        mg_value *v = g->tail;
+        unlink_value(g, v);
+        mg_value *pending = NULL;
+        drop_slot(g, v, &pending);
+        drain(g, pending);
+    }
+    return before - g->len;
+}
+
+void mg_zero_grad(mg_graph *g) {
+    if (!g) return;
+    for (mg_value *v = g->head; v; v = v->next) v->grad = 0.0;
+}
+
+/* ---- value accessors --------------------------------------------------------------------- */
+
+double mg_data(const mg_value *v) { return v ? v->data : NAN; }
+double mg_grad(const mg_value *v) { return v ? v->grad : NAN; }
+void mg_set_data(mg_value *v, double x) { if (v) v->data = x; }
+void mg_set_grad(mg_value *v, double x) { if (v) v->grad = x; }
+int mg_value_op(const mg_value *v) { return v ? (int)v->op : -1; }
+size_t mg_value_noperands(const mg_value *v) { return v ? mg_value__nops(v) : 0; }
+
+mg_value *mg_value_operand(const mg_value *v, size_t i) {
+    if (!v || i >= mg_value__nops(v)) return NULL;
+    return mg_value__op(v, i);
+}
+
+double mg_value_const(const mg_value *v) {
+    if (!v) return NAN;
+    if (v->op == MG_OP_POW) return v->b.k;
+    if (mg_op__arity[v->op] < 0) return v->op == MG_OP_SUM ? 0.0 : (double)v->a.args->n;
+    return 0.0;
+}
+
+int mg_value_has_bias(const mg_value *v) { return v && v->op == MG_OP_DOT && (v->flags & MG_FLAG_BIAS); }
+uint64_t mg_value_serial(const mg_value *v) { return v ? v->serial : 0; }
+int mg_value_is_live(const mg_value *v, uint64_t serial) { return v && serial && v->serial == serial; }
+
+int mg_value_in_graph(const mg_graph *g, const mg_value *v) {
+    if (!g || !v || v->serial == 0 || v->tag != g->tag) return 0;
+    for (const mg_block *b = g->blocks; b; b = b->next)
+        if (v >= b->values && v < b->values + b->used) return 1;
+    return 0;
+}
+
+/* ---- creating values --------------------------------------------------------------------- */
+
+mg_value *mg_scalar(mg_graph *g, double x) {
+    if (!g) return NULL;
+    mg_value *v = new_slot(g);
+    if (!v) return NULL;
+    v->data = x;
+    v->op = MG_OP_LEAF;
+    v->a.v = NULL;
+    v->b.v = NULL;
+    return v;
+}
+
+mg_value *mg_apply(mg_graph *g, int op, mg_value *a, mg_value *b, double k) {
+    if (!g) return NULL;
+    if (op < 0 || op >= MG_OP_COUNT || mg_op__arity[op] < 1) {
+        mg_graph__fail(g, MG_EINVAL, "mg_apply: op %d is not elementwise", op);
+        return NULL;
+    }
+    int ar = mg_op__arity[op];
+    if (!a || (ar == 2 && !b)) return NULL; /* NULL propagates silently: the cause is recorded */
+    if (a->tag != g->tag || a->serial == 0 || (ar == 2 && (b->tag != g->tag || b->serial == 0))) {
+        mg_graph__fail(g, MG_EINVAL, "%s: operand from another graph or released", mg_op_name(op));
+        return NULL;
+    }
+    mg_value *v = new_slot(g);
+    if (!v) return NULL;
+    v->op = (uint8_t)op;
+    v->a.v = a;
+    mg_value_retain(a);
+    if (ar == 2) {
+        v->b.v = b;
+        mg_value_retain(b);
+        v->data = mg_op__forward(op, a->data, b->data, 0.0);
+    } else {
+        v->b.k = k;
+        v->data = mg_op__forward(op, a->data, 0.0, k);
+    }
+    return v;
+}
+
+mg_value *mg_add(mg_graph *g, mg_value *a, mg_value *b) { return mg_apply(g, MG_OP_ADD, a, b, 0); }
+mg_value *mg_sub(mg_graph *g, mg_value *a, mg_value *b) { return mg_apply(g, MG_OP_SUB, a, b, 0); }
+mg_value *mg_mul(mg_graph *g, mg_value *a, mg_value *b) { return mg_apply(g, MG_OP_MUL, a, b, 0); }
+mg_value *mg_div(mg_graph *g, mg_value *a, mg_value *b) { return mg_apply(g, MG_OP_DIV, a, b, 0); }
+mg_value *mg_neg(mg_graph *g, mg_value *a) { return mg_apply(g, MG_OP_NEG, a, NULL, 0); }
+mg_value *mg_pow(mg_graph *g, mg_value *a, double k) { return mg_apply(g, MG_OP_POW, a, NULL, k); }
+mg_value *mg_powv(mg_graph *g, mg_value *a, mg_value *b) { return mg_apply(g, MG_OP_POWV, a, b, 0); }
+mg_value *mg_square(mg_graph *g, mg_value *a) { return mg_apply(g, MG_OP_SQUARE, a, NULL, 0); }
+mg_value *mg_relu(mg_graph *g, mg_value *a) { return mg_apply(g, MG_OP_RELU, a, NULL, 0); }
+mg_value *mg_tanh(mg_graph *g, mg_value *a) { return mg_apply(g, MG_OP_TANH, a, NULL, 0); }
+mg_value *mg_exp(mg_graph *g, mg_value *a) { return mg_apply(g, MG_OP_EXP, a, NULL, 0); }
+mg_value *mg_log(mg_graph *g, mg_value *a) { return mg_apply(g, MG_OP_LOG, a, NULL, 0); }
+mg_value *mg_sigmoid(mg_graph *g, mg_value *a) { return mg_apply(g, MG_OP_SIGMOID, a, NULL, 0); }
+mg_value *mg_max(mg_graph *g, mg_value *a, mg_value *b) { return mg_apply(g, MG_OP_MAX, a, b, 0); }
+
+mg_value *mg_graph__nary(mg_graph *g, int op, uint32_t n, uint32_t flags, size_t nparts,
+                         mg_value *const *const *parts, const size_t *lens) {
+    if (!g) return NULL;
+    size_t len = 0;
+    for (size_t p = 0; p < nparts; p++) {
+        if (lens[p] && !parts[p]) {
+            mg_graph__fail(g, MG_EINVAL, "%s: NULL operand array", mg_op_name(op));
+            return NULL;
+        }
+        for (size_t i = 0; i < lens[p]; i++) {
+            const mg_value *o = parts[p][i];
+            if (!o) return NULL; /* NULL operand: propagate */
+            if (o->tag != g->tag || o->serial == 0) {
+                mg_graph__fail(g, MG_EINVAL, "%s: operand from another graph or released",
+                               mg_op_name(op));
+                return NULL;
+            }
+        }
+        len += lens[p];
+    }
+    if (len > UINT32_MAX / 2) {
+        mg_graph__fail(g, MG_ERANGE, "%s: %zu operands is too many", mg_op_name(op), len);
+        return NULL;
+    }
+    mg_args *args = mg_graph__malloc(g, sizeof(mg_args) + len * sizeof(mg_value *));
+    if (!args) return NULL;
+    mg_value *v = new_slot(g);
+    if (!v) {
+        mg_graph__free(g, args);
+        return NULL;
+    }
+    g->args_bytes += sizeof(mg_args) + len * sizeof(mg_value *);
+    args->len = (uint32_t)len;
+    args->n = n;
+    size_t k = 0;
+    for (size_t p = 0; p < nparts; p++)
+        for (size_t i = 0; i < lens[p]; i++) {
+            args->v[k++] = parts[p][i];
+            mg_value_retain(parts[p][i]);
+        }
+    v->op = (uint8_t)op;
+    v->flags = (uint8_t)flags;
+    v->a.args = args;
+    v->b.v = NULL;
+    v->data = mg_op__nary_forward(op, v);
+    return v;
+}
+
+mg_value *mg_sum(mg_graph *g, mg_value *const *v, size_t n) {
+    mg_value *const *parts[1] = {v};
+    size_t lens[1] = {n};
+    return mg_graph__nary(g, MG_OP_SUM, (uint32_t)(n > UINT32_MAX ? 0 : n), 0, 1, parts, lens);
+}
+
+static int check_n(mg_graph *g, const char *what, size_t n, size_t min) {
+    if (n < min || n > UINT32_MAX / 4) {
+        mg_graph__fail(g, MG_EINVAL, "%s: length %zu out of range", what, n);
+        return 0;
+    }
+    return 1;
+}
+
+mg_value *mg_dot(mg_graph *g, mg_value *const *a, mg_value *const *b, size_t n) {
+    if (!g || !check_n(g, "mg_dot", n, 0)) return NULL;
+    mg_value *const *parts[2] = {a, b};
+    size_t lens[2] = {n, n};
+    return mg_graph__nary(g, MG_OP_DOT, (uint32_t)n, 0, 2, parts, lens);
+}
+
+mg_value *mg_affine(mg_graph *g, mg_value *const *w, mg_value *const *x, size_t n,
+                    mg_value *bias) {
+    if (!g || !check_n(g, "mg_affine", n, 0)) return NULL;
+    if (!bias) return NULL;
+    mg_value *const *parts[3] = {w, x, &bias};
+    size_t lens[3] = {n, n, 1};
+    return mg_graph__nary(g, MG_OP_DOT, (uint32_t)n, MG_FLAG_BIAS, 3, parts, lens);
+}
+
+mg_value *mg_mse(mg_graph *g, mg_value *const *pred, mg_value *const *target, size_t n) {
+    if (!g || !check_n(g, "mg_mse", n, 1)) return NULL;
+    mg_value *const *parts[2] = {pred, target};
+    size_t lens[2] = {n, n};
+    return mg_graph__nary(g, MG_OP_MSE, (uint32_t)n, 0, 2, parts, lens);
+}
+
+mg_value *mg_hinge(mg_graph *g, mg_value *const *score, mg_value *const *y, size_t n) {
+    if (!g || !check_n(g, "mg_hinge", n, 1)) return NULL;
+    mg_value *const *parts[2] = {score, y};
+    size_t lens[2] = {n, n};
+    return mg_graph__nary(g, MG_OP_HINGE, (uint32_t)n, 0, 2, parts, lens);
+}
+
+mg_value *mg_cross_entropy(mg_graph *g, mg_value *const *logits, size_t n, mg_value *target) {
+    if (!g || !check_n(g, "mg_cross_entropy", n, 1)) return NULL;
+    if (!target) return NULL;
+    double t = target->data;
+    if (!(t >= 0.0 && t < (double)n && t == floor(t))) {
+        mg_graph__fail(g, MG_EINVAL, "mg_cross_entropy: target %g is not a class index in [0, %zu)",
+                       t, n);
+        return NULL;
+    }
+    mg_value *const *parts[2] = {logits, &target};
+    size_t lens[2] = {n, 1};
+    return mg_graph__nary(g, MG_OP_XENT, (uint32_t)n, 0, 2, parts, lens);
+}
+
+/* ---- backward ---------------------------------------------------------------------------- */
+
+static int grow(mg_graph *g, void **buf, size_t *cap, size_t elem, size_t need) {
+    if (need <= *cap) return 1;
+    size_t nc = *cap ? *cap : 1024;
+    while (nc < need) nc *= 2;
+    void *nb = mg_graph__realloc(g, *buf, nc * elem);
+    if (!nb) return 0;
+    *buf = nb;
+    *cap = nc;
+    return 1;
+}
+
+/* Reachable values in post-order (operands before users), into g->order; returns the count, or
+ * (size_t)-1 when working memory cannot grow (every mark is cleared then).
+ * iterative: a 10,000,000-deep chain is a 10,000,000-deep DFS. */
+static size_t topo_order(mg_graph *g, mg_value *out) {
+    size_t sp = 0, n = 0;
+    if (!grow(g, (void **)&g->stack, &g->stack_cap, sizeof(mg_frame), 1)) return (size_t)-1;
+    g->stack[sp++] = (mg_frame){out, 0};
+    out->flags |= MG_FLAG_VISITED;
+    while (sp) {
+        mg_frame *f = &g->stack[sp - 1];
+        mg_value *v = f->v;
+        if (f->i < mg_value__nops(v)) {
+            mg_value *c = mg_value__op(v, f->i++);
+            if (!(c->flags & MG_FLAG_VISITED)) {
+                if (!grow(g, (void **)&g->stack, &g->stack_cap, sizeof(mg_frame), sp + 1)) goto fail;
+                c->flags |= MG_FLAG_VISITED;
+                g->stack[sp++] = (mg_frame){c, 0};
+            }
+        } else {
+            if (!grow(g, (void **)&g->order, &g->order_cap, sizeof(mg_value *), n + 1)) goto fail;
+            g->order[n++] = v;
+            sp--;
+        }
+    }
+    return n;
+fail:
+    for (size_t i = 0; i < sp; i++) g->stack[i].v->flags &= (uint8_t)~MG_FLAG_VISITED;
+    for (size_t i = 0; i < n; i++) g->order[i]->flags &= (uint8_t)~MG_FLAG_VISITED;
+    /* values marked but neither on the stack nor in the order do not exist: a value is marked
+     * exactly when pushed, and leaves the stack only into the order. */
+    return (size_t)-1;
+}
+
+int mg_backward(mg_graph *g, mg_value *out) {
+    if (!g) return MG_EINVAL;
+    if (!out || out->serial == 0 || out->tag != g->tag)
+        return mg_graph__fail(g, MG_EINVAL, "mg_backward: %s",
+                              !out ? "NULL value" : out->serial ? "value of another graph" : "released value");
+    size_t n = topo_order(g, out);
+    if (n == (size_t)-1) return MG_ENOMEM;
+    mg_value **order = g->order;
+    for (size_t i = 0; i < n; i++) {
+        mg_value *v = order[i];
+        v->flags &= (uint8_t)~MG_FLAG_VISITED;
+        if (v->op != MG_OP_LEAF) v->grad = 0.0; /* intermediates: afresh; leaves accumulate */
+    }
+    out->grad += 1.0;
+    for (size_t i = n; i-- > 0;) {
+        mg_value *v = order[i];
+        double gr = v->grad;
+        int ar = mg_op__arity[v->op];
+        if (ar > 0) {
+            double dA, dB;
+            mg_value *a = v->a.v, *b = ar == 2 ? v->b.v : NULL;
+            mg_op__derivs(v->op, a->data, b ? b->data : 0.0, b ? 0.0 : v->b.k, v->data, &dA, &dB);
+            a->grad += dA * gr;
+            if (b) b->grad += dB * gr;
+        } else if (ar < 0) {
+            mg_op__nary_backward(v, gr);
+        }
+    }
+    return MG_OK;
+}

@@ -1,0 +1,149 @@
+/* Internal layouts of graphs and values. Not installed; users go through graph.h. */
+#ifndef MG_GRAPH_IMPL_H
+#define MG_GRAPH_IMPL_H
+
+#include "mg/graph.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdbool.h>
+
+/* Operands of a variadic node, allocated with the node and freed with it.
+ * v[(len)] holds, per op: SUM terms; DOT a[n], b[n], [bias]; MSE/HINGE pred[n], target[n];
+ * XENT logits[n], target. */
+typedef struct mg_args {
+    uint32_t len;  /* number of operand pointers in v */
+    uint32_t n;    /* the op's term count (see mg_value_const) */
+    mg_value *v[]; /* len operands */
+} mg_args;
+
+enum {
+    MG_FLAG_VISITED = 1u << 0, /* set during backward's traversal only */
+    MG_FLAG_BIAS = 1u << 1     /* DOT node whose last operand is a bias */
+};
+
+/* 64 bytes: the issue's budget. Values live in blocks owned by the graph; `next`/`prev` link the
+ * live values in creation order (so restore pops from the tail), `next` also links free slots. */
+struct mg_value {
+    double data;
+    double grad;
+    mg_value *next;
+    mg_value *prev;
+    union {
+        mg_value *v; /* elementwise: first operand */
+        mg_args *args; /* variadic */
+    } a;
+    union {
+        mg_value *v; /* binary: second operand */
+        double k;    /* unary: the op's constant (POW's exponent) */
+    } b;
+    uint64_t serial; /* creation order and generation; 0 while the slot is free */
+    uint32_t refs;   /* handles + parents; saturates (then the value is pinned) */
+    uint8_t op;
+    uint8_t flags;
+    uint16_t tag;    /* owning graph's tag: catches operands from another graph */
+};
+
+#if defined(__STDC_VERSION__) && __STDC_VERSION__ >= 201112L
+_Static_assert(sizeof(struct mg_value) == 64, "mg_value must stay 64 bytes");
+#endif
+
+typedef struct mg_block {
+    struct mg_block *next;
+    size_t cap;
+    size_t used;
+    size_t pad; /* keeps values 32-byte aligned after the header */
+    mg_value values[];
+} mg_block;
+
+typedef struct mg_frame {
+    mg_value *v;
+    size_t i; /* next operand to visit */
+} mg_frame;
+
+struct mg_graph {
+    mg_allocator alloc;
+    mg_value *head, *tail; /* live values, creation order */
+    mg_value *free_list;
+    mg_block *blocks;
+    size_t len;
+    size_t block_bytes;
+    size_t args_bytes;
+    uint64_t next_serial;
+    bool autofree;
+    uint16_t tag;
+    /* backward working memory, reused across calls */
+    mg_frame *stack;
+    size_t stack_cap;
+    mg_value **order;
+    size_t order_cap;
+    int status;
+    char err[256];
+};
+
+/* Allocation through the graph's allocator. */
+void *mg_graph__malloc(mg_graph *g, size_t n);
+void *mg_graph__realloc(mg_graph *g, void *p, size_t n);
+void mg_graph__free(mg_graph *g, void *p);
+
+/* Records an error (printf-style message) and returns `status`. */
+int mg_graph__fail(mg_graph *g, int status, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+
+/* Arity per op, generated from the table (-1: variadic, 0: leaf). */
+extern const int8_t mg_op__arity[MG_OP_COUNT];
+
+/* Number of operands and the i-th one, for any node. */
+static inline size_t mg_value__nops(const mg_value *v) {
+    int ar = mg_op__arity[v->op];
+    return ar >= 0 ? (size_t)ar : v->a.args->len;
+}
+
+static inline mg_value *mg_value__op(const mg_value *v, size_t i) {
+    if (mg_op__arity[v->op] < 0) return v->a.args->v[i];
+    return i == 0 ? v->a.v : v->b.v;
+}
+
+/* Forward and local derivatives of an elementwise op, expanded from the table. `which` 0 gives
+ * dA, 1 gives dB. Variadic and leaf ops are not elementwise: they give NaN here. */
+static inline double mg_op__forward(int op, double A, double B, double K) {
+    (void)A; (void)B; (void)K;
+    switch ((mg_op)op) {
+#define MG__FWD_S(id, name, sym, ar, f, da, db) case MG_OP_##id: return (f);
+#define MG__FWD_N(id, name, sym) case MG_OP_##id: break;
+    MG_OP_LIST(MG__FWD_S, MG__FWD_N)
+#undef MG__FWD_S
+#undef MG__FWD_N
+    case MG_OP_COUNT: break;
+    }
+    return NAN;
+}
+
+static inline void mg_op__derivs(int op, double A, double B, double K, double Y, double *dA,
+                                 double *dB) {
+    (void)A; (void)B; (void)K; (void)Y;
+    switch ((mg_op)op) {
+#define MG__BWD_S(id, name, sym, ar, f, da, db) \
+    case MG_OP_##id: *dA = (da); *dB = (db); return;
+#define MG__BWD_N(id, name, sym) case MG_OP_##id: break;
+    MG_OP_LIST(MG__BWD_S, MG__BWD_N)
+#undef MG__BWD_S
+#undef MG__BWD_N
+    case MG_OP_COUNT: break;
+    }
+    *dA = *dB = NAN;
+}
+
+/* Creates a variadic node over `len` operands copied from `parts` (concatenated arrays). */
+mg_value *mg_graph__nary(mg_graph *g, int op, uint32_t n, uint32_t flags, size_t nparts,
+                         mg_value *const *const *parts, const size_t *lens);
+
+/* Forward of a variadic node from its operands' data (shared by eager and frozen paths). */
+double mg_op__nary_forward(int op, const mg_value *v);
+/* Backward of a variadic node: adds into its operands' gradients. */
+void mg_op__nary_backward(const mg_value *v, double g);
+
+#endif /* MG_GRAPH_IMPL_H */

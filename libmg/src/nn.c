@@ -1,0 +1,307 @@
+/* Seeded generator, neurons, layers and MLPs over graph values. */
+#include "graph_impl.h"
+#include "mg/nn.h"
+
+#include <math.h>
+#include <string.h>
+
+/* ---- rng: xoshiro256** seeded by splitmix64 (integer-only, so bitwise portable) ---------- */
+
+static uint64_t splitmix64(uint64_t *x) {
+    uint64_t z = (*x += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+void mg_rng_seed(mg_rng *rng, uint64_t seed) {
+    if (!rng) return;
+    for (int i = 0; i < 4; i++) rng->s[i] = splitmix64(&seed);
+}
+
+static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+
+uint64_t mg_rng_next(mg_rng *rng) {
+    uint64_t *s = rng->s;
+    uint64_t result = rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
+    s[2] ^= s[0];
+    s[3] ^= s[1];
+    s[1] ^= s[2];
+    s[0] ^= s[3];
+    s[2] ^= t;
+    s[3] = rotl(s[3], 45);
+    return result;
+}
+
+double mg_rng_uniform(mg_rng *rng, double lo, double hi) {
+    /* 53 bits -> [0, 1) exactly; one multiply and one add, both correctly rounded. */
+    double u = (double)(mg_rng_next(rng) >> 11) * 0x1.0p-53;
+    return lo + (hi - lo) * u;
+}
+
+/* ---- structs ----------------------------------------------------------------------------- */
+
+struct mg_neuron {
+    mg_graph *g;
+    size_t nin;
+    mg_activation act;
+    mg_value *b;
+    mg_value **w; /* w[nin] */
+};
+
+struct mg_layer {
+    mg_graph *g;
+    size_t nin, nout;
+    mg_neuron **neurons; /* neurons[nout] */
+};
+
+struct mg_mlp {
+    mg_graph *g;
+    size_t nin, nlayers;
+    mg_layer **layers; /* layers[nlayers] */
+    size_t max_width;
+};
+
+static mg_value *activate(mg_graph *g, mg_activation act, mg_value *x) {
+    switch (act) {
+    case MG_ACT_LINEAR: return x;
+    case MG_ACT_RELU: return mg_relu(g, x);
+    case MG_ACT_TANH: return mg_tanh(g, x);
+    case MG_ACT_SIGMOID: return mg_sigmoid(g, x);
+    }
+    mg_graph__fail(g, MG_EINVAL, "unknown activation %d", (int)act);
+    return NULL;
+}
+
+static int valid_act(mg_activation act) { return act >= MG_ACT_LINEAR && act <= MG_ACT_SIGMOID; }
+
+/* Frees the struct and drops its parameter references; the parameters themselves stay in the
+ * graph (they are leaves; restore or graph_free reclaims them). */
+void mg_neuron_free(mg_neuron *n) {
+    if (!n) return;
+    mg_graph *g = n->g;
+    if (n->w)
+        for (size_t i = 0; i < n->nin; i++) mg_value_release(g, n->w[i]);
+    mg_value_release(g, n->b);
+    mg_graph__free(g, n->w);
+    mg_graph__free(g, n);
+}
+
+mg_neuron *mg_neuron_init(mg_graph *g, size_t nin, mg_activation act, mg_init init, mg_rng *rng) {
+    if (!g) return NULL;
+    if (!valid_act(act) || (init != MG_INIT_UNIFORM && init != MG_INIT_SCALED)) {
+        mg_graph__fail(g, MG_EINVAL, "mg_neuron_init: bad activation or init");
+        return NULL;
+    }
+    if (nin > SIZE_MAX / sizeof(mg_value *) / 4) {
+        mg_graph__fail(g, MG_ERANGE, "mg_neuron_init: %zu inputs is too many", nin);
+        return NULL;
+    }
+    mg_graph_checkpoint cp = mg_graph_save(g);
+    mg_neuron *n = mg_graph__malloc(g, sizeof *n);
+    if (!n) return NULL;
+    memset(n, 0, sizeof *n);
+    n->g = g;
+    n->act = act;
+    n->w = mg_graph__malloc(g, (nin ? nin : 1) * sizeof(mg_value *));
+    if (!n->w) goto fail;
+    double scale = init == MG_INIT_SCALED && nin > 0 ? 1.0 / sqrt((double)nin) : 1.0;
+    for (size_t i = 0; i < nin; i++) {
+        double x = rng ? mg_rng_uniform(rng, -1.0, 1.0) * scale : 0.0;
+        mg_value *w = mg_scalar(g, x);
+        if (!w) goto fail;
+        mg_value_retain(w);
+        n->w[n->nin++] = w;
+    }
+    n->b = mg_scalar(g, 0.0);
+    if (!n->b) goto fail;
+    mg_value_retain(n->b);
+    return n;
+fail:
+    /* roll back: drop the references, then free the parameters created so far */
+    mg_neuron_free(n);
+    mg_graph_restore(g, cp);
+    return NULL;
+}
+
+mg_value *mg_neuron_call(mg_graph *g, const mg_neuron *n, mg_value *const *x) {
+    if (!g || !n) return NULL;
+    if (n->g != g) {
+        mg_graph__fail(g, MG_EINVAL, "mg_neuron_call: neuron belongs to another graph");
+        return NULL;
+    }
+    if (n->nin && !x) {
+        mg_graph__fail(g, MG_EINVAL, "mg_neuron_call: NULL input array");
+        return NULL;
+    }
+    mg_graph_checkpoint cp = mg_graph_save(g);
+    mg_value *act = mg_affine(g, n->w, x, n->nin, n->b);
+    mg_value *y = act ? activate(g, n->act, act) : NULL;
+    if (!y) mg_graph_restore(g, cp);
+    return y;
+}
+
+size_t mg_neuron_param_count(const mg_neuron *n) { return n ? n->nin + 1 : 0; }
+
+size_t mg_neuron_params(const mg_neuron *n, mg_value **out) {
+    if (!n || !out) return 0;
+    memcpy(out, n->w, n->nin * sizeof(mg_value *));
+    out[n->nin] = n->b;
+    return n->nin + 1;
+}
+
+size_t mg_neuron_nin(const mg_neuron *n) { return n ? n->nin : 0; }
+mg_activation mg_neuron_activation(const mg_neuron *n) { return n ? n->act : MG_ACT_LINEAR; }
+
+void mg_neuron_set_activation(mg_neuron *n, mg_activation act) {
+    if (n && valid_act(act)) n->act = act;
+}
+
+/* ---- layers ------------------------------------------------------------------------------ */
+
+void mg_layer_free(mg_layer *l) {
+    if (!l) return;
+    if (l->neurons)
+        for (size_t i = 0; i < l->nout; i++) mg_neuron_free(l->neurons[i]);
+    mg_graph__free(l->g, l->neurons);
+    mg_graph__free(l->g, l);
+}
+
+mg_layer *mg_layer_init(mg_graph *g, size_t nin, size_t nout, mg_activation act, mg_init init,
+                        mg_rng *rng) {
+    if (!g) return NULL;
+    if (nout == 0 || nout > SIZE_MAX / sizeof(mg_neuron *) / 4) {
+        mg_graph__fail(g, MG_EINVAL, "mg_layer_init: a layer needs at least one neuron");
+        return NULL;
+    }
+    mg_graph_checkpoint cp = mg_graph_save(g);
+    mg_layer *l = mg_graph__malloc(g, sizeof *l);
+    if (!l) return NULL;
+    l->g = g;
+    l->nin = nin;
+    l->nout = 0;
+    l->neurons = mg_graph__malloc(g, nout * sizeof(mg_neuron *));
+    if (!l->neurons) goto fail;
+    for (size_t i = 0; i < nout; i++) {
+        mg_neuron *n = mg_neuron_init(g, nin, act, init, rng);
+        if (!n) goto fail;
+        l->neurons[l->nout++] = n;
+    }
+    return l;
+fail:
+    mg_layer_free(l);
+    mg_graph_restore(g, cp);
+    return NULL;
+}
+
+int mg_layer_call(mg_graph *g, const mg_layer *l, mg_value *const *x, mg_value **out) {
+    if (!g) return MG_EINVAL;
+    if (!l || !out) return mg_graph__fail(g, MG_EINVAL, "mg_layer_call: NULL argument");
+    mg_graph_checkpoint cp = mg_graph_save(g);
+    for (size_t i = 0; i < l->nout; i++) {
+        out[i] = mg_neuron_call(g, l->neurons[i], x);
+        if (!out[i]) {
+            mg_graph_restore(g, cp);
+            if (g->status == MG_OK)
+                return mg_graph__fail(g, MG_EINVAL, "mg_layer_call: NULL input");
+            return g->status;
+        }
+    }
+    return MG_OK;
+}
+
+size_t mg_layer_param_count(const mg_layer *l) { return l ? l->nout * (l->nin + 1) : 0; }
+
+size_t mg_layer_params(const mg_layer *l, mg_value **out) {
+    if (!l || !out) return 0;
+    size_t k = 0;
+    for (size_t i = 0; i < l->nout; i++) k += mg_neuron_params(l->neurons[i], out + k);
+    return k;
+}
+
+size_t mg_layer_nin(const mg_layer *l) { return l ? l->nin : 0; }
+size_t mg_layer_nout(const mg_layer *l) { return l ? l->nout : 0; }
+mg_neuron *mg_layer_neuron(const mg_layer *l, size_t i) { return l && i < l->nout ? l->neurons[i] : NULL; }
+
+/* ---- MLPs -------------------------------------------------------------------------------- */
+
+void mg_mlp_free(mg_mlp *m) {
+    if (!m) return;
+    if (m->layers)
+        for (size_t i = 0; i < m->nlayers; i++) mg_layer_free(m->layers[i]);
+    mg_graph__free(m->g, m->layers);
+    mg_graph__free(m->g, m);
+}
+
+mg_mlp *mg_mlp_init(mg_graph *g, size_t nin, const size_t *nouts, size_t nlayers,
+                    mg_activation act, mg_init init, mg_rng *rng) {
+    if (!g) return NULL;
+    if (nlayers == 0 || !nouts) {
+        mg_graph__fail(g, MG_EINVAL, "mg_mlp_init: an MLP needs at least one layer");
+        return NULL;
+    }
+    for (size_t i = 0; i < nlayers; i++)
+        if (nouts[i] == 0) {
+            mg_graph__fail(g, MG_EINVAL, "mg_mlp_init: layer %zu has zero width", i);
+            return NULL;
+        }
+    mg_graph_checkpoint cp = mg_graph_save(g);
+    mg_mlp *m = mg_graph__malloc(g, sizeof *m);
+    if (!m) return NULL;
+    m->g = g;
+    m->nin = nin;
+    m->nlayers = 0;
+    m->max_width = nin;
+    m->layers = mg_graph__malloc(g, nlayers * sizeof(mg_layer *));
+    if (!m->layers) goto fail;
+    for (size_t i = 0; i < nlayers; i++) {
+        size_t in = i == 0 ? nin : nouts[i - 1];
+        mg_layer *l = mg_layer_init(g, in, nouts[i], i + 1 == nlayers ? MG_ACT_LINEAR : act, init, rng);
+        if (!l) goto fail;
+        m->layers[m->nlayers++] = l;
+        if (nouts[i] > m->max_width) m->max_width = nouts[i];
+    }
+    return m;
+fail:
+    mg_mlp_free(m);
+    mg_graph_restore(g, cp);
+    return NULL;
+}
+
+int mg_mlp_call(mg_graph *g, const mg_mlp *m, mg_value *const *x, mg_value **out) {
+    if (!g) return MG_EINVAL;
+    if (!m || !out) return mg_graph__fail(g, MG_EINVAL, "mg_mlp_call: NULL argument");
+    mg_graph_checkpoint cp = mg_graph_save(g);
+    /* two ping-pong buffers of the widest layer hold the activations between layers */
+    mg_value **buf = mg_graph__malloc(g, 2 * m->max_width * sizeof(mg_value *));
+    if (!buf) return MG_ENOMEM;
+    mg_value *const *in = x;
+    int st = MG_OK;
+    for (size_t i = 0; i < m->nlayers && st == MG_OK; i++) {
+        mg_value **dst = i + 1 == m->nlayers ? out : buf + (i % 2) * m->max_width;
+        st = mg_layer_call(g, m->layers[i], in, dst);
+        in = dst;
+    }
+    mg_graph__free(g, buf);
+    if (st != MG_OK) mg_graph_restore(g, cp);
+    return st;
+}
+
+size_t mg_mlp_param_count(const mg_mlp *m) {
+    size_t k = 0;
+    if (m)
+        for (size_t i = 0; i < m->nlayers; i++) k += mg_layer_param_count(m->layers[i]);
+    return k;
+}
+
+size_t mg_mlp_params(const mg_mlp *m, mg_value **out) {
+    if (!m || !out) return 0;
+    size_t k = 0;
+    for (size_t i = 0; i < m->nlayers; i++) k += mg_layer_params(m->layers[i], out + k);
+    return k;
+}
+
+size_t mg_mlp_nin(const mg_mlp *m) { return m ? m->nin : 0; }
+size_t mg_mlp_nout(const mg_mlp *m) { return m && m->nlayers ? m->layers[m->nlayers - 1]->nout : 0; }
+size_t mg_mlp_nlayers(const mg_mlp *m) { return m ? m->nlayers : 0; }
+mg_layer *mg_mlp_layer(const mg_mlp *m, size_t i) { return m && i < m->nlayers ? m->layers[i] : NULL; }

@@ -1,0 +1,219 @@
+/* Graph semantics: backward accumulation, checkpoints, reclamation, deep graphs, errors. */
+#include "tap.h"
+
+#include <mg/mg.h>
+#include <string.h>
+
+static mg_graph *g;
+
+static void setup(void) { g = mg_graph_new(); }
+static void teardown(void) {
+    mg_graph_free(g);
+    g = NULL;
+}
+
+static void test_graph__worked_example(void) {
+    setup();
+    mg_value *a = mg_scalar(g, 2.0), *b = mg_scalar(g, -3.0), *c = mg_scalar(g, 10.0);
+    mg_value *y = mg_add(g, mg_mul(g, a, b), c);
+    CHECK(y && mg_backward(g, y) == MG_OK);
+    CHECK(mg_data(y) == 4.0);
+    CHECK(mg_grad(a) == -3.0 && mg_grad(b) == 2.0 && mg_grad(c) == 1.0 && mg_grad(y) == 1.0);
+    CHECK(mg_graph_len(g) == 5);
+    CHECK(mg_value_op(y) == MG_OP_ADD && mg_value_noperands(y) == 2);
+    CHECK(mg_value_operand(y, 1) == c && mg_value_operand(y, 2) == NULL);
+    teardown();
+}
+
+static void test_graph__reused_node_and_second_backward(void) {
+    setup();
+    /* b = a + 4; c = b*3 + b*5: dc/da = 8; a second backward adds 8 again (16), not 32 */
+    mg_value *a = mg_scalar(g, -4.0);
+    mg_value *b = mg_add(g, a, mg_scalar(g, 4.0));
+    mg_value *c = mg_add(g, mg_mul(g, b, mg_scalar(g, 3.0)), mg_mul(g, b, mg_scalar(g, 5.0)));
+    CHECK(mg_backward(g, c) == MG_OK);
+    CHECK(mg_grad(a) == 8.0);
+    CHECK(mg_grad(b) == 8.0);
+    CHECK(mg_backward(g, c) == MG_OK);
+    CHECK(mg_grad(a) == 16.0);
+    CHECK(mg_grad(b) == 8.0); /* intermediates are recomputed afresh */
+    mg_zero_grad(g);
+    CHECK(mg_grad(a) == 0.0 && mg_grad(c) == 0.0);
+    teardown();
+}
+
+static void test_graph__backward_touches_only_reachable_values(void) {
+    setup();
+    mg_value *a = mg_scalar(g, 1.0), *b = mg_scalar(g, 2.0);
+    mg_value *u = mg_mul(g, a, b); /* not reachable from y */
+    mg_set_grad(u, 42.0);
+    mg_value *y = mg_mul(g, a, a);
+    CHECK(mg_backward(g, y) == MG_OK);
+    CHECK(mg_grad(a) == 2.0 && mg_grad(b) == 0.0 && mg_grad(u) == 42.0);
+    /* backward from a leaf seeds it */
+    CHECK(mg_backward(g, b) == MG_OK && mg_grad(b) == 1.0);
+    teardown();
+}
+
+static void test_graph__checkpoint_restore(void) {
+    setup();
+    mg_value *w = mg_scalar(g, 3.0);
+    mg_value *x = mg_mul(g, w, w);
+    mg_set_grad(w, 5.0);
+    size_t len = mg_graph_len(g);
+    mg_graph_checkpoint cp = mg_graph_save(g);
+    mg_value *later[100];
+    later[0] = mg_add(g, x, w);
+    for (int i = 1; i < 100; i++) later[i] = mg_mul(g, later[i - 1], w);
+    uint64_t s50 = mg_value_serial(later[50]);
+    CHECK(mg_value_is_live(later[50], s50));
+    CHECK(mg_graph_len(g) == len + 100);
+    CHECK(mg_graph_restore(g, cp) == 100);
+    CHECK(mg_graph_len(g) == len);
+    CHECK(!mg_value_is_live(later[50], s50)); /* detectable, not dangling: the slot is kept */
+    CHECK(mg_data(x) == 9.0 && mg_grad(w) == 5.0);
+    /* slots are reused, with fresh serials */
+    mg_value *again = mg_add(g, x, w);
+    CHECK(again != NULL && mg_value_serial(again) > s50);
+    CHECK(mg_graph_len(g) == len + 1);
+    /* restoring twice, or to a checkpoint of the future, frees nothing more */
+    CHECK(mg_graph_restore(g, cp) == 1);
+    CHECK(mg_graph_restore(g, cp) == 0);
+    CHECK(mg_graph_restore(g, mg_graph_save(g)) == 0);
+    /* a released value is refused as an operand and by backward */
+    CHECK(mg_add(g, later[3], w) == NULL);
+    CHECK(mg_graph_last_status(g) == MG_EINVAL);
+    CHECK(mg_backward(g, later[3]) == MG_EINVAL);
+    teardown();
+}
+
+static void test_graph__null_propagates_and_errors_are_recorded(void) {
+    setup();
+    mg_value *a = mg_scalar(g, 1.0);
+    CHECK(mg_add(g, a, NULL) == NULL);
+    CHECK(mg_relu(g, mg_add(g, NULL, a)) == NULL);
+    CHECK(mg_sum(g, (mg_value *[]){a, NULL}, 2) == NULL);
+    CHECK(mg_apply(g, MG_OP_SUM, a, a, 0) == NULL);
+    CHECK(mg_graph_last_status(g) == MG_EINVAL);
+    CHECK(strstr(mg_graph_last_error(g), "not elementwise") != NULL);
+    mg_graph_clear_error(g);
+    CHECK(mg_graph_last_status(g) == MG_OK && mg_graph_last_error(g)[0] == '\0');
+    CHECK(mg_backward(g, NULL) == MG_EINVAL);
+    CHECK(mg_backward(NULL, a) == MG_EINVAL);
+    CHECK(mg_graph_len(g) == 1);
+    /* operands from another graph are refused */
+    mg_graph *h = mg_graph_new();
+    mg_value *b = mg_scalar(h, 2.0);
+    CHECK(mg_add(g, a, b) == NULL);
+    CHECK(strstr(mg_graph_last_error(g), "another graph") != NULL);
+    CHECK(mg_backward(g, b) == MG_EINVAL);
+    CHECK(!mg_value_in_graph(g, b) && mg_value_in_graph(h, b));
+    mg_graph_free(h);
+    /* NULL-safe accessors */
+    CHECK(isnan(mg_data(NULL)) && isnan(mg_grad(NULL)));
+    mg_set_data(NULL, 1.0);
+    mg_graph_free(NULL);
+    CHECK(mg_graph_len(NULL) == 0 && mg_scalar(NULL, 1.0) == NULL);
+    teardown();
+}
+
+static void test_graph__deep_chain_ten_million(void) {
+    /* iterative topological sort: recursion 10,000,000 deep would overflow the 8 MB stack */
+    setup();
+    const long depth = 10000000;
+    mg_value *a = mg_scalar(g, 0.5);
+    mg_value *y = a;
+    for (long i = 0; i < depth; i++) y = mg_add(g, y, a);
+    CHECK(y != NULL);
+    CHECK(mg_graph_len(g) == (size_t)depth + 1);
+    CHECK(mg_backward(g, y) == MG_OK);
+    CHECK(mg_data(y) == 0.5 * (double)(depth + 1));
+    CHECK(mg_grad(a) == (double)(depth + 1));
+    printf("# chain of %ld adds: y = %.1f, dy/da = %.1f, graph bytes per value = %.2f\n", depth,
+           mg_data(y), mg_grad(a), (double)mg_graph_bytes(g) / (double)mg_graph_len(g));
+    /* the working memory is kept: a second backward needs no allocation and doubles the leaf */
+    size_t bytes = mg_graph_bytes(g);
+    CHECK(mg_backward(g, y) == MG_OK);
+    CHECK(mg_grad(a) == 2.0 * (double)(depth + 1));
+    CHECK(mg_graph_bytes(g) == bytes);
+    teardown();
+}
+
+/* Resident memory in bytes (Linux), or -1 where /proc is not available. */
+static double resident_bytes(void) {
+    FILE *f = fopen("/proc/self/statm", "r");
+    if (!f) return -1.0;
+    long size = 0, res = 0;
+    int ok = fscanf(f, "%ld %ld", &size, &res) == 2;
+    fclose(f);
+    return ok ? (double)res * 4096.0 : -1.0;
+}
+
+static void test_graph__value_costs_at_most_64_bytes(void) {
+    setup();
+    double before = resident_bytes();
+    for (int i = 0; i < 1000000; i++) mg_scalar(g, (double)i);
+    double after = resident_bytes();
+    double reserved = (double)mg_graph_bytes(g) / 1e6;
+    printf("# 1,000,000 values: %.2f resident bytes per value, %.2f reserved (blocks incl. unused tail)\n",
+           (after - before) / 1e6, reserved);
+#if !defined(__SANITIZE_ADDRESS__)
+    if (before > 0) CHECK((after - before) / 1e6 <= 64.5);
+#endif
+    CHECK(reserved <= 64.0 * 1.07); /* geometric blocks: the unused tail is under one block */
+    teardown();
+}
+
+static void test_graph__autofree_reclaims_iteratively(void) {
+    setup();
+    mg_graph_set_autofree(g, 1);
+    mg_value *a = mg_scalar(g, 1.0);
+    mg_value_retain(a); /* a handle */
+    mg_value *y = a;
+    for (int i = 0; i < 3000000; i++) y = mg_mul(g, y, a);
+    mg_value_retain(y);
+    CHECK(mg_graph_len(g) == 3000001);
+    mg_value_release(g, y); /* drops the whole chain, without recursion */
+    CHECK(mg_graph_len(g) == 1);
+    /* a shared operand survives while one user remains */
+    mg_value *b = mg_add(g, a, a);
+    mg_value_retain(b);
+    mg_value *c = mg_mul(g, b, b);
+    mg_value_retain(c);
+    mg_value_release(g, b); /* still used by c */
+    CHECK(mg_graph_len(g) == 3 && mg_data(b) == 2.0);
+    uint64_t sb = mg_value_serial(b);
+    mg_value_release(g, c);
+    CHECK(mg_graph_len(g) == 1 && !mg_value_is_live(b, sb));
+    mg_value_release(g, c); /* a stale release is harmless */
+    teardown();
+}
+
+static void test_graph__checkpoint_with_autofree(void) {
+    setup();
+    mg_graph_set_autofree(g, 1);
+    mg_value *w = mg_scalar(g, 2.0);
+    mg_value_retain(w);
+    mg_graph_checkpoint cp = mg_graph_save(g);
+    mg_value *y = mg_mul(g, w, w);
+    mg_value_retain(y); /* a handle that will go stale */
+    uint64_t sy = mg_value_serial(y);
+    CHECK(mg_graph_restore(g, cp) == 1);
+    CHECK(!mg_value_is_live(y, sy));
+    mg_value_release(g, y); /* release through a stale pointer does nothing */
+    CHECK(mg_graph_len(g) == 1 && mg_data(w) == 2.0);
+    teardown();
+}
+
+int main(void) {
+    RUN(test_graph__worked_example);
+    RUN(test_graph__reused_node_and_second_backward);
+    RUN(test_graph__backward_touches_only_reachable_values);
+    RUN(test_graph__checkpoint_restore);
+    RUN(test_graph__null_propagates_and_errors_are_recorded);
+    RUN(test_graph__value_costs_at_most_64_bytes);
+    RUN(test_graph__autofree_reclaims_iteratively);
+    RUN(test_graph__checkpoint_with_autofree);
+    RUN(test_graph__deep_chain_ten_million);
+    TAP_DONE();
+}

@@ -1,0 +1,216 @@
+/* Neurons, layers, MLPs: determinism, XOR training, and allocation failure at every step. */
+#include "tap.h"
+
+#include <mg/mg.h>
+#include <string.h>
+
+/* ---- a failing allocator: fails allocation number `fail_at` (1-based), counts live blocks -- */
+
+typedef struct {
+    long count;   /* allocations so far */
+    long fail_at; /* 0: never */
+    long live;    /* outstanding blocks */
+    int failed;
+} fail_alloc;
+
+static void *fa_malloc(size_t n, void *ctx) {
+    fail_alloc *f = ctx;
+    if (++f->count == f->fail_at) {
+        f->failed = 1;
+        return NULL;
+    }
+    void *p = malloc(n);
+    if (p) f->live++;
+    return p;
+}
+static void *fa_realloc(void *p, size_t n, void *ctx) {
+    fail_alloc *f = ctx;
+    if (++f->count == f->fail_at) {
+        f->failed = 1;
+        return NULL;
+    }
+    void *q = realloc(p, n);
+    if (q && !p) f->live++;
+    return q;
+}
+static void fa_free(void *p, void *ctx) {
+    fail_alloc *f = ctx;
+    if (p) f->live--;
+    free(p);
+}
+
+/* One training step of MLP(2,[4,1]) on XOR: forward over 4 samples, MSE, backward, SGD update,
+ * restore. Returns the loss, or NaN when an allocation failed (the graph must be as before). */
+static double xor_step(mg_graph *g, mg_mlp *m, double lr) {
+    static const double X[4][2] = {{0, 0}, {0, 1}, {1, 0}, {1, 1}}, Y[4] = {0, 1, 1, 0};
+    mg_graph_checkpoint cp = mg_graph_save(g);
+    mg_value *pred[4], *tgt[4];
+    for (int i = 0; i < 4; i++) {
+        mg_value *x[2] = {mg_scalar(g, X[i][0]), mg_scalar(g, X[i][1])};
+        tgt[i] = mg_scalar(g, Y[i]);
+        if (!x[0] || !x[1] || mg_mlp_call(g, m, x, &pred[i]) != MG_OK) pred[i] = NULL;
+    }
+    mg_value *loss = mg_mse(g, pred, tgt, 4);
+    if (!loss || mg_backward(g, loss) != MG_OK) {
+        mg_graph_restore(g, cp);
+        return NAN;
+    }
+    double l = mg_data(loss);
+    mg_value *p[64];
+    size_t np = mg_mlp_params(m, p);
+    for (size_t i = 0; i < np; i++) {
+        mg_set_data(p[i], mg_data(p[i]) - lr * mg_grad(p[i]));
+        mg_set_grad(p[i], 0.0);
+    }
+    mg_graph_restore(g, cp);
+    return l;
+}
+
+static void test_nn__param_counts_and_order(void) {
+    mg_graph *g = mg_graph_new();
+    mg_rng r;
+    mg_rng_seed(&r, 1);
+    size_t sizes[3] = {16, 16, 1};
+    mg_mlp *m = mg_mlp_init(g, 2, sizes, 3, MG_ACT_RELU, MG_INIT_UNIFORM, &r);
+    CHECK(m && mg_mlp_param_count(m) == 337); /* micrograd's MLP(2, [16, 16, 1]) */
+    CHECK(mg_mlp_nin(m) == 2 && mg_mlp_nout(m) == 1 && mg_mlp_nlayers(m) == 3);
+    CHECK(mg_neuron_activation(mg_layer_neuron(mg_mlp_layer(m, 0), 0)) == MG_ACT_RELU);
+    CHECK(mg_neuron_activation(mg_layer_neuron(mg_mlp_layer(m, 2), 0)) == MG_ACT_LINEAR);
+    mg_value *p[337];
+    CHECK(mg_mlp_params(m, p) == 337);
+    mg_neuron *n0 = mg_layer_neuron(mg_mlp_layer(m, 0), 0);
+    mg_value *np0[3];
+    CHECK(mg_neuron_params(n0, np0) == 3 && np0[0] == p[0] && np0[2] == p[2]);
+    CHECK(mg_data(p[2]) == 0.0); /* bias starts at 0 */
+    for (size_t i = 0; i < 337; i++) CHECK(mg_data(p[i]) >= -1.0 && mg_data(p[i]) < 1.0);
+    CHECK(mg_graph_len(g) == 337);
+    /* bad shapes are errors, not crashes */
+    size_t zero[2] = {4, 0};
+    CHECK(mg_mlp_init(g, 2, zero, 2, MG_ACT_RELU, MG_INIT_UNIFORM, &r) == NULL);
+    CHECK(mg_mlp_init(g, 2, sizes, 0, MG_ACT_RELU, MG_INIT_UNIFORM, &r) == NULL);
+    CHECK(mg_graph_len(g) == 337);
+    mg_value *out[1];
+    CHECK(mg_mlp_call(g, m, NULL, out) != MG_OK);
+    CHECK(mg_graph_len(g) == 337);
+    mg_mlp_free(m);
+    mg_graph_free(g);
+}
+
+static void test_nn__neuron_matches_micrograd_formula(void) {
+    mg_graph *g = mg_graph_new();
+    mg_rng r;
+    mg_rng_seed(&r, 7);
+    mg_neuron *n = mg_neuron_init(g, 3, MG_ACT_RELU, MG_INIT_SCALED, &r);
+    mg_value *p[4];
+    mg_neuron_params(n, p);
+    mg_set_data(p[3], 0.25);
+    for (int i = 0; i < 3; i++) CHECK(fabs(mg_data(p[i])) < 1.0 / sqrt(3.0));
+    mg_value *x[3] = {mg_scalar(g, 0.5), mg_scalar(g, -1.5), mg_scalar(g, 2.0)};
+    mg_value *y = mg_neuron_call(g, n, x);
+    double act = 0.25;
+    for (int i = 0; i < 3; i++) act = act + mg_data(p[i]) * mg_data(x[i]);
+    CHECK(mg_data(y) == (act < 0 ? 0.0 : act));
+    mg_neuron_free(n);
+    mg_graph_free(g);
+}
+
+static void test_nn__same_seed_same_weights_bitwise(void) {
+    size_t sizes[2] = {8, 3};
+    double w1[4 * 8 + 9 * 3], w2[4 * 8 + 9 * 3];
+    for (int run = 0; run < 2; run++) {
+        mg_graph *g = mg_graph_new();
+        mg_rng r;
+        mg_rng_seed(&r, 1337);
+        mg_mlp *m = mg_mlp_init(g, 3, sizes, 2, MG_ACT_TANH, MG_INIT_SCALED, &r);
+        mg_value *p[59];
+        CHECK(mg_mlp_params(m, p) == 59);
+        for (int i = 0; i < 59; i++) (run ? w2 : w1)[i] = mg_data(p[i]);
+        mg_mlp_free(m);
+        mg_graph_free(g);
+    }
+    CHECK(memcmp(w1, w2, sizeof w1) == 0);
+    /* and the generator is the documented one: splitmix64-seeded xoshiro256** */
+    mg_rng r;
+    mg_rng_seed(&r, 0);
+    uint64_t first = mg_rng_next(&r);
+    mg_rng_seed(&r, 0);
+    CHECK(mg_rng_next(&r) == first);
+    mg_rng_seed(&r, 1);
+    CHECK(mg_rng_next(&r) != first);
+    mg_rng_seed(&r, 3);
+    for (int i = 0; i < 1000; i++) {
+        double u = mg_rng_uniform(&r, -1.0, 1.0);
+        CHECK(u >= -1.0 && u < 1.0);
+    }
+}
+
+static void test_nn__xor_trains_below_1e3(void) {
+    mg_graph *g = mg_graph_new();
+    mg_rng r;
+    mg_rng_seed(&r, 42);
+    size_t sizes[2] = {4, 1};
+    mg_mlp *m = mg_mlp_init(g, 2, sizes, 2, MG_ACT_TANH, MG_INIT_UNIFORM, &r);
+    size_t len = mg_graph_len(g);
+    double first = xor_step(g, m, 0.5), loss = first;
+    for (int step = 0; step < 3000 && loss >= 1e-4; step++) loss = xor_step(g, m, 0.5);
+    printf("# XOR MLP(2,[4,1]) tanh: loss %.3g -> %.3g\n", first, loss);
+    CHECK(loss < 1e-3);
+    CHECK(mg_graph_len(g) == len); /* restore freed every step's graph */
+    mg_mlp_free(m);
+    mg_graph_free(g);
+}
+
+static void test_nn__allocation_failure_at_every_k(void) {
+    /* For every k: fail the k-th allocation somewhere in init + two training steps. The failing
+     * call reports it, the graph is exactly as before, a retry succeeds, and nothing leaks. */
+    int ks = 0, failures = 0;
+    for (long k = 1;; k++) {
+        fail_alloc fa = {0, k, 0, 0};
+        mg_allocator al = {fa_malloc, fa_realloc, fa_free, &fa};
+        mg_graph *g = mg_graph_new_with(&al);
+        if (!g) { /* the graph struct itself was the k-th */
+            CHECK(fa.live == 0);
+            continue;
+        }
+        mg_rng r;
+        mg_rng_seed(&r, 5);
+        size_t sizes[2] = {4, 1};
+        mg_mlp *m = mg_mlp_init(g, 2, sizes, 2, MG_ACT_TANH, MG_INIT_UNIFORM, &r);
+        if (!m) {
+            CHECK(mg_graph_len(g) == 0);
+            CHECK(mg_graph_last_status(g) == MG_ENOMEM);
+            mg_rng_seed(&r, 5);
+            m = mg_mlp_init(g, 2, sizes, 2, MG_ACT_TANH, MG_INIT_UNIFORM, &r);
+            CHECK(m != NULL);
+        }
+        size_t len = mg_graph_len(g);
+        for (int step = 0; step < 2; step++) {
+            mg_value *p[17];
+            mg_mlp_params(m, p);
+            double before = mg_data(p[5]);
+            double l = xor_step(g, m, 0.1);
+            CHECK(mg_graph_len(g) == len);
+            if (isnan(l)) {
+                CHECK(mg_data(p[5]) == before); /* nothing applied */
+                CHECK(!isnan(xor_step(g, m, 0.1))); /* usable afterwards */
+                failures++;
+            }
+        }
+        mg_mlp_free(m);
+        mg_graph_free(g);
+        CHECK(fa.live == 0);
+        ks++;
+        if (!fa.failed) break; /* k beyond the workload's last allocation */
+    }
+    printf("# injected %d allocation failures, %d inside training steps\n", ks - 1, failures);
+    CHECK(failures > 0);
+}
+
+int main(void) {
+    RUN(test_nn__param_counts_and_order);
+    RUN(test_nn__neuron_matches_micrograd_formula);
+    RUN(test_nn__same_seed_same_weights_bitwise);
+    RUN(test_nn__xor_trains_below_1e3);
+    RUN(test_nn__allocation_failure_at_every_k);
+    TAP_DONE();
+}
