@@ -86,8 +86,10 @@ size_t mg_graph_len(const mg_graph *g) { return g ? g->len : 0; }
 
 size_t mg_graph_bytes(const mg_graph *g) {
     if (!g) return 0;
-    return sizeof *g + g->block_bytes + g->args_bytes + g->stack_cap * sizeof(mg_frame) +
-           g->order_cap * sizeof(mg_value *);
+    /* the newest block's unused tail is reserved address space the graph has not touched */
+    size_t untouched = g->blocks ? (g->blocks->cap - g->blocks->used) * sizeof(mg_value) : 0;
+    return sizeof *g + g->block_bytes - untouched + g->args_bytes +
+           g->stack_cap * sizeof(mg_frame) + g->order_cap * sizeof(mg_value *);
 }
 
 const char *mg_graph_last_error(const mg_graph *g) { return g ? g->err : "no graph"; }

@@ -154,13 +154,14 @@ static void test_graph__value_costs_at_most_64_bytes(void) {
     double before = resident_bytes();
     for (int i = 0; i < 1000000; i++) mg_scalar(g, (double)i);
     double after = resident_bytes();
-    double reserved = (double)mg_graph_bytes(g) / 1e6;
-    printf("# 1,000,000 values: %.2f resident bytes per value, %.2f reserved (blocks incl. unused tail)\n",
-           (after - before) / 1e6, reserved);
+    double used = (double)mg_graph_bytes(g) / 1e6;
+    printf("# 1,000,000 values: %.3f bytes per value (graph accounting), %.3f resident\n", used,
+           (after - before) / 1e6);
+    CHECK(used <= 64.05);
 #if !defined(__SANITIZE_ADDRESS__)
-    if (before > 0) CHECK((after - before) / 1e6 <= 64.5);
+    /* malloc perturbation (meson test sets MALLOC_PERTURB_) touches reserved pages too */
+    if (before > 0 && !getenv("MALLOC_PERTURB_")) CHECK((after - before) / 1e6 <= 64.5);
 #endif
-    CHECK(reserved <= 64.0 * 1.07); /* geometric blocks: the unused tail is under one block */
     teardown();
 }
 

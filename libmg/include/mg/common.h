@@ -38,13 +38,13 @@ extern "C" {
     X(EFORMAT, -5, "malformed input")                                          \
     X(EIO, -6, "input/output error")
 
-/** Status codes returned by fallible libmg calls: #MG_OK (0) or a negative error. */
-typedef enum mg_status {
 #define MG__STATUS_ENUM(name, code, msg) MG_##name = (code),
+/** Status codes returned by fallible libmg calls: MG_OK (0) or a negative error. */
+typedef enum mg_status {
     MG_STATUS_LIST(MG__STATUS_ENUM)
-#undef MG__STATUS_ENUM
     MG__STATUS_MIN = -7 /**< One below the lowest status; not a status. */
 } mg_status;
+#undef MG__STATUS_ENUM
 
 /**
  * @brief Name of a status code, such as `"ENOMEM"`.

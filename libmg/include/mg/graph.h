@@ -65,7 +65,8 @@ MG_API void mg_graph_free(mg_graph *g);
 MG_API size_t mg_graph_len(const mg_graph *g);
 
 /**
- * @brief Bytes the graph holds for values (blocks, operand arrays) and working memory.
+ * @brief Bytes the graph uses: value blocks with their headers, operand arrays, backward working
+ * memory. The untouched tail of the newest block (under 1 MiB) is reserved but not counted.
  * @param g the graph
  * @return the byte count; 0 for NULL.
  */
@@ -105,7 +106,7 @@ MG_API void mg_zero_grad(mg_graph *g);
  * and its working memory is kept by the graph and reused by the next call.
  * @param g the graph owning @p out
  * @param out the value to differentiate
- * @return #MG_OK, #MG_EINVAL for a NULL argument or a value of another graph, #MG_ENOMEM when the
+ * @return MG_OK, MG_EINVAL for a NULL argument or a value of another graph, MG_ENOMEM when the
  *         working memory cannot grow (no gradient is changed then).
  */
 MG_API int mg_backward(mg_graph *g, mg_value *out);
@@ -120,7 +121,7 @@ MG_API const char *mg_graph_last_error(const mg_graph *g);
 /**
  * @brief Status code of the last error recorded on the graph.
  * @param g the graph
- * @return the status (#MG_OK when none).
+ * @return the status (MG_OK when none).
  */
 MG_API int mg_graph_last_status(const mg_graph *g);
 
@@ -184,7 +185,7 @@ MG_API void mg_set_grad(mg_value *v, double x);
 /**
  * @brief The op that produced a value.
  * @param v the value
- * @return an ::mg_op; #MG_OP_LEAF for leaves, -1 for NULL.
+ * @return an ::mg_op; MG_OP_LEAF for leaves, -1 for NULL.
  */
 MG_API int mg_value_op(const mg_value *v);
 
@@ -198,9 +199,9 @@ MG_API size_t mg_value_noperands(const mg_value *v);
 /**
  * @brief The i-th operand of a value.
  *
- * Operand order per op: elementwise ops `A`, `B`; #MG_OP_SUM its terms; #MG_OP_DOT `a[0..n)`,
- * `b[0..n)`, then the bias when it has one; #MG_OP_MSE and #MG_OP_HINGE `pred[0..n)`,
- * `target[0..n)`; #MG_OP_XENT `logits[0..n)`, then the target.
+ * Operand order per op: elementwise ops `A`, `B`; MG_OP_SUM its terms; MG_OP_DOT `a[0..n)`,
+ * `b[0..n)`, then the bias when it has one; MG_OP_MSE and MG_OP_HINGE `pred[0..n)`,
+ * `target[0..n)`; MG_OP_XENT `logits[0..n)`, then the target.
  * @param v the value
  * @param i operand index
  * @return the operand (owned by the graph); NULL when @p i is out of range.
@@ -208,15 +209,15 @@ MG_API size_t mg_value_noperands(const mg_value *v);
 MG_API mg_value *mg_value_operand(const mg_value *v, size_t i);
 
 /**
- * @brief The constant of a value's op: the exponent of #MG_OP_POW, the term count n of #MG_OP_DOT,
- * #MG_OP_MSE, #MG_OP_HINGE and #MG_OP_XENT.
+ * @brief The constant of a value's op: the exponent of MG_OP_POW, the term count n of MG_OP_DOT,
+ * MG_OP_MSE, MG_OP_HINGE and MG_OP_XENT.
  * @param v the value
  * @return the constant; 0 for ops without one; NaN for NULL.
  */
 MG_API double mg_value_const(const mg_value *v);
 
 /**
- * @brief Whether a #MG_OP_DOT value has a bias operand (see mg_affine()).
+ * @brief Whether a MG_OP_DOT value has a bias operand (see mg_affine()).
  * @param v the value
  * @return 1 or 0.
  */
@@ -271,7 +272,7 @@ MG_API int mg_value_in_graph(const mg_graph *g, const mg_value *v);
  * @param op an elementwise op (#mg_op_arity() 1 or 2)
  * @param a first operand
  * @param b second operand (ignored by unary ops, may be NULL there)
- * @param k the op's constant (the exponent of #MG_OP_POW; ignored by the others)
+ * @param k the op's constant (the exponent of MG_OP_POW; ignored by the others)
  * @return the new value, owned by @p g; NULL on failure.
  */
 MG_API mg_value *mg_apply(mg_graph *g, int op, mg_value *a, mg_value *b, double k);
@@ -332,7 +333,7 @@ MG_API mg_value *mg_dot(mg_graph *g, mg_value *const *a, mg_value *const *b, siz
 
 /**
  * @brief `bias + w[0]*x[0] + ... + w[n-1]*x[n-1]`, added in exactly that order (micrograd's
- * `sum((wi*xi for ...), b)`), as one #MG_OP_DOT node with a bias operand.
+ * `sum((wi*xi for ...), b)`), as one MG_OP_DOT node with a bias operand.
  * @param g the graph
  * @param w weights (copied)
  * @param x inputs (copied)
@@ -371,7 +372,7 @@ MG_API mg_value *mg_hinge(mg_graph *g, mg_value *const *score, mg_value *const *
  * @param logits the logits (copied)
  * @param n number of classes, at least 1
  * @param target a value whose data is the class index t; it receives no gradient. A data that is
- *        not an integer in [0, n) makes the op fail with #MG_EINVAL (frozen programs give NaN).
+ *        not an integer in [0, n) makes the op fail with MG_EINVAL (frozen programs give NaN).
  * @return new value or NULL.
  */
 MG_API mg_value *mg_cross_entropy(mg_graph *g, mg_value *const *logits, size_t n,

@@ -5,7 +5,7 @@
  * @defgroup nn Neural networks
  * @brief Neurons, layers and MLPs whose parameters are leaves of a graph.
  *
- * A neuron computes `act(b + w[0]*x[0] + ... + w[n-1]*x[n-1])` as one #MG_OP_DOT node with a
+ * A neuron computes `act(b + w[0]*x[0] + ... + w[n-1]*x[n-1])` as one MG_OP_DOT node with a
  * bias plus the activation, which is bit for bit what micrograd's `Neuron.__call__` computes.
  * Parameters are created in the graph passed to the init call and hold one reference each for
  * the struct; the struct must be freed before the graph and must not outlive a restore to a
@@ -125,7 +125,7 @@ MG_API mg_layer *mg_layer_init(mg_graph *g, size_t nin, size_t nout, mg_activati
  * @param l the layer
  * @param x `nin` inputs
  * @param[out] out room for `nout` outputs (owned by @p g)
- * @return #MG_OK or a negative status (the graph is unchanged then).
+ * @return MG_OK or a negative status (the graph is unchanged then).
  */
 MG_API int mg_layer_call(mg_graph *g, const mg_layer *l, mg_value *const *x, mg_value **out);
 /** @brief Parameter count. @param l the layer @return the count; 0 for NULL. */
@@ -162,7 +162,7 @@ MG_API mg_mlp *mg_mlp_init(mg_graph *g, size_t nin, const size_t *nouts, size_t 
  * @param m the MLP
  * @param x `nin` inputs
  * @param[out] out room for mg_mlp_nout() outputs (owned by @p g)
- * @return #MG_OK or a negative status (the graph is unchanged then).
+ * @return MG_OK or a negative status (the graph is unchanged then).
  */
 MG_API int mg_mlp_call(mg_graph *g, const mg_mlp *m, mg_value *const *x, mg_value **out);
 /** @brief Parameter count. @param m the MLP @return the count; 0 for NULL. */

@@ -8,7 +8,7 @@
  *
  * Elementwise ops are rows of `XS(ID, name, symbol, arity, forward, dA, dB)`:
  * - `forward` is a C expression over `A`, `B` (the operands' data) and `K` (the op's constant,
- *   the exponent of #MG_OP_POW);
+ *   the exponent of MG_OP_POW);
  * - `dA`, `dB` are the local partial derivatives over `A`, `B`, `K` and `Y` (the op's output).
  *   The backward pass adds `dA * g` into the first operand's gradient and `dB * g` into the
  *   second's, where `g` is the output's gradient.
@@ -59,21 +59,21 @@ extern "C" {
     XN(XENT,    "cross_entropy", "xent")
 /* clang-format on */
 
-/** @cond MG_INTERNAL */
 #define MG__OP_ENUM_S(id, name, sym, ar, f, da, db) MG_OP_##id,
 #define MG__OP_ENUM_N(id, name, sym) MG_OP_##id,
-/** @endcond */
 
-/** Operation that produced a value; generated from #MG_OP_LIST. */
+/** Operation that produced a value; generated from MG_OP_LIST. */
 typedef enum mg_op {
     MG_OP_LIST(MG__OP_ENUM_S, MG__OP_ENUM_N)
     MG_OP_COUNT /**< Number of ops; not an op. */
 } mg_op;
+#undef MG__OP_ENUM_S
+#undef MG__OP_ENUM_N
 
 /**
  * @brief Name of an op, such as `"mul"`.
  * @param op an op
- * @return a static string; `NULL` when @p op is not below #MG_OP_COUNT.
+ * @return a static string; `NULL` when @p op is not below MG_OP_COUNT.
  */
 MG_API const char *mg_op_name(int op);
 
