@@ -1,0 +1,327 @@
+// micrograd_c._core: thin bindings over libmg. One C call per binding; the pure-Python layer
+// (micrograd_c.engine, .nn, .functional) is the public API.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "value.hpp"
+
+namespace py = pybind11;
+using mgpy::graph;
+
+namespace {
+
+[[noreturn]] void throw_graph_error(const char *what) {
+    mgpy::raise_graph_error(what);
+    throw py::error_already_set();
+}
+
+// Nodes for a sequence of Values and numbers. Numbers become constant leaves; at destruction
+// each constant's temporary reference is dropped, which frees it unless an op now uses it.
+class Nodes {
+  public:
+    explicit Nodes(py::handle seq, const char *what) {
+        if (!PySequence_Check(seq.ptr())) throw py::type_error(std::string(what) + ": expected a sequence");
+        Py_ssize_t n = PySequence_Size(seq.ptr());
+        if (n < 0) throw py::error_already_set();
+        v.reserve((size_t)n);
+        for (Py_ssize_t i = 0; i < n; i++) {
+            py::object o = py::reinterpret_steal<py::object>(PySequence_GetItem(seq.ptr(), i));
+            if (!o) throw py::error_already_set();
+            mg_value *node = mgpy::as_node(o.ptr());
+            if (!node) throw py::error_already_set();
+            if (!mgpy::is_value(o.ptr())) {
+                mg_value_retain(node);
+                consts.push_back(node);
+            }
+            v.push_back(node);
+        }
+    }
+    ~Nodes() {
+        for (mg_value *c : consts) mg_value_release(graph(), c);
+    }
+    Nodes(const Nodes &) = delete;
+    Nodes &operator=(const Nodes &) = delete;
+    std::vector<mg_value *> v;
+
+  private:
+    std::vector<mg_value *> consts;
+};
+
+py::object wrap(mg_value *v, const char *what) {
+    if (!v) throw_graph_error(what);
+    PyObject *o = mgpy::wrap(v);
+    if (!o) throw py::error_already_set();
+    return py::reinterpret_steal<py::object>(o);
+}
+
+py::list wrap_all(mg_value *const *v, size_t n, const char *what) {
+    py::list out(n);
+    for (size_t i = 0; i < n; i++) out[i] = wrap(v[i], what);
+    return out;
+}
+
+mg_value *node_of(py::handle o, const char *what) {
+    if (!mgpy::is_value(o.ptr()))
+        throw py::type_error(std::string(what) + ": expected a Value");
+    mg_value *v = mgpy::as_node(o.ptr());
+    if (!v) throw py::error_already_set();
+    return v;
+}
+
+void check_len(size_t a, size_t b, const char *what) {
+    if (a != b)
+        throw py::value_error(std::string(what) + ": the two sequences have lengths " +
+                              std::to_string(a) + " and " + std::to_string(b));
+}
+
+mg_activation activation_of(const std::string &name) {
+    if (name == "relu") return MG_ACT_RELU;
+    if (name == "tanh") return MG_ACT_TANH;
+    if (name == "linear") return MG_ACT_LINEAR;
+    if (name == "sigmoid") return MG_ACT_SIGMOID;
+    throw py::value_error("unknown activation '" + name + "' (expected relu, tanh, sigmoid or linear)");
+}
+
+const char *activation_name(mg_activation a) {
+    switch (a) {
+    case MG_ACT_RELU: return "relu";
+    case MG_ACT_TANH: return "tanh";
+    case MG_ACT_SIGMOID: return "sigmoid";
+    case MG_ACT_LINEAR: return "linear";
+    }
+    return "linear";
+}
+
+// ---- nn: C structs shared between an owner and the views into it -------------------------
+
+using Owner = std::shared_ptr<void>;
+
+void set_param_data(const std::vector<mg_value *> &ps, py::handle values, const char *what) {
+    auto arr = py::array_t<double, py::array::c_style | py::array::forcecast>::ensure(values);
+    if (!arr) throw py::type_error(std::string(what) + ": expected an array of numbers");
+    if ((size_t)arr.size() != ps.size())
+        throw py::value_error(std::string(what) + ": expected " + std::to_string(ps.size()) +
+                              " parameters, got " + std::to_string(arr.size()));
+    const double *d = arr.data();
+    for (size_t i = 0; i < ps.size(); i++) mg_set_data(ps[i], d[i]);
+}
+
+py::array_t<double> get_param_data(const std::vector<mg_value *> &ps) {
+    py::array_t<double> out(ps.size());
+    double *d = out.mutable_data();
+    for (size_t i = 0; i < ps.size(); i++) d[i] = mg_data(ps[i]);
+    return out;
+}
+
+py::array_t<double> get_param_grad(const std::vector<mg_value *> &ps) {
+    py::array_t<double> out(ps.size());
+    double *d = out.mutable_data();
+    for (size_t i = 0; i < ps.size(); i++) d[i] = mg_grad(ps[i]);
+    return out;
+}
+
+struct Neuron {
+    Owner owner;
+    mg_neuron *n;
+    std::vector<mg_value *> params() const {
+        std::vector<mg_value *> p(mg_neuron_param_count(n));
+        mg_neuron_params(n, p.data());
+        return p;
+    }
+};
+
+struct Layer {
+    Owner owner;
+    mg_layer *l;
+    std::vector<mg_value *> params() const {
+        std::vector<mg_value *> p(mg_layer_param_count(l));
+        mg_layer_params(l, p.data());
+        return p;
+    }
+};
+
+struct MLP {
+    Owner owner;
+    mg_mlp *m;
+    std::vector<mg_value *> params() const {
+        std::vector<mg_value *> p(mg_mlp_param_count(m));
+        mg_mlp_params(m, p.data());
+        return p;
+    }
+};
+
+py::object call_layerlike(size_t nin, size_t nout, py::handle x, const char *what,
+                          int (*call)(mg_graph *, const void *, mg_value *const *, mg_value **),
+                          const void *obj) {
+    Nodes in(x, what);
+    if (in.v.size() != nin)
+        throw py::value_error(std::string(what) + ": expected " + std::to_string(nin) +
+                              " inputs, got " + std::to_string(in.v.size()));
+    std::vector<mg_value *> out(nout);
+    if (call(graph(), obj, in.v.data(), out.data()) != MG_OK) throw_graph_error(what);
+    return wrap_all(out.data(), nout, what);
+}
+
+int layer_call(mg_graph *g, const void *l, mg_value *const *x, mg_value **out) {
+    return mg_layer_call(g, static_cast<const mg_layer *>(l), x, out);
+}
+int mlp_call(mg_graph *g, const void *m, mg_value *const *x, mg_value **out) {
+    return mg_mlp_call(g, static_cast<const mg_mlp *>(m), x, out);
+}
+
+} // namespace
+
+PYBIND11_MODULE(_core, m) {
+    m.doc() = "Compiled core of micrograd_c (libmg bindings). Not a public API: use micrograd_c.";
+
+    if (mgpy::init_value_type(m.ptr()) < 0) throw py::error_already_set();
+
+    // ---- the op table ----------------------------------------------------------------------
+    py::list names, symbols, arities;
+    for (int op = 0; op < MG_OP_COUNT; op++) {
+        names.append(mg_op_name(op));
+        symbols.append(mg_op_symbol(op));
+        arities.append(mg_op_arity(op));
+    }
+    m.attr("OP_NAMES") = py::tuple(names);
+    m.attr("OP_SYMBOLS") = py::tuple(symbols);
+    m.attr("OP_ARITIES") = py::tuple(arities);
+    m.attr("LIBMG_VERSION") = MG_VERSION;
+
+    m.def("op_of", [](py::handle v) { return mg_value_op(node_of(v, "op_of")); },
+          py::arg("value"), "The op index (into OP_NAMES) that produced a Value.");
+    m.def("const_of", [](py::handle v) { return mg_value_const(node_of(v, "const_of")); },
+          py::arg("value"), "The op's constant (pow's exponent; n for variadic ops).");
+    m.def("operands", [](py::handle v) {
+        mg_value *n = node_of(v, "operands");
+        size_t k = mg_value_noperands(n);
+        std::vector<mg_value *> ops(k);
+        for (size_t i = 0; i < k; i++) ops[i] = mg_value_operand(n, i);
+        return wrap_all(ops.data(), k, "operands");
+    }, py::arg("value"), "The operands of a Value in op order (a list, duplicates kept).");
+
+    // ---- the process graph -----------------------------------------------------------------
+    m.def("graph_len", [] { return mg_graph_len(graph()); },
+          "Number of live values in the process graph.");
+    m.def("graph_bytes", [] { return mg_graph_bytes(graph()); },
+          "Bytes the process graph uses (value blocks, operand arrays, working memory).");
+    m.def("checkpoint_save", [] { return mg_graph_save(graph()).serial; },
+          "Marks the process graph's current point; returns a token for checkpoint_restore.");
+    m.def("checkpoint_restore", [](uint64_t token) {
+        mg_graph_checkpoint cp{token};
+        return mg_graph_restore(graph(), cp);
+    }, py::arg("token"), "Releases every value created since the token's save; returns the count.");
+
+    // ---- variadic ops and losses ------------------------------------------------------------
+    m.def("sum", [](py::handle values) {
+        Nodes v(values, "sum");
+        return wrap(mg_sum(graph(), v.v.data(), v.v.size()), "sum");
+    }, py::arg("values"), "Sum of Values, added left to right, as one node.");
+    m.def("dot", [](py::handle a, py::handle b) {
+        Nodes x(a, "dot"), y(b, "dot");
+        check_len(x.v.size(), y.v.size(), "dot");
+        return wrap(mg_dot(graph(), x.v.data(), y.v.data(), x.v.size()), "dot");
+    }, py::arg("a"), py::arg("b"), "Dot product of two sequences, as one node.");
+    m.def("affine", [](py::handle w, py::handle x, py::handle b) {
+        Nodes ws(w, "affine"), xs(x, "affine");
+        check_len(ws.v.size(), xs.v.size(), "affine");
+        py::list bl;
+        bl.append(b);
+        Nodes bs(bl, "affine");
+        return wrap(mg_affine(graph(), ws.v.data(), xs.v.data(), ws.v.size(), bs.v[0]), "affine");
+    }, py::arg("w"), py::arg("x"), py::arg("b"),
+       "b + w[0]*x[0] + ... in micrograd's order, as one node.");
+    m.def("mse", [](py::handle p, py::handle t) {
+        Nodes x(p, "mse"), y(t, "mse");
+        check_len(x.v.size(), y.v.size(), "mse");
+        return wrap(mg_mse(graph(), x.v.data(), y.v.data(), x.v.size()), "mse");
+    }, py::arg("pred"), py::arg("target"), "Mean squared error.");
+    m.def("hinge", [](py::handle s, py::handle y) {
+        Nodes x(s, "hinge"), t(y, "hinge");
+        check_len(x.v.size(), t.v.size(), "hinge");
+        return wrap(mg_hinge(graph(), x.v.data(), t.v.data(), x.v.size()), "hinge");
+    }, py::arg("scores"), py::arg("labels"), "Mean max-margin loss of micrograd's moons demo.");
+    m.def("cross_entropy", [](py::handle logits, py::handle target) {
+        Nodes z(logits, "cross_entropy");
+        py::list tl;
+        tl.append(target);
+        Nodes t(tl, "cross_entropy");
+        return wrap(mg_cross_entropy(graph(), z.v.data(), z.v.size(), t.v[0]), "cross_entropy");
+    }, py::arg("logits"), py::arg("target"), "Softmax cross-entropy from logits (stable).");
+
+    // ---- nn ---------------------------------------------------------------------------------
+    py::class_<Neuron>(m, "Neuron")
+        .def(py::init([](size_t nin, const std::string &act) {
+                 mg_neuron *n = mg_neuron_init(graph(), nin, activation_of(act), MG_INIT_UNIFORM, nullptr);
+                 if (!n) throw_graph_error("Neuron");
+                 Owner o(n, [](void *p) { mg_neuron_free(static_cast<mg_neuron *>(p)); });
+                 return Neuron{o, n};
+             }),
+             py::arg("nin"), py::arg("activation") = "relu")
+        .def("__call__", [](const Neuron &n, py::handle x) {
+            Nodes in(x, "Neuron");
+            if (in.v.size() != mg_neuron_nin(n.n))
+                throw py::value_error("Neuron: expected " + std::to_string(mg_neuron_nin(n.n)) +
+                                      " inputs, got " + std::to_string(in.v.size()));
+            return wrap(mg_neuron_call(graph(), n.n, in.v.data()), "Neuron");
+        }, py::arg("x"))
+        .def("params", [](const Neuron &n) { auto p = n.params(); return wrap_all(p.data(), p.size(), "params"); })
+        .def("get_data", [](const Neuron &n) { return get_param_data(n.params()); })
+        .def("set_data", [](const Neuron &n, py::handle a) { set_param_data(n.params(), a, "Neuron"); })
+        .def_property_readonly("nin", [](const Neuron &n) { return mg_neuron_nin(n.n); })
+        .def_property("activation",
+                      [](const Neuron &n) { return activation_name(mg_neuron_activation(n.n)); },
+                      [](Neuron &n, const std::string &a) { mg_neuron_set_activation(n.n, activation_of(a)); });
+
+    py::class_<Layer>(m, "Layer")
+        .def(py::init([](size_t nin, size_t nout, const std::string &act) {
+                 mg_layer *l = mg_layer_init(graph(), nin, nout, activation_of(act), MG_INIT_UNIFORM, nullptr);
+                 if (!l) throw_graph_error("Layer");
+                 Owner o(l, [](void *p) { mg_layer_free(static_cast<mg_layer *>(p)); });
+                 return Layer{o, l};
+             }),
+             py::arg("nin"), py::arg("nout"), py::arg("activation") = "relu")
+        .def("__call__", [](const Layer &l, py::handle x) {
+            return call_layerlike(mg_layer_nin(l.l), mg_layer_nout(l.l), x, "Layer", layer_call, l.l);
+        }, py::arg("x"))
+        .def("neuron", [](const Layer &l, size_t i) {
+            mg_neuron *n = mg_layer_neuron(l.l, i);
+            if (!n) throw py::index_error("neuron index out of range");
+            return Neuron{l.owner, n};
+        }, py::arg("i"))
+        .def("params", [](const Layer &l) { auto p = l.params(); return wrap_all(p.data(), p.size(), "params"); })
+        .def("get_data", [](const Layer &l) { return get_param_data(l.params()); })
+        .def("set_data", [](const Layer &l, py::handle a) { set_param_data(l.params(), a, "Layer"); })
+        .def_property_readonly("nin", [](const Layer &l) { return mg_layer_nin(l.l); })
+        .def_property_readonly("nout", [](const Layer &l) { return mg_layer_nout(l.l); });
+
+    py::class_<MLP>(m, "MLP")
+        .def(py::init([](size_t nin, std::vector<size_t> nouts, const std::string &act) {
+                 if (nouts.empty()) throw py::value_error("MLP: at least one layer is needed");
+                 mg_mlp *mm = mg_mlp_init(graph(), nin, nouts.data(), nouts.size(), activation_of(act),
+                                          MG_INIT_UNIFORM, nullptr);
+                 if (!mm) throw_graph_error("MLP");
+                 Owner o(mm, [](void *p) { mg_mlp_free(static_cast<mg_mlp *>(p)); });
+                 return MLP{o, mm};
+             }),
+             py::arg("nin"), py::arg("nouts"), py::arg("activation") = "relu")
+        .def("__call__", [](const MLP &mm, py::handle x) {
+            return call_layerlike(mg_mlp_nin(mm.m), mg_mlp_nout(mm.m), x, "MLP", mlp_call, mm.m);
+        }, py::arg("x"))
+        .def("layer", [](const MLP &mm, size_t i) {
+            mg_layer *l = mg_mlp_layer(mm.m, i);
+            if (!l) throw py::index_error("layer index out of range");
+            return Layer{mm.owner, l};
+        }, py::arg("i"))
+        .def("params", [](const MLP &mm) { auto p = mm.params(); return wrap_all(p.data(), p.size(), "params"); })
+        .def("get_data", [](const MLP &mm) { return get_param_data(mm.params()); })
+        .def("get_grad", [](const MLP &mm) { return get_param_grad(mm.params()); })
+        .def("set_data", [](const MLP &mm, py::handle a) { set_param_data(mm.params(), a, "MLP"); })
+        .def_property_readonly("nin", [](const MLP &mm) { return mg_mlp_nin(mm.m); })
+        .def_property_readonly("nlayers", [](const MLP &mm) { return mg_mlp_nlayers(mm.m); });
+}

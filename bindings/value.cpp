@@ -1,0 +1,519 @@
+// The native Value type. See value.hpp for why it is not a pybind11 class.
+#include "value.hpp"
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+namespace mgpy {
+
+PyObject *StaleValueError = nullptr;
+
+mg_graph *graph() {
+    // Lives as long as the process: handles may be deallocated during interpreter shutdown, in
+    // any order, and each needs the graph to release its value.
+    static mg_graph *g = [] {
+        mg_graph *gg = mg_graph_new();
+        if (gg) mg_graph_set_autofree(gg, 1);
+        return gg;
+    }();
+    return g;
+}
+
+PyObject *raise_graph_error(const char *what) {
+    mg_graph *g = graph();
+    int st = mg_graph_last_status(g);
+    const char *msg = mg_graph_last_error(g);
+    if (st == MG_ENOMEM) PyErr_Format(PyExc_MemoryError, "%s: %s", what, msg);
+    else if (st == MG_OK) PyErr_Format(PyExc_RuntimeError, "%s failed", what);
+    else PyErr_Format(PyExc_ValueError, "%s: %s", what, msg);
+    mg_graph_clear_error(g);
+    return nullptr;
+}
+
+// ---- node -> handle map (open addressing, linear probing, backward-shift deletion) ---------
+
+namespace {
+
+struct HandleMap {
+    struct Slot {
+        mg_value *key;
+        ValueObject *val;
+    };
+    Slot *slots = nullptr;
+    size_t cap = 0, len = 0; // cap is a power of two
+
+    size_t index(mg_value *k) const {
+        uint64_t h = (uint64_t)(uintptr_t)k * 0x9E3779B97F4A7C15ull;
+        return (size_t)(h >> 32) & (cap - 1);
+    }
+    bool grow() {
+        size_t nc = cap ? cap * 2 : 1024;
+        Slot *ns = static_cast<Slot *>(std::calloc(nc, sizeof(Slot)));
+        if (!ns) return false;
+        Slot *old = slots;
+        size_t oc = cap;
+        slots = ns;
+        cap = nc;
+        len = 0;
+        for (size_t i = 0; i < oc; i++)
+            if (old[i].key) put(old[i].key, old[i].val);
+        std::free(old);
+        return true;
+    }
+    ValueObject *get(mg_value *k) const {
+        if (!cap) return nullptr;
+        for (size_t i = index(k);; i = (i + 1) & (cap - 1)) {
+            if (slots[i].key == k) return slots[i].val;
+            if (!slots[i].key) return nullptr;
+        }
+    }
+    bool put(mg_value *k, ValueObject *v) {
+        if ((len + 1) * 4 > cap * 3 && !grow()) return false;
+        for (size_t i = index(k);; i = (i + 1) & (cap - 1)) {
+            if (slots[i].key == k) {
+                slots[i].val = v;
+                return true;
+            }
+            if (!slots[i].key) {
+                slots[i] = {k, v};
+                len++;
+                return true;
+            }
+        }
+    }
+    void erase(mg_value *k, ValueObject *v) { // only when the entry is still `v`'s
+        if (!cap) return;
+        size_t i = index(k);
+        for (;; i = (i + 1) & (cap - 1)) {
+            if (!slots[i].key) return;
+            if (slots[i].key == k) break;
+        }
+        if (slots[i].val != v) return;
+        // backward shift: keep every later entry of the probe run reachable
+        size_t j = i;
+        for (;;) {
+            slots[i].key = nullptr;
+            for (;;) {
+                j = (j + 1) & (cap - 1);
+                if (!slots[j].key) return;
+                size_t home = index(slots[j].key);
+                bool movable = i <= j ? (home <= i || home > j) : (home <= i && home > j);
+                if (movable) break;
+            }
+            slots[i] = slots[j];
+            i = j;
+        }
+    }
+};
+
+HandleMap handles;
+
+inline bool read_number(PyObject *o, double *out) {
+    if (PyFloat_CheckExact(o)) {
+        *out = PyFloat_AS_DOUBLE(o);
+        return true;
+    }
+    if (PyLong_CheckExact(o)) {
+        *out = PyLong_AsDouble(o);
+        return !(*out == -1.0 && PyErr_Occurred());
+    }
+    if (PyUnicode_Check(o) || PyBytes_Check(o) || PyByteArray_Check(o) || !PyNumber_Check(o))
+        return false;
+    // numpy scalars, bools, Fractions, Decimals, anything with __float__ or __index__
+    *out = PyFloat_AsDouble(o);
+    if (*out == -1.0 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return false;
+    }
+    return true;
+}
+
+PyObject *new_handle(mg_value *v) {
+    ValueObject *h = PyObject_New(ValueObject, &ValueType);
+    if (!h) return nullptr;
+    h->v = v;
+    h->serial = mg_value_serial(v);
+    mg_value_retain(v);
+    if (!handles.put(v, h)) {
+        Py_DECREF(h);
+        return PyErr_NoMemory();
+    }
+    return reinterpret_cast<PyObject *>(h);
+}
+
+} // namespace
+
+PyObject *wrap(mg_value *v) {
+    if (!v) return raise_graph_error("operation");
+    ValueObject *h = handles.get(v);
+    if (h && h->serial == mg_value_serial(v)) {
+        Py_INCREF(h);
+        return reinterpret_cast<PyObject *>(h);
+    }
+    return new_handle(v);
+}
+
+mg_value *live(ValueObject *h) {
+    if (mg_value_is_live(h->v, h->serial)) return h->v;
+    PyErr_SetString(StaleValueError,
+                    "this Value was released (its graph was restored to an earlier checkpoint)");
+    return nullptr;
+}
+
+mg_value *as_node(PyObject *o) {
+    if (is_value(o)) return live(reinterpret_cast<ValueObject *>(o));
+    double x;
+    if (!read_number(o, &x)) {
+        if (!PyErr_Occurred())
+            PyErr_Format(PyExc_TypeError, "expected a Value or a real number, got %.200s",
+                         Py_TYPE(o)->tp_name);
+        return nullptr;
+    }
+    mg_value *c = mg_scalar(graph(), x);
+    if (!c) raise_graph_error("constant");
+    return c;
+}
+
+// ---- the type -----------------------------------------------------------------------------
+
+namespace {
+
+void value_dealloc(PyObject *self) {
+    ValueObject *h = reinterpret_cast<ValueObject *>(self);
+    handles.erase(h->v, h);
+    if (mg_value_is_live(h->v, h->serial)) mg_value_release(graph(), h->v);
+    Py_TYPE(self)->tp_free(self);
+}
+
+PyObject *value_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    static const char *kwlist[] = {"data", "_children", "_op", nullptr};
+    PyObject *data = nullptr, *children = nullptr, *op = nullptr;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|OO:Value", const_cast<char **>(kwlist), &data,
+                                     &children, &op))
+        return nullptr;
+    if (children) {
+        Py_ssize_t n = PyObject_Length(children);
+        if (n < 0) return nullptr;
+        if (n > 0) {
+            PyErr_SetString(PyExc_TypeError,
+                            "Value(data, _children) with children is not supported: custom ops "
+                            "cannot carry a Python _backward here; compose built-in ops "
+                            "(tanh, exp, log, sigmoid, **, ...) instead");
+            return nullptr;
+        }
+    }
+    double x;
+    if (is_value(data) || !read_number(data, &x)) {
+        if (!PyErr_Occurred())
+            PyErr_Format(PyExc_TypeError, "Value data must be a real number, not %.200s",
+                         Py_TYPE(data)->tp_name);
+        return nullptr;
+    }
+    mg_value *v = mg_scalar(graph(), x);
+    if (!v) return raise_graph_error("Value");
+    ValueObject *h = reinterpret_cast<ValueObject *>(type->tp_alloc(type, 0));
+    if (!h) {
+        mg_value_retain(v);
+        mg_value_release(graph(), v);
+        return nullptr;
+    }
+    h->v = v;
+    h->serial = mg_value_serial(v);
+    mg_value_retain(v);
+    if (!handles.put(v, h)) {
+        Py_DECREF(h);
+        return PyErr_NoMemory();
+    }
+    return reinterpret_cast<PyObject *>(h);
+}
+
+// Frees a constant made for a failed binary op (it has no other reference).
+inline void drop_if_const(PyObject *o, mg_value *n) {
+    if (n && !is_value(o)) {
+        mg_value_retain(n);
+        mg_value_release(graph(), n);
+    }
+}
+
+// Binary op in Python operand order (lhs op rhs); either side may be a number.
+PyObject *binary(int op, PyObject *lhs, PyObject *rhs) {
+    if (!is_value(lhs) && !is_value(rhs)) Py_RETURN_NOTIMPLEMENTED;
+    double x;
+    PyObject *other = is_value(lhs) ? rhs : lhs;
+    if (!is_value(other) && !read_number(other, &x)) {
+        if (PyErr_Occurred()) return nullptr;
+        Py_RETURN_NOTIMPLEMENTED;
+    }
+    mg_value *a = as_node(lhs);
+    if (!a) return nullptr;
+    mg_value *b = as_node(rhs);
+    if (!b) {
+        drop_if_const(lhs, a);
+        return nullptr;
+    }
+    if (op == MG_OP_DIV && mg_data(b) == 0.0) { // micrograd: b ** -1 raises
+        drop_if_const(lhs, a);
+        drop_if_const(rhs, b);
+        PyErr_SetString(PyExc_ZeroDivisionError, "float division by zero");
+        return nullptr;
+    }
+    mg_value *y = mg_apply(graph(), op, a, b, 0.0);
+    if (!y) {
+        drop_if_const(lhs, a);
+        drop_if_const(rhs, b);
+        return raise_graph_error(mg_op_name(op));
+    }
+    return wrap(y);
+}
+
+PyObject *nb_add(PyObject *a, PyObject *b) { return binary(MG_OP_ADD, a, b); }
+PyObject *nb_sub(PyObject *a, PyObject *b) { return binary(MG_OP_SUB, a, b); }
+PyObject *nb_mul(PyObject *a, PyObject *b) { return binary(MG_OP_MUL, a, b); }
+PyObject *nb_truediv(PyObject *a, PyObject *b) { return binary(MG_OP_DIV, a, b); }
+
+PyObject *unary(int op, PyObject *self, double k = 0.0) {
+    mg_value *a = live(reinterpret_cast<ValueObject *>(self));
+    if (!a) return nullptr;
+    return wrap(mg_apply(graph(), op, a, nullptr, k));
+}
+
+PyObject *nb_neg(PyObject *a) { return unary(MG_OP_NEG, a); }
+
+PyObject *nb_pow(PyObject *base, PyObject *exp, PyObject *mod) {
+    if (mod != Py_None) Py_RETURN_NOTIMPLEMENTED;
+    if (is_value(base) && !is_value(exp)) {
+        double k;
+        if (!read_number(exp, &k)) {
+            if (PyErr_Occurred()) return nullptr;
+            Py_RETURN_NOTIMPLEMENTED;
+        }
+        mg_value *a = live(reinterpret_cast<ValueObject *>(base));
+        if (!a) return nullptr;
+        double x = mg_data(a);
+        // the exceptions Python's float ** raises, which micrograd's __pow__ inherits
+        if (x == 0.0 && k < 0.0) {
+            PyErr_SetString(PyExc_ZeroDivisionError, "0.0 cannot be raised to a negative power");
+            return nullptr;
+        }
+        double y = std::pow(x, k);
+        if (std::isinf(y) && std::isfinite(x) && std::isfinite(k)) {
+            PyErr_SetString(PyExc_OverflowError, "(34, 'Numerical result out of range')");
+            return nullptr;
+        }
+        return unary(MG_OP_POW, base, k);
+    }
+    return binary(MG_OP_POWV, base, exp); // a Value as exponent, or number ** Value
+}
+
+// Methods generated from the op table: every elementwise op without a constant is a method
+// named after the op (relu, tanh, exp, log, sigmoid, square, neg; add, mul, max, ...).
+PyObject *unary_method(int op, PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    if (op == MG_OP_POW) { // the op with a constant: its argument is the exponent
+        if (n != 1) {
+            PyErr_SetString(PyExc_TypeError, "pow() takes exactly one argument (the exponent)");
+            return nullptr;
+        }
+        return nb_pow(self, args[0], Py_None);
+    }
+    if (n != 0) {
+        PyErr_Format(PyExc_TypeError, "%s() takes no arguments", mg_op_name(op));
+        return nullptr;
+    }
+    return unary(op, self);
+}
+#define MG__M1(id) \
+    PyObject *m_##id(PyObject *self, PyObject *const *args, Py_ssize_t n) { \
+        return unary_method(MG_OP_##id, self, args, n); \
+    }
+#define MG__M2(id) \
+    PyObject *m_##id(PyObject *self, PyObject *o) { return binary(MG_OP_##id, self, o); }
+#define MG__METH_S(id, name, sym, ar, f, da, db) MG__M##ar(id)
+#define MG__METH_N(id, name, sym)
+MG_OP_LIST(MG__METH_S, MG__METH_N)
+#undef MG__METH_S
+
+PyObject *m_backward(PyObject *self, PyObject *) {
+    mg_value *v = live(reinterpret_cast<ValueObject *>(self));
+    if (!v) return nullptr;
+    if (mg_backward(graph(), v) != MG_OK) return raise_graph_error("backward");
+    Py_RETURN_NONE;
+}
+
+PyObject *get_data(PyObject *self, void *) {
+    mg_value *v = live(reinterpret_cast<ValueObject *>(self));
+    return v ? PyFloat_FromDouble(mg_data(v)) : nullptr;
+}
+PyObject *get_grad(PyObject *self, void *) {
+    mg_value *v = live(reinterpret_cast<ValueObject *>(self));
+    return v ? PyFloat_FromDouble(mg_grad(v)) : nullptr;
+}
+int set_number(PyObject *self, PyObject *o, void (*set)(mg_value *, double), const char *what) {
+    if (!o) {
+        PyErr_Format(PyExc_AttributeError, "cannot delete %s", what);
+        return -1;
+    }
+    mg_value *v = live(reinterpret_cast<ValueObject *>(self));
+    if (!v) return -1;
+    double x;
+    if (is_value(o) || !read_number(o, &x)) {
+        if (!PyErr_Occurred())
+            PyErr_Format(PyExc_TypeError, "Value.%s must be a real number, not %.200s", what,
+                         Py_TYPE(o)->tp_name);
+        return -1;
+    }
+    set(v, x);
+    return 0;
+}
+int set_data(PyObject *self, PyObject *o, void *) { return set_number(self, o, mg_set_data, "data"); }
+int set_grad(PyObject *self, PyObject *o, void *) { return set_number(self, o, mg_set_grad, "grad"); }
+
+PyObject *get_prev(PyObject *self, void *) {
+    mg_value *v = live(reinterpret_cast<ValueObject *>(self));
+    if (!v) return nullptr;
+    PyObject *s = PySet_New(nullptr);
+    if (!s) return nullptr;
+    size_t n = mg_value_noperands(v);
+    for (size_t i = 0; i < n; i++) {
+        PyObject *c = wrap(mg_value_operand(v, i));
+        if (!c || PySet_Add(s, c) < 0) {
+            Py_XDECREF(c);
+            Py_DECREF(s);
+            return nullptr;
+        }
+        Py_DECREF(c);
+    }
+    return s;
+}
+
+std::string format_const(double k) {
+    if (std::isfinite(k) && k == std::floor(k) && std::fabs(k) < 9007199254740992.0)
+        return std::to_string(static_cast<long long>(k));
+    PyObject *f = PyFloat_FromDouble(k);
+    PyObject *r = f ? PyObject_Repr(f) : nullptr;
+    std::string out = r ? PyUnicode_AsUTF8(r) : "?";
+    Py_XDECREF(r);
+    Py_XDECREF(f);
+    return out;
+}
+
+PyObject *get_op(PyObject *self, void *) {
+    mg_value *v = live(reinterpret_cast<ValueObject *>(self));
+    if (!v) return nullptr;
+    int op = mg_value_op(v);
+    std::string s = mg_op_symbol(op);
+    if (op == MG_OP_POW) s += format_const(mg_value_const(v));
+    return PyUnicode_FromString(s.c_str());
+}
+
+PyObject *get_id(PyObject *self, void *) {
+    mg_value *v = live(reinterpret_cast<ValueObject *>(self));
+    return v ? PyLong_FromUnsignedLongLong(mg_value_serial(v)) : nullptr;
+}
+
+PyObject *get_alive(PyObject *self, void *) {
+    ValueObject *h = reinterpret_cast<ValueObject *>(self);
+    return PyBool_FromLong(mg_value_is_live(h->v, h->serial));
+}
+
+PyObject *value_repr(PyObject *self) {
+    mg_value *v = live(reinterpret_cast<ValueObject *>(self));
+    if (!v) return PyUnicode_FromString("Value(<released>)");
+    PyObject *d = PyFloat_FromDouble(mg_data(v)), *g = PyFloat_FromDouble(mg_grad(v));
+    PyObject *r = (d && g) ? PyUnicode_FromFormat("Value(data=%R, grad=%R)", d, g) : nullptr;
+    Py_XDECREF(d);
+    Py_XDECREF(g);
+    return r;
+}
+
+PyObject *value_reduce(PyObject *self, PyObject *) {
+    mg_value *v = live(reinterpret_cast<ValueObject *>(self));
+    if (!v) return nullptr;
+    if (mg_value_op(v) != MG_OP_LEAF) {
+        PyErr_SetString(PyExc_TypeError,
+                        "only leaf Values can be pickled; pickle the model (its parameters) instead");
+        return nullptr;
+    }
+    // Value(data) with the gradient restored through __setstate__
+    return Py_BuildValue("(O(d)d)", reinterpret_cast<PyObject *>(&ValueType), mg_data(v), mg_grad(v));
+}
+
+PyObject *value_setstate(PyObject *self, PyObject *state) {
+    if (set_grad(self, state, nullptr) < 0) return nullptr;
+    Py_RETURN_NONE;
+}
+
+PyNumberMethods value_as_number = [] {
+    PyNumberMethods m{};
+    m.nb_add = nb_add;
+    m.nb_subtract = nb_sub;
+    m.nb_multiply = nb_mul;
+    m.nb_true_divide = nb_truediv;
+    m.nb_negative = nb_neg;
+    m.nb_power = nb_pow;
+    return m;
+}();
+
+#define MG__DEF_S(id, name, sym, ar, f, da, db) \
+    {name, (PyCFunction)(void (*)(void))m_##id, (ar) == 1 ? METH_FASTCALL : METH_O, \
+     "The " name " op of libmg's op table."},
+#define MG__DEF_N(id, name, sym)
+PyMethodDef value_methods[] = {
+    MG_OP_LIST(MG__DEF_S, MG__DEF_N)
+    {"backward", m_backward, METH_NOARGS,
+     "Seeds this Value's gradient with 1 and accumulates gradients into the leaves it depends on "
+     "(intermediate gradients are recomputed from zero)."},
+    {"__reduce__", value_reduce, METH_NOARGS, "Pickle support for leaf Values."},
+    {"__setstate__", value_setstate, METH_O, "Pickle support: restores the gradient."},
+    {nullptr, nullptr, 0, nullptr}};
+#undef MG__DEF_S
+#undef MG__DEF_N
+
+PyGetSetDef value_getset[] = {
+    {"data", get_data, set_data, "The scalar (a float; writable).", nullptr},
+    {"grad", get_grad, set_grad, "The gradient (a float; writable).", nullptr},
+    {"_prev", get_prev, nullptr, "The operands, as a set of Values (micrograd's _prev).", nullptr},
+    {"_op", get_op, nullptr, "The producing op's symbol ('' for leaves).", nullptr},
+    {"_id", get_id, nullptr, "A number unique to this node within the process graph.", nullptr},
+    {"_alive", get_alive, nullptr, "False once a checkpoint restore released the value.", nullptr},
+    {nullptr, nullptr, nullptr, nullptr, nullptr}};
+
+} // namespace
+
+PyTypeObject ValueType = [] {
+    PyTypeObject t{PyVarObject_HEAD_INIT(nullptr, 0)};
+    t.tp_name = "micrograd_c.engine.Value";
+    t.tp_basicsize = sizeof(ValueObject);
+    t.tp_dealloc = value_dealloc;
+    t.tp_repr = value_repr;
+    t.tp_as_number = &value_as_number;
+    t.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE;
+    t.tp_doc = "Value(data)\n--\n\nA scalar with a gradient: a node of the process-wide libmg graph.\n"
+               "Arithmetic with Values and real numbers builds the graph; backward() fills .grad.";
+    t.tp_methods = value_methods;
+    t.tp_getset = value_getset;
+    t.tp_new = value_new;
+    return t;
+}();
+
+int init_value_type(PyObject *m) {
+    if (!graph()) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    if (PyType_Ready(&ValueType) < 0) return -1;
+    // numpy defers to Value's reflected operators instead of building object arrays
+    if (PyDict_SetItemString(ValueType.tp_dict, "__array_ufunc__", Py_None) < 0) return -1;
+    Py_INCREF(&ValueType);
+    if (PyModule_AddObject(m, "Value", reinterpret_cast<PyObject *>(&ValueType)) < 0) return -1;
+    StaleValueError = PyErr_NewExceptionWithDoc(
+        "micrograd_c.StaleValueError",
+        "A Value whose node was released by a checkpoint restore was used.",
+        PyExc_RuntimeError, nullptr);
+    if (!StaleValueError) return -1;
+    Py_INCREF(StaleValueError);
+    return PyModule_AddObject(m, "StaleValueError", StaleValueError);
+}
+
+} // namespace mgpy

@@ -1,0 +1,51 @@
+// The Python Value type: a native CPython type over one libmg value of the process graph.
+//
+// Why not a pybind11 class: `w*x` runs millions of times in micrograd-style code, and a number
+// slot called directly by the interpreter costs a fraction of pybind11's dispatch. Everything
+// else in _core is ordinary pybind11.
+#pragma once
+
+#include <Python.h>
+
+#include <cstdint>
+
+extern "C" {
+#include <mg/mg.h>
+}
+
+namespace mgpy {
+
+// A handle: holds one reference on its value (mg_value_retain) and the value's serial, so a
+// value released by a checkpoint restore is detected instead of dereferenced.
+struct ValueObject {
+    PyObject_HEAD
+    mg_value *v;
+    uint64_t serial;
+};
+
+extern PyTypeObject ValueType;
+extern PyObject *StaleValueError; // raised when a handle's value was released
+
+// The process-wide graph every Python Value lives in (autofree on).
+mg_graph *graph();
+
+// Registers the Value type and the exception in module `m`; returns 0 or -1 with an exception.
+int init_value_type(PyObject *m);
+
+inline bool is_value(PyObject *o) { return PyObject_TypeCheck(o, &ValueType); }
+
+// The live value behind a handle, or nullptr with StaleValueError set.
+mg_value *live(ValueObject *h);
+
+// A Value or a real number as a node: numbers become constant leaves. Returns nullptr with
+// TypeError set for other objects (or StaleValueError).
+mg_value *as_node(PyObject *o);
+
+// The canonical handle of a node (new reference): the existing Python object when one is alive,
+// so `a in c._prev` holds by identity as in micrograd.
+PyObject *wrap(mg_value *v);
+
+// Raises the Python exception for the graph's last error (MemoryError for ENOMEM).
+PyObject *raise_graph_error(const char *what);
+
+} // namespace mgpy

@@ -1,0 +1,62 @@
+"""Scalar autograd values: ``from micrograd_c.engine import Value`` replaces micrograd's.
+
+``Value`` is implemented in C (a node of libmg's process-wide graph) and behaves as micrograd's
+``Value``: arithmetic with Values and real numbers on either side, ``relu()``, ``backward()``,
+readable and writable ``data`` and ``grad``, ``_prev`` and ``_op`` for drawing. Beyond micrograd:
+``tanh()``, ``exp()``, ``log()``, ``sigmoid()``, ``square()``, ``max(other)``, a Value as exponent.
+
+Values nothing refers to are freed at once by reference counting (no reference cycles exist
+between Python objects and nodes), so a training loop that builds a new graph every step runs in
+flat memory. ``checkpoint()`` releases everything created inside a ``with`` block in one sweep.
+"""
+from __future__ import annotations
+
+import contextlib
+import enum
+from typing import Iterator
+
+from . import _core
+
+Value = _core.Value
+StaleValueError = _core.StaleValueError
+
+#: The ops of libmg's op table, in table order (``Op.MUL``, ``Op.RELU``, ...).
+Op = enum.IntEnum("Op", {name.upper(): i for i, name in enumerate(_core.OP_NAMES)})  # type: ignore[misc]
+
+
+def op_of(v: Value) -> Op:
+    """Return the op that produced ``v`` (``Op.LEAF`` for leaves)."""
+    return Op(_core.op_of(v))
+
+
+@contextlib.contextmanager
+def checkpoint() -> Iterator[None]:
+    """Release every Value created inside the ``with`` block when it exits.
+
+    Handles to released Values raise :class:`StaleValueError` when used; Values created before
+    the block (a model's parameters) are kept, with their data and gradients::
+
+        with checkpoint():
+            loss = model_loss()
+            loss.backward()
+        for p in model.parameters():
+            p.data -= 0.1 * p.grad
+    """
+    token = _core.checkpoint_save()
+    try:
+        yield
+    finally:
+        _core.checkpoint_restore(token)
+
+
+def graph_len() -> int:
+    """Return the number of live values in the process graph."""
+    return _core.graph_len()
+
+
+def graph_bytes() -> int:
+    """Return the bytes the process graph uses (value blocks, operand arrays, working memory)."""
+    return _core.graph_bytes()
+
+
+__all__ = ["Value", "StaleValueError", "Op", "op_of", "checkpoint", "graph_len", "graph_bytes"]

@@ -1,0 +1,233 @@
+"""micrograd's ``Module``, ``Neuron``, ``Layer`` and ``MLP``, built on libmg's C structs.
+
+The classes keep micrograd's API and attributes (``MLP.layers``, ``Layer.neurons``, ``Neuron.w``,
+``Neuron.b``, ``Neuron.nonlin``) and its initialisation: weights drawn with
+``random.uniform(-1, 1)`` from Python's ``random`` module in micrograd's order, biases 0, so a
+program seeded with ``random.seed(...)`` gets micrograd's model. A call runs in C: one
+``DOT``-with-bias node plus the activation per neuron, computing exactly micrograd's
+``sum((wi*xi for ...), b)``. Writes to ``w[i].data`` take effect (the Values *are* the model's
+parameters); replacing an element of the ``w`` list does not.
+"""
+from __future__ import annotations
+
+import random
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
+
+import numpy as np
+
+from . import _core
+from .engine import Value
+
+Scalar = Union[Value, float, int]
+Output = Union[Value, List[Value]]
+
+_ACTIVATIONS = ("relu", "tanh", "sigmoid", "linear")
+
+
+def _check_activation(activation: str) -> str:
+    if activation not in _ACTIVATIONS:
+        raise ValueError(f"unknown activation {activation!r}; expected one of {_ACTIVATIONS}")
+    return activation
+
+
+def _draw(nin: int, nout: int) -> List[float]:
+    """micrograd's init for one layer: per neuron, nin uniform(-1, 1) weights then a 0 bias."""
+    flat: List[float] = []
+    for _ in range(nout):
+        flat.extend(random.uniform(-1, 1) for _ in range(nin))
+        flat.append(0.0)
+    return flat
+
+
+class Module:
+    """Base class: ``parameters()`` and ``zero_grad()``, as in micrograd."""
+
+    def zero_grad(self) -> None:
+        """Set the gradient of every parameter to 0."""
+        for p in self.parameters():
+            p.grad = 0
+
+    def parameters(self) -> List[Value]:
+        """Return the parameters (Values) of the module."""
+        return []
+
+
+class Neuron(Module):
+    """``act(b + sum(w[i] * x[i]))`` with ReLU when ``nonlin`` (micrograd's default)."""
+
+    def __init__(self, nin: int, nonlin: bool = True, *, activation: Optional[str] = None,
+                 _c: Any = None) -> None:
+        if _c is None:
+            act = _check_activation(activation or ("relu" if nonlin else "linear"))
+            _c = _core.Neuron(nin, act)
+            _c.set_data(_draw(nin, 1))
+        self._c = _c
+        params = _c.params()
+        self.w: List[Value] = params[:-1]
+        self.b: Value = params[-1]
+
+    @property
+    def nonlin(self) -> bool:
+        """Whether the neuron applies its nonlinearity (writable, as in micrograd)."""
+        return self._c.activation != "linear"
+
+    @nonlin.setter
+    def nonlin(self, on: bool) -> None:
+        self._c.activation = "relu" if on else "linear"
+
+    @property
+    def activation(self) -> str:
+        """The activation: 'relu', 'tanh', 'sigmoid' or 'linear' (writable)."""
+        return self._c.activation
+
+    @activation.setter
+    def activation(self, name: str) -> None:
+        self._c.activation = _check_activation(name)
+
+    def __call__(self, x: Sequence[Scalar]) -> Value:
+        return self._c(x)
+
+    def parameters(self) -> List[Value]:
+        return self.w + [self.b]
+
+    def __repr__(self) -> str:
+        kind = {"relu": "ReLU", "linear": "Linear", "tanh": "Tanh", "sigmoid": "Sigmoid"}[self.activation]
+        return f"{kind}Neuron({len(self.w)})"
+
+    def __getstate__(self) -> Dict[str, Any]:
+        return {"nin": len(self.w), "activation": self.activation, "params": self._c.get_data()}
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        c = _core.Neuron(state["nin"], state["activation"])
+        c.set_data(state["params"])
+        self.__init__(state["nin"], _c=c)  # type: ignore[misc]
+
+
+class Layer(Module):
+    """``nout`` neurons over the same inputs; a layer of one neuron returns a bare Value."""
+
+    def __init__(self, nin: int, nout: int, nonlin: bool = True, *,
+                 activation: Optional[str] = None, _c: Any = None) -> None:
+        if _c is None:
+            act = _check_activation(activation or ("relu" if nonlin else "linear"))
+            _c = _core.Layer(nin, nout, act)
+            _c.set_data(_draw(nin, nout))
+        self._c = _c
+        self.neurons: List[Neuron] = [Neuron(nin, _c=_c.neuron(i)) for i in range(nout)]
+
+    def __call__(self, x: Sequence[Scalar]) -> Output:
+        out = self._c(x)
+        return out[0] if len(out) == 1 else out
+
+    def parameters(self) -> List[Value]:
+        return [p for n in self.neurons for p in n.parameters()]
+
+    def __repr__(self) -> str:
+        return f"Layer of [{', '.join(str(n) for n in self.neurons)}]"
+
+    def __getstate__(self) -> Dict[str, Any]:
+        return {"nin": self._c.nin, "nout": self._c.nout,
+                "activations": [n.activation for n in self.neurons], "params": self._c.get_data()}
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        c = _core.Layer(state["nin"], state["nout"], "relu")
+        c.set_data(state["params"])
+        self.__init__(state["nin"], state["nout"], _c=c)  # type: ignore[misc]
+        for n, a in zip(self.neurons, state["activations"]):
+            n.activation = a
+
+
+class MLP(Module):
+    """micrograd's multi-layer perceptron: ReLU hidden layers (or ``activation``), linear output.
+
+    ``MLP(2, [16, 16, 1])`` has 337 parameters. Beyond micrograd: ``state_dict()`` and
+    ``load_state_dict()`` with PyTorch ``nn.Linear`` shapes, and pickling.
+    """
+
+    def __init__(self, nin: int, nouts: Sequence[int], *, activation: str = "relu") -> None:
+        nouts = [int(n) for n in nouts]
+        if not nouts:
+            raise ValueError("MLP needs at least one layer (nouts is empty)")
+        if nin < 0 or any(n < 1 for n in nouts):
+            raise ValueError(f"MLP({nin}, {nouts}): layer widths must be at least 1")
+        sz = [nin] + nouts
+        self._c = _core.MLP(nin, nouts, _check_activation(activation))
+        flat: List[float] = []
+        for i in range(len(nouts)):
+            flat.extend(_draw(sz[i], sz[i + 1]))
+        self._c.set_data(flat)
+        self._build_views(sz)
+
+    def _build_views(self, sz: List[int]) -> None:
+        self.layers: List[Layer] = [Layer(sz[i], sz[i + 1], _c=self._c.layer(i))
+                                    for i in range(len(sz) - 1)]
+
+    def __call__(self, x: Sequence[Scalar]) -> Output:
+        out = self._c(x)
+        return out[0] if len(out) == 1 else out
+
+    def parameters(self) -> List[Value]:
+        return [p for layer in self.layers for p in layer.parameters()]
+
+    def __repr__(self) -> str:
+        return f"MLP of [{', '.join(str(layer) for layer in self.layers)}]"
+
+    # ---- beyond micrograd -------------------------------------------------------------------
+
+    @property
+    def sizes(self) -> List[int]:
+        """``[nin, nout_0, nout_1, ...]``."""
+        return [self._c.nin] + [len(layer.neurons) for layer in self.layers]
+
+    def state_dict(self) -> Dict[str, np.ndarray]:
+        """Parameters as numpy arrays shaped as PyTorch's ``nn.Linear``.
+
+        ``layers.{i}.weight`` has shape ``(out, in)``, ``layers.{i}.bias`` shape ``(out,)``.
+        """
+        flat = self._c.get_data()
+        sz, out, k = self.sizes, {}, 0
+        for i in range(len(sz) - 1):
+            block = flat[k:k + sz[i + 1] * (sz[i] + 1)].reshape(sz[i + 1], sz[i] + 1)
+            out[f"layers.{i}.weight"] = block[:, :sz[i]].copy()
+            out[f"layers.{i}.bias"] = block[:, sz[i]].copy()
+            k += block.size
+        return out
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Load parameters from :meth:`state_dict`'s format (numpy arrays or tensors).
+
+        Raises ``KeyError`` for missing or unexpected keys and ``ValueError`` naming the
+        expected shape when an array's shape differs.
+        """
+        sz = self.sizes
+        expected = {f"layers.{i}.{kind}" for i in range(len(sz) - 1) for kind in ("weight", "bias")}
+        missing, extra = expected - set(state), set(state) - expected
+        if missing or extra:
+            raise KeyError(f"state dict mismatch: missing {sorted(missing)}, unexpected {sorted(extra)}")
+        flat: List[np.ndarray] = []
+        for i in range(len(sz) - 1):
+            w = np.asarray(state[f"layers.{i}.weight"], dtype=np.float64)
+            b = np.asarray(state[f"layers.{i}.bias"], dtype=np.float64)
+            if w.shape != (sz[i + 1], sz[i]):
+                raise ValueError(f"layers.{i}.weight: expected shape {(sz[i + 1], sz[i])}, got {w.shape}")
+            if b.shape != (sz[i + 1],):
+                raise ValueError(f"layers.{i}.bias: expected shape {(sz[i + 1],)}, got {b.shape}")
+            flat.append(np.concatenate([w, b[:, None]], axis=1).ravel())
+        self._c.set_data(np.concatenate(flat))
+
+    def __getstate__(self) -> Dict[str, Any]:
+        return {"sizes": self.sizes,
+                "activations": [[n.activation for n in layer.neurons] for layer in self.layers],
+                "params": self._c.get_data()}
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        sz = list(state["sizes"])
+        self._c = _core.MLP(sz[0], sz[1:], "relu")
+        self._c.set_data(state["params"])
+        self._build_views(sz)
+        for layer, acts in zip(self.layers, state["activations"]):
+            for n, a in zip(layer.neurons, acts):
+                n.activation = a
+
+
+__all__ = ["Module", "Neuron", "Layer", "MLP"]

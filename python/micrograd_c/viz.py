@@ -1,0 +1,57 @@
+"""Graph drawing, as in micrograd's demo notebook, without recursion."""
+from __future__ import annotations
+
+from typing import Any, List, Set, Tuple, Union
+
+from .engine import Value
+
+
+def trace(root: Value) -> Tuple[Set[Value], Set[Tuple[Value, Value]]]:
+    """Return the nodes and edges reachable from ``root`` (iteratively: any depth works)."""
+    nodes: Set[Value] = set()
+    edges: Set[Tuple[Value, Value]] = set()
+    stack: List[Value] = [root]
+    while stack:
+        v = stack.pop()
+        if v in nodes:
+            continue
+        nodes.add(v)
+        for child in v._prev:
+            edges.add((child, v))
+            stack.append(child)
+    return nodes, edges
+
+
+def _dot_source(root: Value, rankdir: str) -> str:
+    nodes, edges = trace(root)
+    lines = ["digraph {", f"  rankdir={rankdir};"]
+    for n in sorted(nodes, key=lambda v: v._id):
+        uid = f"n{n._id}"
+        lines.append(f'  {uid} [shape=record, label="{{ data {n.data:.4f} | grad {n.grad:.4f} }}"];')
+        if n._op:
+            lines.append(f'  {uid}op [label="{n._op}"];')
+            lines.append(f"  {uid}op -> {uid};")
+    for a, b in sorted(edges, key=lambda e: (e[0]._id, e[1]._id)):
+        lines.append(f"  n{a._id} -> n{b._id}op;")
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def draw_dot(root: Value, format: str = "svg", rankdir: str = "LR") -> Union[Any, str]:
+    """Draw the graph of ``root`` as micrograd's notebook does.
+
+    Returns a ``graphviz.Digraph`` when the optional ``graphviz`` package is installed (render
+    or display it in a notebook), and the DOT source text otherwise. Node names come from node
+    ids, so the same graph gives the same text.
+    """
+    if rankdir not in ("LR", "TB"):
+        raise ValueError("rankdir must be 'LR' or 'TB'")
+    src = _dot_source(root, rankdir)
+    try:
+        import graphviz  # type: ignore[import-not-found]
+    except ImportError:
+        return src
+    return graphviz.Source(src, format=format)
+
+
+__all__ = ["draw_dot", "trace"]
