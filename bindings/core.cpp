@@ -176,7 +176,8 @@ int mlp_call(mg_graph *g, const void *m, mg_value *const *x, mg_value **out) {
 
 } // namespace
 
-PYBIND11_MODULE(_core, m) {
+// The explicit option also keeps -Wpedantic quiet about an empty variadic macro argument.
+PYBIND11_MODULE(_core, m, py::mod_gil_used()) {
     m.doc() = "Compiled core of micrograd_c (libmg bindings). Not a public API: use micrograd_c.";
 
     if (mgpy::init_value_type(m.ptr()) < 0) throw py::error_already_set();

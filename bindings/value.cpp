@@ -418,8 +418,9 @@ PyObject *get_alive(PyObject *self, void *) {
 }
 
 PyObject *value_repr(PyObject *self) {
-    mg_value *v = live(reinterpret_cast<ValueObject *>(self));
-    if (!v) return PyUnicode_FromString("Value(<released>)");
+    ValueObject *h = reinterpret_cast<ValueObject *>(self);
+    if (!mg_value_is_live(h->v, h->serial)) return PyUnicode_FromString("Value(<released>)");
+    mg_value *v = h->v;
     PyObject *d = PyFloat_FromDouble(mg_data(v)), *g = PyFloat_FromDouble(mg_grad(v));
     PyObject *r = (d && g) ? PyUnicode_FromFormat("Value(data=%R, grad=%R)", d, g) : nullptr;
     Py_XDECREF(d);
@@ -482,7 +483,8 @@ PyGetSetDef value_getset[] = {
 } // namespace
 
 PyTypeObject ValueType = [] {
-    PyTypeObject t{PyVarObject_HEAD_INIT(nullptr, 0)};
+    PyTypeObject t{};
+    Py_SET_REFCNT(reinterpret_cast<PyObject *>(&t), 1); // what PyVarObject_HEAD_INIT sets
     t.tp_name = "micrograd_c.engine.Value";
     t.tp_basicsize = sizeof(ValueObject);
     t.tp_dealloc = value_dealloc;

@@ -1,0 +1,45 @@
+"""Shared helpers for the Python tests."""
+from __future__ import annotations
+
+import os
+import sys
+from typing import Callable, Sequence
+
+import pytest
+
+sys.setrecursionlimit(max(sys.getrecursionlimit(), 20_000))  # micrograd's recursive backward
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+MNIST_DIR = os.path.join(os.path.dirname(ROOT), "shared", "data", "mnist")
+
+
+def close(a: float, b: float, rel: float = 1e-12, scale: float = 1.0) -> bool:
+    """|a - b| <= rel * max(|a|, |b|, scale): relative, with a floor for values near 0."""
+    return abs(a - b) <= rel * max(abs(a), abs(b), scale)
+
+
+def fd_matches(f: Callable[[Sequence[float]], float], x: Sequence[float], i: int,
+               analytic: float, tol: float = 1e-6) -> bool:
+    """Whether ``analytic`` matches d f / d x_i by central differences.
+
+    Two step sizes are tried (an absolute one, and one relative to x_i for points near a pole);
+    the check passes when either difference agrees to ``tol``, relative.
+    """
+    for h in (1e-6 * max(1.0, abs(x[i])), 1e-5 * abs(x[i])):
+        if h == 0.0:
+            continue
+        xp, xm = list(x), list(x)
+        xp[i] += h
+        xm[i] -= h
+        d = (f(xp) - f(xm)) / (xp[i] - xm[i])
+        if abs(d - analytic) <= tol * max(1.0, abs(d), abs(analytic)):
+            return True
+    return False
+
+
+@pytest.fixture
+def mnist_dir() -> str:
+    """The real MNIST test set from ../shared/data/mnist, or skip."""
+    if not os.path.exists(os.path.join(MNIST_DIR, "t10k-images-idx3-ubyte.gz")):
+        pytest.skip("MNIST not present in ../shared/data/mnist")
+    return MNIST_DIR
