@@ -206,29 +206,27 @@ def main() -> None:
     scale = "" if args.full else f" (micrograd: {ref_steps} steps, scaled to 100)"
     print(f"medians of {args.repeat} micrograd_c runs{scale}")
 
-    # memory per value on the eager path: one MNIST-shaped graph kept alive
-    gc.collect()
-    base_nodes, base_bytes, rss0 = micrograd_c.graph_len(), micrograd_c.graph_bytes(), peak_rss_mb()
-    random.seed(0)
-    model = CMLP(784, [50, 10])
-    x = [CValue(float(v)) for v in np.random.RandomState(1).rand(784)]
-    out = model(x)
-    loss = sum(out, CValue(0.0))
-    loss.backward()
-    nodes = micrograd_c.graph_len() - base_nodes
-    print(f"\neager graph of one MNIST sample: {nodes} C nodes, "
-          f"{(micrograd_c.graph_bytes() - base_bytes) / nodes:.1f} graph bytes per node "
-          f"(incl. operand arrays and backward working memory); peak RSS {peak_rss_mb():.0f} MB "
-          f"(was {rss0:.0f} MB)")
-    op_nodes = micrograd_c.graph_len()
-    with micrograd_c.checkpoint():
-        ws = [p for p in model.parameters()]
-        acc = CValue(0.0)
-        for w, xi in zip(ws[:784], x):
-            acc = acc + w * xi
-    print(f"op-by-op graph nodes are the same 64-byte nodes: {micrograd_c.graph_len() - op_nodes} "
-          f"after the checkpoint (expected 0)")
+    # memory per graph value on the eager path: MNIST-shaped graphs kept alive until measured
+    def rss() -> float:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * resource.getpagesize()
 
+    for label, cls in (("C nn classes", CMLP), ("op-by-op Neuron", our_nn.MLP)):
+        random.seed(0)
+        model = cls(784, [50, 10])
+        gc.collect()
+        n0, b0, r0 = micrograd_c.graph_len(), micrograd_c.graph_bytes(), rss()
+        x = [CValue(float(v)) for v in np.random.RandomState(1).rand(784)]
+        out = model(x)
+        loss = sum(out, CValue(0.0))
+        loss.backward()
+        nodes = micrograd_c.graph_len() - n0
+        print(f"memory, one MNIST sample ({label}): {nodes} graph values; "
+              f"{(micrograd_c.graph_bytes() - b0) / nodes:.1f} graph bytes/value "
+              f"(64-byte nodes + operand arrays + backward working memory); "
+              f"{(rss() - r0) / nodes:.1f} bytes/value of process RSS")
+        del x, out, loss, model
+    print(f"peak RSS of the whole run: {peak_rss_mb():.0f} MB")
 
 if __name__ == "__main__":
     main()
