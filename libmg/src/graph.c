@@ -418,7 +418,7 @@ mg_value *mg_cross_entropy(mg_graph *g, mg_value *const *logits, size_t n, mg_va
 
 /* ---- backward ---------------------------------------------------------------------------- */
 
-static int grow(mg_graph *g, void **buf, size_t *cap, size_t elem, size_t need) {
+int mg_graph__grow(mg_graph *g, void **buf, size_t *cap, size_t elem, size_t need) {
     if (need <= *cap) return 1;
     size_t nc = *cap ? *cap : 1024;
     while (nc < need) nc *= 2;
@@ -429,37 +429,45 @@ static int grow(mg_graph *g, void **buf, size_t *cap, size_t elem, size_t need) 
     return 1;
 }
 
-/* Reachable values in post-order (operands before users), into g->order; returns the count, or
- * (size_t)-1 when working memory cannot grow (every mark is cleared then).
- * iterative: a 10,000,000-deep chain is a 10,000,000-deep DFS. */
-static size_t topo_order(mg_graph *g, mg_value *out) {
-    size_t sp = 0, n = 0;
-    if (!grow(g, (void **)&g->stack, &g->stack_cap, sizeof(mg_frame), 1)) return (size_t)-1;
-    g->stack[sp++] = (mg_frame){out, 0};
-    out->flags |= MG_FLAG_VISITED;
-    while (sp) {
-        mg_frame *f = &g->stack[sp - 1];
-        mg_value *v = f->v;
-        if (f->i < mg_value__nops(v)) {
-            mg_value *c = mg_value__op(v, f->i++);
-            if (!(c->flags & MG_FLAG_VISITED)) {
-                if (!grow(g, (void **)&g->stack, &g->stack_cap, sizeof(mg_frame), sp + 1)) goto fail;
-                c->flags |= MG_FLAG_VISITED;
-                g->stack[sp++] = (mg_frame){c, 0};
+/* Values reachable from `roots`, in post-order (operands before users), into g->order; returns
+ * the count, or (size_t)-1 when working memory cannot grow (every mark is cleared then).
+ * iterative: a 10,000,000-deep chain is a 10,000,000-deep DFS. Marks stay set on success: the
+ * caller clears them (mg_graph__clear_marks) once it has read the order. */
+size_t mg_graph__topo(mg_graph *g, mg_value *const *roots, size_t nroots) {
+    size_t n = 0, sp = 0;
+    for (size_t r = 0; r < nroots; r++) {
+        mg_value *root = roots[r];
+        if (root->flags & MG_FLAG_VISITED) continue;
+        if (!mg_graph__grow(g, (void **)&g->stack, &g->stack_cap, sizeof(mg_frame), 1)) goto fail;
+        root->flags |= MG_FLAG_VISITED;
+        g->stack[sp++] = (mg_frame){root, 0};
+        while (sp) {
+            mg_frame *f = &g->stack[sp - 1];
+            mg_value *v = f->v;
+            if (f->i < mg_value__nops(v)) {
+                mg_value *c = mg_value__op(v, f->i++);
+                if (!(c->flags & MG_FLAG_VISITED)) {
+                    if (!mg_graph__grow(g, (void **)&g->stack, &g->stack_cap, sizeof(mg_frame), sp + 1)) goto fail;
+                    c->flags |= MG_FLAG_VISITED;
+                    g->stack[sp++] = (mg_frame){c, 0};
+                }
+            } else {
+                if (!mg_graph__grow(g, (void **)&g->order, &g->order_cap, sizeof(mg_value *), n + 1)) goto fail;
+                g->order[n++] = v;
+                sp--;
             }
-        } else {
-            if (!grow(g, (void **)&g->order, &g->order_cap, sizeof(mg_value *), n + 1)) goto fail;
-            g->order[n++] = v;
-            sp--;
         }
     }
     return n;
 fail:
+    /* a value is marked exactly when pushed, and leaves the stack only into the order */
     for (size_t i = 0; i < sp; i++) g->stack[i].v->flags &= (uint8_t)~MG_FLAG_VISITED;
-    for (size_t i = 0; i < n; i++) g->order[i]->flags &= (uint8_t)~MG_FLAG_VISITED;
-    /* values marked but neither on the stack nor in the order do not exist: a value is marked
-     * exactly when pushed, and leaves the stack only into the order. */
+    mg_graph__clear_marks(g, n);
     return (size_t)-1;
+}
+
+void mg_graph__clear_marks(mg_graph *g, size_t n) {
+    for (size_t i = 0; i < n; i++) g->order[i]->flags &= (uint8_t)~MG_FLAG_VISITED;
 }
 
 int mg_backward(mg_graph *g, mg_value *out) {
@@ -467,7 +475,7 @@ int mg_backward(mg_graph *g, mg_value *out) {
     if (!out || out->serial == 0 || out->tag != g->tag)
         return mg_graph__fail(g, MG_EINVAL, "mg_backward: %s",
                               !out ? "NULL value" : out->serial ? "value of another graph" : "released value");
-    size_t n = topo_order(g, out);
+    size_t n = mg_graph__topo(g, &out, 1);
     if (n == (size_t)-1) return MG_ENOMEM;
     mg_value **order = g->order;
     for (size_t i = 0; i < n; i++) {

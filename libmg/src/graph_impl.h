@@ -141,6 +141,13 @@ static inline void mg_op__derivs(int op, double A, double B, double K, double Y,
 mg_value *mg_graph__nary(mg_graph *g, int op, uint32_t n, uint32_t flags, size_t nparts,
                          mg_value *const *const *parts, const size_t *lens);
 
+/* Reachable values from `roots` in post-order into g->order (count, or (size_t)-1 on ENOMEM);
+ * leaves VISITED marks set: clear them with mg_graph__clear_marks(g, count). */
+size_t mg_graph__topo(mg_graph *g, mg_value *const *roots, size_t nroots);
+void mg_graph__clear_marks(mg_graph *g, size_t n);
+/* Grows *buf to hold `need` elements of `elem` bytes (doubling); 0 on ENOMEM. */
+int mg_graph__grow(mg_graph *g, void **buf, size_t *cap, size_t elem, size_t need);
+
 /* Forward of a variadic node from its operands' data (shared by eager and frozen paths). */
 double mg_op__nary_forward(int op, const mg_value *v);
 /* Backward of a variadic node: adds into its operands' gradients. */

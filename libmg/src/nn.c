@@ -1,36 +1,26 @@
 /* Seeded generator, neurons, layers and MLPs over graph values. */
 #include "graph_impl.h"
 #include "mg/nn.h"
+#include "kernels.h"
 
 #include <math.h>
 #include <string.h>
 
-/* ---- rng: xoshiro256** seeded by splitmix64 (integer-only, so bitwise portable) ---------- */
-
-static uint64_t splitmix64(uint64_t *x) {
-    uint64_t z = (*x += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
+/* ---- rng: the kernels' xoshiro256** (one implementation for libmg and generated code) ----- */
 
 void mg_rng_seed(mg_rng *rng, uint64_t seed) {
     if (!rng) return;
-    for (int i = 0; i < 4; i++) rng->s[i] = splitmix64(&seed);
+    mgk_rng r;
+    mgk_rng_seed(&r, seed);
+    for (int i = 0; i < 4; i++) rng->s[i] = r.s[i];
 }
 
-static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
-
 uint64_t mg_rng_next(mg_rng *rng) {
-    uint64_t *s = rng->s;
-    uint64_t result = rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
-    s[2] ^= s[0];
-    s[3] ^= s[1];
-    s[1] ^= s[2];
-    s[0] ^= s[3];
-    s[2] ^= t;
-    s[3] = rotl(s[3], 45);
-    return result;
+    mgk_rng r;
+    for (int i = 0; i < 4; i++) r.s[i] = rng->s[i];
+    uint64_t x = mgk_rng_next(&r);
+    for (int i = 0; i < 4; i++) rng->s[i] = r.s[i];
+    return x;
 }
 
 double mg_rng_uniform(mg_rng *rng, double lo, double hi) {

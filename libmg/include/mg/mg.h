@@ -31,6 +31,7 @@
 #include "ops.h"
 #include "graph.h"
 #include "nn.h"
+#include "tape.h"
 
 /** libmg's version as a string. */
 #define MG_VERSION "0.1.0"

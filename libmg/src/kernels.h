@@ -1,0 +1,240 @@
+/* mg kernels: the variadic ops, the SGD step, the epoch driver and the shuffling generator over
+ * a frozen program's slot arrays. This one text is compiled into libmg's tape interpreter and
+ * pasted verbatim into every C file the emitter writes, so both run literally the same code.
+ * It includes only <math.h> and <stddef.h>. Slot arrays: d (data), g (gradients). */
+#include <math.h>
+#include <stddef.h>
+
+typedef unsigned int mgk_idx;
+typedef unsigned long long mgk_u64;
+
+/* ---- generator: xoshiro256** seeded by splitmix64 (integer-only: bitwise portable) -------- */
+
+typedef struct mgk_rng {
+    mgk_u64 s[4];
+} mgk_rng;
+
+static inline mgk_u64 mgk_splitmix64(mgk_u64 *x) {
+    mgk_u64 z = (*x += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static inline void mgk_rng_seed(mgk_rng *r, mgk_u64 seed) {
+    int i;
+    for (i = 0; i < 4; i++) r->s[i] = mgk_splitmix64(&seed);
+}
+
+static inline mgk_u64 mgk_rotl(mgk_u64 x, int k) { return (x << k) | (x >> (64 - k)); }
+
+static inline mgk_u64 mgk_rng_next(mgk_rng *r) {
+    mgk_u64 *s = r->s;
+    mgk_u64 result = mgk_rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
+    s[2] ^= s[0];
+    s[3] ^= s[1];
+    s[1] ^= s[2];
+    s[0] ^= s[3];
+    s[2] ^= t;
+    s[3] = mgk_rotl(s[3], 45);
+    return result;
+}
+
+/* uniform in [0, n), unbiased (rejection of the short last interval) */
+static inline size_t mgk_rng_below(mgk_rng *r, size_t n) {
+    mgk_u64 bound = (mgk_u64)n, limit = (0ull - bound) % bound, x;
+    do x = mgk_rng_next(r);
+    while (x < limit);
+    return (size_t)(x % bound);
+}
+
+/* ---- variadic ops: ix lists slots; orders of additions match libmg's eager ops ------------ */
+
+static inline double mgk_sum_fwd(const double *d, const mgk_idx *ix, size_t len) {
+    double acc = 0.0;
+    size_t i;
+    for (i = 0; i < len; i++) acc += d[ix[i]];
+    return acc;
+}
+
+static inline void mgk_sum_bwd(double *g, const mgk_idx *ix, size_t len, double gy) {
+    size_t i;
+    for (i = 0; i < len; i++) g[ix[i]] += gy;
+}
+
+/* ix: a[n], b[n], then the bias when `bias` */
+static inline double mgk_dot_fwd(const double *d, const mgk_idx *ix, size_t n, int bias) {
+    double acc = bias ? d[ix[2 * n]] : 0.0;
+    size_t i;
+    for (i = 0; i < n; i++) acc += d[ix[i]] * d[ix[n + i]];
+    return acc;
+}
+
+static inline void mgk_dot_bwd(const double *d, double *g, const mgk_idx *ix, size_t n, int bias, double gy) {
+    size_t i;
+    if (bias) g[ix[2 * n]] += gy;
+    for (i = 0; i < n; i++) {
+        g[ix[i]] += d[ix[n + i]] * gy;
+        g[ix[n + i]] += d[ix[i]] * gy;
+    }
+}
+
+/* ix: pred[n], target[n] */
+static inline double mgk_mse_fwd(const double *d, const mgk_idx *ix, size_t n) {
+    double acc = 0.0;
+    size_t i;
+    for (i = 0; i < n; i++) {
+        double e = d[ix[i]] - d[ix[n + i]];
+        acc += e * e;
+    }
+    return acc / (double)n;
+}
+
+static inline void mgk_mse_bwd(const double *d, double *g, const mgk_idx *ix, size_t n, double gy) {
+    double s = 2.0 / (double)n;
+    size_t i;
+    for (i = 0; i < n; i++) {
+        double e = (d[ix[i]] - d[ix[n + i]]) * s * gy;
+        g[ix[i]] += e;
+        g[ix[n + i]] -= e;
+    }
+}
+
+/* ix: score[n], label[n]; micrograd's demo: sum(relu(1 + -y*s)) * (1/n) */
+static inline double mgk_hinge_fwd(const double *d, const mgk_idx *ix, size_t n) {
+    double acc = 0.0;
+    size_t i;
+    for (i = 0; i < n; i++) {
+        double m = d[ix[i]] * -d[ix[n + i]] + 1.0;
+        acc += m < 0.0 ? 0.0 : m;
+    }
+    return acc * (1.0 / (double)n);
+}
+
+static inline void mgk_hinge_bwd(const double *d, double *g, const mgk_idx *ix, size_t n, double gy) {
+    double s = 1.0 / (double)n;
+    size_t i;
+    for (i = 0; i < n; i++) {
+        double y = -d[ix[n + i]], sc = d[ix[i]];
+        if (sc * y + 1.0 > 0.0) {
+            g[ix[i]] += y * s * gy;
+            g[ix[n + i]] -= sc * s * gy;
+        }
+    }
+}
+
+/* ix: logits[n], then the target (a class index; anything else gives NaN) */
+static inline int mgk_xent_target(const double *d, const mgk_idx *ix, size_t n, size_t *t) {
+    double tv = d[ix[n]];
+    if (!(tv >= 0.0 && tv < (double)n && tv == floor(tv))) return 0;
+    *t = (size_t)tv;
+    return 1;
+}
+
+static inline double mgk_xent_max(const double *d, const mgk_idx *ix, size_t n) {
+    double m = d[ix[0]];
+    size_t i;
+    for (i = 1; i < n; i++)
+        if (d[ix[i]] > m || d[ix[i]] != d[ix[i]]) m = d[ix[i]];
+    return isinf(m) ? 0.0 : m; /* keep exp(z - m) defined; inf logits give inf/NaN as IEEE does */
+}
+
+static inline double mgk_xent_fwd(const double *d, const mgk_idx *ix, size_t n) {
+    size_t t, i;
+    double m, acc = 0.0;
+    if (!mgk_xent_target(d, ix, n, &t)) return NAN;
+    m = mgk_xent_max(d, ix, n);
+    for (i = 0; i < n; i++) acc += exp(d[ix[i]] - m);
+    return log(acc) + m - d[ix[t]];
+}
+
+static inline void mgk_xent_bwd(const double *d, double *g, const mgk_idx *ix, size_t n, double gy) {
+    size_t t, i;
+    double m, sum = 0.0;
+    if (!mgk_xent_target(d, ix, n, &t)) {
+        for (i = 0; i < n; i++) g[ix[i]] += NAN;
+        return;
+    }
+    m = mgk_xent_max(d, ix, n);
+    for (i = 0; i < n; i++) sum += exp(d[ix[i]] - m);
+    for (i = 0; i < n; i++) g[ix[i]] += (exp(d[ix[i]] - m) / sum - (i == t ? 1.0 : 0.0)) * gy;
+}
+
+/* ---- training ----------------------------------------------------------------------------- */
+
+/* Where a program keeps its roles: parameters are slots [0, nparams); inputs and targets are
+ * contiguous runs starting at input0 and target0. */
+typedef struct mgk_layout {
+    size_t nslots, nparams, ninputs, ntargets, noutputs, input0, target0, loss;
+    const mgk_idx *outputs;
+} mgk_layout;
+
+typedef void (*mgk_forward_fn)(void *ctx, double *d);
+typedef void (*mgk_backward_fn)(void *ctx, const double *d, double *g);
+
+/* SGD: data -= scale * grad over the parameters, then their gradients restart at zero. */
+static inline void mgk_step(double *d, double *g, size_t nparams, double scale) {
+    size_t i;
+    for (i = 0; i < nparams; i++) {
+        d[i] -= scale * g[i];
+        g[i] = 0.0;
+    }
+}
+
+static inline void mgk_load(const mgk_layout *L, double *d, const double *x, const double *y) {
+    size_t i;
+    if (x)
+        for (i = 0; i < L->ninputs; i++) d[L->input0 + i] = x[i];
+    if (y)
+        for (i = 0; i < L->ntargets; i++) d[L->target0 + i] = y[i];
+}
+
+/* The order samples are visited in: 0..n-1, or a Fisher-Yates shuffle seeded by (seed, epoch). */
+static inline void mgk_order(size_t *perm, size_t n, int shuffle, mgk_u64 seed, mgk_u64 epoch) {
+    size_t i;
+    mgk_rng r;
+    for (i = 0; i < n; i++) perm[i] = i;
+    if (!shuffle || n < 2) return;
+    mgk_rng_seed(&r, seed ^ (0xD1B54A32D192ED03ull * (epoch + 1)));
+    for (i = n - 1; i > 0; i--) {
+        size_t j = mgk_rng_below(&r, i + 1), tmp = perm[i];
+        perm[i] = perm[j];
+        perm[j] = tmp;
+    }
+}
+
+/* One epoch: per sample forward and backward (parameter gradients accumulate), one SGD step per
+ * batch with the gradient averaged over the batch. Returns the mean loss. `perm` is scratch for
+ * n indices. Samples are rows: X[n][ninputs], Y[n][ntargets]. */
+static inline double mgk_fit_epoch(const mgk_layout *L, mgk_forward_fn fwd, mgk_backward_fn bwd, void *ctx,
+                            double *d, double *g, const double *X, const double *Y, size_t n,
+                            size_t batch, double lr, size_t *perm, int shuffle, mgk_u64 seed,
+                            mgk_u64 epoch) {
+    size_t k, in_batch = 0;
+    double total = 0.0;
+    if (batch < 1) batch = 1;
+    mgk_order(perm, n, shuffle, seed, epoch);
+    for (k = 0; k < n; k++) {
+        size_t s = perm[k];
+        mgk_load(L, d, X + s * L->ninputs, Y ? Y + s * L->ntargets : NULL);
+        fwd(ctx, d);
+        total += d[L->loss];
+        bwd(ctx, d, g);
+        if (++in_batch == batch || k + 1 == n) {
+            mgk_step(d, g, L->nparams, lr / (double)in_batch);
+            in_batch = 0;
+        }
+    }
+    return n ? total / (double)n : 0.0;
+}
+
+/* Forward over each row of X, writing the outputs: out[n][noutputs]. */
+static inline void mgk_predict(const mgk_layout *L, mgk_forward_fn fwd, void *ctx, double *d,
+                        const double *X, size_t n, double *out) {
+    size_t k, j;
+    for (k = 0; k < n; k++) {
+        mgk_load(L, d, X + k * L->ninputs, NULL);
+        fwd(ctx, d);
+        for (j = 0; j < L->noutputs; j++) out[k * L->noutputs + j] = d[L->outputs[j]];
+    }
+}

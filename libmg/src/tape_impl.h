@@ -1,0 +1,43 @@
+/* Internal layout of tapes, shared by the freezer/interpreter (tape.c) and the emitter (emit.c). */
+#ifndef MG_TAPE_IMPL_H
+#define MG_TAPE_IMPL_H
+
+#include "graph_impl.h"
+#include "mg/tape.h"
+#include "kernels.h"
+
+/* One instruction. Elementwise: out = op(d[a], d[b], k). Variadic: operands are the `len` slots
+ * at idx[a], `k` is the term count n, `flags` has MG_FLAG_BIAS for DOT with a bias. */
+typedef struct mg_instr {
+    uint8_t op;
+    uint8_t flags;
+    uint16_t pad;
+    uint32_t out;
+    uint32_t a;
+    uint32_t b; /* elementwise: second operand slot; variadic: len */
+    double k;
+} mg_instr;
+
+struct mg_tape {
+    mg_allocator alloc;
+    size_t nslots, nparams, ninputs, ntargets, nconsts, noutputs;
+    size_t first_op;      /* slots [first_op, nslots) hold op results */
+    size_t ninstr;        /* instructions, topological order */
+    size_t nloss_instr;   /* the first nloss_instr instructions are the loss's cone */
+    int has_loss;
+    uint32_t loss;        /* loss slot */
+    mg_instr *instr;
+    mgk_idx *idx;         /* operand slots of variadic instructions */
+    size_t nidx;
+    mgk_idx *outputs;     /* output slots */
+    double *data, *grad;  /* data[nslots], grad[nslots] */
+    mg_value **param_values; /* for write-back: the frozen parameters and their serials */
+    uint64_t *param_serials;
+    uint16_t graph_tag;
+    mgk_layout layout;
+    mg_tape_forward_fn fwd;
+    mg_tape_backward_fn bwd;
+    void *ctx;
+};
+
+#endif /* MG_TAPE_IMPL_H */

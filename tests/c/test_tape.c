@@ -1,0 +1,267 @@
+/* Tapes: frozen programs agree with the eager graph; training; emission; failures. */
+#include "tap.h"
+
+#include <mg/mg.h>
+#include <string.h>
+
+/* A graph using every op of the table, over `nin` inputs, one target and `np` parameters. */
+typedef struct {
+    mg_value *in[4], *tgt, *p[6], *loss, *out[2];
+} every_op;
+
+static int build_every_op(mg_graph *g, every_op *e, const double *x, double y, const double *pv) {
+    for (int i = 0; i < 4; i++) e->in[i] = mg_scalar(g, x[i]);
+    e->tgt = mg_scalar(g, y);
+    for (int i = 0; i < 6; i++) e->p[i] = mg_scalar(g, pv[i]);
+    mg_value **in = e->in, **p = e->p;
+    mg_value *c = mg_scalar(g, 0.75); /* a constant */
+    mg_value *t[40];
+    int k = 0;
+    /* every elementwise op, through mg_apply, so a new table row shows up here */
+    for (int op = 0; op < MG_OP_COUNT; op++) {
+        int ar = mg_op_arity(op);
+        if (ar < 1) continue;
+        mg_value *a = mg_add(g, mg_mul(g, p[k % 6], in[k % 4]), c);
+        mg_value *b = mg_add(g, p[(k + 1) % 6], mg_scalar(g, 1.5));
+        double kk = op == MG_OP_POW ? 2.5 : 0.0;
+        if (op == MG_OP_LOG || op == MG_OP_POW || op == MG_OP_POWV) a = mg_add(g, mg_square(g, a), c);
+        t[k++] = mg_apply(g, op, a, b, kk);
+    }
+    mg_value *logits[3] = {mg_sum(g, t, 4), mg_dot(g, t + 4, in, 4), mg_affine(g, p, in, 4, t[8])};
+    mg_value *pred[2] = {logits[0], logits[1]}, *targ[2] = {e->tgt, c};
+    mg_value *cls = mg_scalar(g, 1.0);
+    mg_value *l1 = mg_cross_entropy(g, logits, 3, cls);
+    mg_value *l2 = mg_mse(g, pred, targ, 2);
+    mg_value *l3 = mg_hinge(g, pred, (mg_value *[]){mg_scalar(g, 1.0), mg_scalar(g, -1.0)}, 2);
+    mg_value *rest = mg_sum(g, t + 9, (size_t)(k - 9));
+    e->loss = mg_add(g, mg_add(g, l1, mg_mul(g, l2, mg_scalar(g, 0.01))),
+                     mg_add(g, l3, mg_mul(g, mg_tanh(g, rest), c)));
+    e->out[0] = logits[2];
+    e->out[1] = t[0];
+    return e->loss != NULL;
+}
+
+static const double X0[4] = {0.3, -0.8, 1.2, 0.5}, P0[6] = {0.2, -0.4, 0.9, 0.1, -0.3, 0.7};
+
+static void test_tape__every_op_matches_eager(void) {
+    mg_graph *g = mg_graph_new();
+    every_op e;
+    CHECK(build_every_op(g, &e, X0, 0.6, P0));
+    CHECK(mg_backward(g, e.loss) == MG_OK);
+    mg_tape_spec spec = {e.loss, e.in, 4, &e.tgt, 1, e.p, 6, e.out, 2};
+    mg_tape *t = mg_tape_freeze(g, &spec);
+    CHECK(t != NULL);
+    if (!t) {
+        printf("#   %s\n", mg_graph_last_error(g));
+        mg_graph_free(g);
+        return;
+    }
+    CHECK(mg_tape_nparams(t) == 6 && mg_tape_ninputs(t) == 4 && mg_tape_ntargets(t) == 1);
+    /* forward on new inputs: same as a fresh eager graph, bitwise */
+    double x1[4] = {-0.1, 0.4, 0.9, -1.1}, y1 = -0.2;
+    CHECK(mg_tape_forward(t, x1, &y1) == MG_OK);
+    CHECK(mg_tape_backward(t) == MG_OK);
+    mg_graph *h = mg_graph_new();
+    every_op f;
+    build_every_op(h, &f, x1, y1, P0);
+    mg_backward(h, f.loss);
+    CHECK(mg_tape_loss(t) == mg_data(f.loss));
+    double outs[2];
+    mg_tape_outputs(t, outs);
+    CHECK(outs[0] == mg_data(f.out[0]) && outs[1] == mg_data(f.out[1]));
+    const double *gr = mg_tape_grad(t);
+    for (int i = 0; i < 6; i++) CHECK_CLOSE(gr[i], mg_grad(f.p[i]), 1e-12);
+    /* the parameters are the first slots, as one array */
+    for (int i = 0; i < 6; i++) CHECK(mg_tape_data(t)[i] == P0[i]);
+    mg_tape_free(t);
+    mg_graph_free(h);
+    mg_graph_free(g);
+}
+
+/* Per-sample SGD on XOR, eagerly, visiting samples in order: what mg_tape_fit must reproduce. */
+static void test_tape__fit_matches_eager_sgd(void) {
+    static const double X[4][2] = {{0, 0}, {0, 1}, {1, 0}, {1, 1}}, Y[4] = {0, 1, 1, 0};
+    mg_graph *g = mg_graph_new();
+    mg_rng r;
+    mg_rng_seed(&r, 3);
+    size_t sizes[2] = {4, 1};
+    mg_mlp *m = mg_mlp_init(g, 2, sizes, 2, MG_ACT_TANH, MG_INIT_UNIFORM, &r);
+    mg_value *p[17];
+    mg_mlp_params(m, p);
+    /* freeze a placeholder graph */
+    mg_value *x[2] = {mg_scalar(g, 0), mg_scalar(g, 0)}, *y = mg_scalar(g, 0), *out;
+    mg_mlp_call(g, m, x, &out);
+    mg_value *loss = mg_mse(g, &out, &y, 1);
+    mg_tape_spec spec = {loss, x, 2, &y, 1, p, 17, &out, 1};
+    mg_tape *t = mg_tape_freeze(g, &spec);
+    CHECK(t != NULL);
+    double mean = 0;
+    for (int epoch = 0; epoch < 3; epoch++)
+        CHECK(mg_tape_fit(t, &X[0][0], Y, 4, 2, 0.3, 0, 0, (uint64_t)epoch, &mean) == MG_OK);
+    /* eager: batches of 2, gradients averaged */
+    mg_graph_checkpoint cp = mg_graph_save(g);
+    double eager_total = 0;
+    for (int epoch = 0; epoch < 3; epoch++) {
+        eager_total = 0;
+        for (int b = 0; b < 4; b += 2) {
+            for (int s = b; s < b + 2; s++) {
+                mg_value *xi[2] = {mg_scalar(g, X[s][0]), mg_scalar(g, X[s][1])}, *yi = mg_scalar(g, Y[s]), *o;
+                mg_mlp_call(g, m, xi, &o);
+                mg_value *l = mg_mse(g, &o, &yi, 1);
+                mg_backward(g, l);
+                eager_total += mg_data(l);
+                mg_graph_restore(g, cp);
+            }
+            for (int i = 0; i < 17; i++) {
+                mg_set_data(p[i], mg_data(p[i]) - 0.3 / 2 * mg_grad(p[i]));
+                mg_set_grad(p[i], 0);
+            }
+        }
+    }
+    for (int i = 0; i < 17; i++) CHECK_CLOSE(mg_tape_data(t)[i], mg_data(p[i]), 1e-12);
+    CHECK_CLOSE(mean, eager_total / 4, 1e-12);
+    /* shuffling is deterministic per (seed, epoch) */
+    double before[17];
+    memcpy(before, mg_tape_data(t), sizeof before);
+    double l1, l2;
+    mg_tape_fit(t, &X[0][0], Y, 4, 1, 0.1, 1, 42, 7, &l1);
+    double after1[17];
+    memcpy(after1, mg_tape_data(t), sizeof after1);
+    memcpy(mg_tape_data(t), before, sizeof before);
+    mg_tape_fit(t, &X[0][0], Y, 4, 1, 0.1, 1, 42, 7, &l2);
+    CHECK(memcmp(after1, mg_tape_data(t), sizeof after1) == 0 && l1 == l2);
+    /* write-back reaches the model */
+    CHECK(mg_tape_write_back(t, g) == 17);
+    CHECK(mg_data(p[3]) == mg_tape_data(t)[3]);
+    /* predict */
+    double pred[4];
+    CHECK(mg_tape_predict(t, &X[0][0], 4, pred) == MG_OK);
+    mg_value *xi[2] = {mg_scalar(g, X[2][0]), mg_scalar(g, X[2][1])}, *o;
+    mg_mlp_call(g, m, xi, &o);
+    CHECK(pred[2] == mg_data(o));
+    CHECK(mg_tape_fit(t, NULL, Y, 4, 1, 0.1, 0, 0, 0, NULL) == MG_EINVAL);
+    CHECK(mg_tape_fit(t, &X[0][0], Y, 4, 0, 0.1, 0, 0, 0, NULL) == MG_EINVAL);
+    mg_tape_free(t);
+    mg_mlp_free(m);
+    mg_graph_free(g);
+}
+
+static void test_tape__freeze_errors(void) {
+    mg_graph *g = mg_graph_new();
+    mg_value *a = mg_scalar(g, 1.0), *b = mg_scalar(g, 2.0);
+    mg_value *y = mg_mul(g, a, b);
+    mg_tape_spec s1 = {y, (mg_value *[]){a}, 1, NULL, 0, (mg_value *[]){a}, 1, NULL, 0};
+    CHECK(mg_tape_freeze(g, &s1) == NULL);
+    CHECK(strstr(mg_graph_last_error(g), "listed twice") != NULL);
+    mg_tape_spec s2 = {y, NULL, 0, NULL, 0, (mg_value *[]){y}, 1, NULL, 0};
+    CHECK(mg_tape_freeze(g, &s2) == NULL);
+    CHECK(strstr(mg_graph_last_error(g), "not a leaf") != NULL);
+    mg_tape_spec s3 = {NULL, NULL, 0, NULL, 0, NULL, 0, NULL, 0};
+    CHECK(mg_tape_freeze(g, &s3) == NULL);
+    mg_graph *h = mg_graph_new();
+    mg_value *z = mg_scalar(h, 1.0);
+    mg_tape_spec s4 = {y, NULL, 0, NULL, 0, (mg_value *[]){z}, 1, NULL, 0};
+    CHECK(mg_tape_freeze(g, &s4) == NULL);
+    mg_graph_free(h);
+    /* an inference-only tape has no backward */
+    mg_tape_spec s5 = {NULL, (mg_value *[]){a}, 1, NULL, 0, (mg_value *[]){b}, 1, &y, 1};
+    mg_tape *t = mg_tape_freeze(g, &s5);
+    CHECK(t && !mg_tape_has_loss(t) && mg_tape_backward(t) == MG_EINVAL);
+    double x = 3.0, out;
+    mg_tape_predict(t, &x, 1, &out);
+    CHECK(out == 6.0);
+    mg_tape_free(t);
+    CHECK(mg_graph_len(g) == 3);
+    mg_graph_free(g);
+}
+
+static void test_tape__emission_is_deterministic_and_self_contained(void) {
+    mg_graph *g = mg_graph_new();
+    every_op e;
+    build_every_op(g, &e, X0, 0.6, P0);
+    mg_tape_spec spec = {e.loss, e.in, 4, &e.tgt, 1, e.p, 6, e.out, 2};
+    mg_tape *t1 = mg_tape_freeze(g, &spec), *t2 = mg_tape_freeze(g, &spec);
+    size_t n1, n2;
+    char *s1 = mg_tape_emit_c(t1, NULL, &n1), *s2 = mg_tape_emit_c(t2, NULL, &n2);
+    CHECK(s1 && s2 && n1 == n2 && memcmp(s1, s2, n1) == 0);
+    CHECK(strlen(s1) == n1);
+    /* only <math.h> and <stddef.h> */
+    int includes = 0;
+    for (const char *p = s1; (p = strstr(p, "#include")) != NULL; p++) {
+        includes++;
+        CHECK(strncmp(p, "#include <math.h>", 17) == 0 || strncmp(p, "#include <stddef.h>", 19) == 0);
+    }
+    CHECK(includes == 2);
+    CHECK(strstr(s1, "void mgc_fit_epoch") == NULL && strstr(s1, "double mgc_fit_epoch(") != NULL);
+    mg_emit_options o = {"model_", 1};
+    char *s3 = mg_tape_emit_c(t1, &o, NULL);
+    CHECK(s3 && strstr(s3, "void model_infer(") != NULL && strstr(s3, "mg_backward") == NULL);
+    mg_emit_options bad = {"9bad", 0};
+    CHECK(mg_tape_emit_c(t1, &bad, NULL) == NULL);
+    mg_tape_free_source(t1, s1);
+    mg_tape_free_source(t2, s2);
+    mg_tape_free_source(t1, s3);
+    mg_tape_free(t1);
+    mg_tape_free(t2);
+    mg_graph_free(g);
+}
+
+/* the failing allocator of test_nn, reduced */
+typedef struct {
+    long count, fail_at, live;
+} fa_t;
+static void *fa_m(size_t n, void *c) {
+    fa_t *f = c;
+    if (++f->count == f->fail_at) return NULL;
+    void *p = malloc(n);
+    if (p) f->live++;
+    return p;
+}
+static void *fa_r(void *p, size_t n, void *c) {
+    fa_t *f = c;
+    if (++f->count == f->fail_at) return NULL;
+    void *q = realloc(p, n);
+    if (q && !p) f->live++;
+    return q;
+}
+static void fa_f(void *p, void *c) {
+    fa_t *f = c;
+    if (p) f->live--;
+    free(p);
+}
+
+static void test_tape__allocation_failure_in_freeze_and_emit(void) {
+    int hit = 0;
+    for (long k = 1; k < 10000; k++) {
+        fa_t fa = {0, 0, 0};
+        mg_allocator al = {fa_m, fa_r, fa_f, &fa};
+        mg_graph *g = mg_graph_new_with(&al);
+        every_op e;
+        build_every_op(g, &e, X0, 0.6, P0);
+        size_t len = mg_graph_len(g);
+        fa.fail_at = fa.count + k; /* fail inside freeze or emit only */
+        mg_tape_spec spec = {e.loss, e.in, 4, &e.tgt, 1, e.p, 6, e.out, 2};
+        mg_tape *t = mg_tape_freeze(g, &spec);
+        char *src = t ? mg_tape_emit_c(t, NULL, NULL) : NULL;
+        int done = t && src;
+        CHECK(mg_graph_len(g) == len);
+        if (!t) CHECK(mg_graph_last_status(g) == MG_ENOMEM);
+        mg_tape_free_source(t, src);
+        mg_tape_free(t);
+        mg_graph_free(g);
+        CHECK(fa.live == 0);
+        if (done && fa.count < fa.fail_at) break;
+        hit++;
+    }
+    printf("# %d allocation failures injected into freeze and emit\n", hit);
+    CHECK(hit > 3);
+}
+
+int main(void) {
+    RUN(test_tape__every_op_matches_eager);
+    RUN(test_tape__fit_matches_eager_sgd);
+    RUN(test_tape__freeze_errors);
+    RUN(test_tape__emission_is_deterministic_and_self_contained);
+    RUN(test_tape__allocation_failure_in_freeze_and_emit);
+    TAP_DONE();
+}
