@@ -5,10 +5,15 @@
 #include <pybind11/stl.h>
 
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
 #include "value.hpp"
+
+extern "C" {
+#include <mg/tape.h>
+}
 
 namespace py = pybind11;
 using mgpy::graph;
@@ -174,6 +179,45 @@ int mlp_call(mg_graph *g, const void *m, mg_value *const *x, mg_value **out) {
     return mg_mlp_call(g, static_cast<const mg_mlp *>(m), x, out);
 }
 
+// ---- frozen programs -------------------------------------------------------------------------
+
+using Array = py::array_t<double, py::array::c_style | py::array::forcecast>;
+
+struct Tape {
+    std::unique_ptr<mg_tape, void (*)(mg_tape *)> t{nullptr, mg_tape_free};
+    std::mutex run; // one C call at a time: the GIL is released while C runs
+    py::object kernels_owner; // keeps a loaded compiled library alive
+};
+
+// Rows of `width` doubles: (n, width), or (width,) as one row when `allow_vector`; (n,) when
+// width is 1. Copies only when the dtype or layout requires it.
+Array rows_of(py::handle a, size_t width, const char *what, size_t *n, bool allow_vector) {
+    Array arr = Array::ensure(a);
+    if (!arr) {
+        PyErr_Clear();
+        throw py::type_error(std::string(what) + ": expected an array of numbers");
+    }
+    if (arr.ndim() == 2 && (size_t)arr.shape(1) == width) {
+        *n = (size_t)arr.shape(0);
+    } else if (arr.ndim() == 1 && allow_vector && (size_t)arr.shape(0) == width) {
+        *n = 1;
+    } else if (arr.ndim() == 1 && width == 1) {
+        *n = (size_t)arr.shape(0);
+    } else {
+        std::string shape = "(";
+        for (py::ssize_t i = 0; i < arr.ndim(); i++) shape += (i ? ", " : "") + std::to_string(arr.shape(i));
+        shape += arr.ndim() == 1 ? ",)" : ")";
+        throw py::value_error(std::string(what) + ": expected shape (n, " + std::to_string(width) +
+                              ")" + (allow_vector ? " or (" + std::to_string(width) + ",)" : "") +
+                              ", got " + shape);
+    }
+    return arr;
+}
+
+py::array_t<double> slot_view(py::object owner, double *base, size_t n) {
+    return py::array_t<double>({(py::ssize_t)n}, {(py::ssize_t)sizeof(double)}, base, owner);
+}
+
 } // namespace
 
 // The explicit option also keeps -Wpedantic quiet about an empty variadic macro argument.
@@ -325,4 +369,144 @@ PYBIND11_MODULE(_core, m, py::mod_gil_used()) {
         .def("set_data", [](const MLP &mm, py::handle a) { set_param_data(mm.params(), a, "MLP"); })
         .def_property_readonly("nin", [](const MLP &mm) { return mg_mlp_nin(mm.m); })
         .def_property_readonly("nlayers", [](const MLP &mm) { return mg_mlp_nlayers(mm.m); });
+
+    // ---- frozen programs -------------------------------------------------------------------
+    py::class_<Tape>(m, "Tape")
+        .def(py::init([](py::object loss, py::handle inputs, py::handle targets, py::handle params,
+                         py::handle outputs) {
+                 auto nodes_of = [](py::handle seq, const char *what) {
+                     std::vector<mg_value *> v;
+                     if (seq.is_none()) return v;
+                     for (py::handle o : seq) v.push_back(node_of(o, what));
+                     return v;
+                 };
+                 std::vector<mg_value *> in = nodes_of(inputs, "inputs"), tg = nodes_of(targets, "targets"),
+                                         ps = nodes_of(params, "params"), out = nodes_of(outputs, "outputs");
+                 mg_tape_spec spec{loss.is_none() ? nullptr : node_of(loss, "loss"),
+                                   in.data(), in.size(), tg.data(), tg.size(),
+                                   ps.data(), ps.size(), out.data(), out.size()};
+                 auto tp = std::make_unique<Tape>();
+                 tp->t.reset(mg_tape_freeze(graph(), &spec));
+                 if (!tp->t) throw_graph_error("freeze");
+                 return tp;
+             }),
+             py::arg("loss"), py::arg("inputs"), py::arg("targets"), py::arg("params"), py::arg("outputs"))
+        .def_property_readonly("nslots", [](const Tape &tp) { return mg_tape_nslots(tp.t.get()); })
+        .def_property_readonly("ninstr", [](const Tape &tp) { return mg_tape_ninstr(tp.t.get()); })
+        .def_property_readonly("nparams", [](const Tape &tp) { return mg_tape_nparams(tp.t.get()); })
+        .def_property_readonly("ninputs", [](const Tape &tp) { return mg_tape_ninputs(tp.t.get()); })
+        .def_property_readonly("ntargets", [](const Tape &tp) { return mg_tape_ntargets(tp.t.get()); })
+        .def_property_readonly("noutputs", [](const Tape &tp) { return mg_tape_noutputs(tp.t.get()); })
+        .def_property_readonly("has_loss", [](const Tape &tp) { return mg_tape_has_loss(tp.t.get()) != 0; })
+        .def("data", [](py::object self) {
+            Tape &tp = self.cast<Tape &>();
+            return slot_view(self, mg_tape_data(tp.t.get()), mg_tape_nslots(tp.t.get()));
+        }, "The data slots as a numpy view (parameters first).")
+        .def("grad", [](py::object self) {
+            Tape &tp = self.cast<Tape &>();
+            return slot_view(self, mg_tape_grad(tp.t.get()), mg_tape_nslots(tp.t.get()));
+        }, "The gradient slots as a numpy view.")
+        .def("forward", [](Tape &tp, py::handle x, py::handle y) {
+            size_t n = 0;
+            mg_tape *t = tp.t.get();
+            Array xa = rows_of(x, mg_tape_ninputs(t), "forward: x", &n, true);
+            if (n != 1) throw py::value_error("forward: x must be one sample; use predict() for many");
+            Array ya;
+            if (!y.is_none()) {
+                size_t m = 0;
+                ya = rows_of(y, mg_tape_ntargets(t), "forward: y", &m, true);
+                if (m != 1) throw py::value_error("forward: y must be one sample");
+            }
+            py::array_t<double> out((py::ssize_t)mg_tape_noutputs(t));
+            double *o = out.mutable_data();
+            const double *xp = xa.data(), *yp = y.is_none() ? nullptr : ya.data();
+            {
+                py::gil_scoped_release nogil;
+                std::lock_guard<std::mutex> lock(tp.run);
+                mg_tape_forward(t, xp, yp);
+                mg_tape_outputs(t, o);
+            }
+            return out;
+        }, py::arg("x"), py::arg("y") = py::none())
+        .def_property_readonly("loss", [](const Tape &tp) { return mg_tape_loss(tp.t.get()); })
+        .def("backward", [](Tape &tp) {
+            int st;
+            {
+                py::gil_scoped_release nogil;
+                std::lock_guard<std::mutex> lock(tp.run);
+                st = mg_tape_backward(tp.t.get());
+            }
+            if (st != MG_OK) throw py::value_error("backward: this program has no loss");
+        })
+        .def("step", [](Tape &tp, double lr, size_t count) {
+            std::lock_guard<std::mutex> lock(tp.run);
+            mg_tape_step(tp.t.get(), lr, count);
+        }, py::arg("lr"), py::arg("count") = 1)
+        .def("fit_epoch", [](Tape &tp, py::handle X, py::handle Y, size_t batch, double lr, bool shuffle,
+                             uint64_t seed, uint64_t epoch) {
+            mg_tape *t = tp.t.get();
+            if (!mg_tape_has_loss(t)) throw py::value_error("fit: this program has no loss");
+            if (batch < 1) throw py::value_error("fit: batch_size must be at least 1");
+            size_t n = 0, m = 0;
+            Array xa = rows_of(X, mg_tape_ninputs(t), "fit: X", &n, false);
+            Array ya;
+            const double *yp = nullptr;
+            if (mg_tape_ntargets(t)) {
+                if (Y.is_none()) throw py::value_error("fit: this program has targets: pass Y");
+                ya = rows_of(Y, mg_tape_ntargets(t), "fit: Y", &m, false);
+                if (m != n)
+                    throw py::value_error("fit: X has " + std::to_string(n) + " rows but Y has " + std::to_string(m));
+                yp = ya.data();
+            }
+            double mean = 0.0;
+            int st;
+            const double *xp = xa.data();
+            {
+                py::gil_scoped_release nogil;
+                std::lock_guard<std::mutex> lock(tp.run);
+                st = mg_tape_fit(t, xp, yp, n, batch, lr, shuffle, seed, epoch, &mean);
+            }
+            if (st == MG_ENOMEM) throw std::bad_alloc();
+            if (st != MG_OK) throw py::value_error("fit: invalid arguments");
+            return mean;
+        }, py::arg("X"), py::arg("Y"), py::arg("batch_size"), py::arg("lr"), py::arg("shuffle"),
+           py::arg("seed"), py::arg("epoch"))
+        .def("predict", [](Tape &tp, py::handle X) {
+            mg_tape *t = tp.t.get();
+            size_t n = 0;
+            Array xa = rows_of(X, mg_tape_ninputs(t), "predict: X", &n, false);
+            py::array_t<double> out({(py::ssize_t)n, (py::ssize_t)mg_tape_noutputs(t)});
+            double *o = out.mutable_data();
+            const double *xp = xa.data();
+            {
+                py::gil_scoped_release nogil;
+                std::lock_guard<std::mutex> lock(tp.run);
+                mg_tape_predict(t, xp, n, o);
+            }
+            return out;
+        }, py::arg("X"))
+        .def("emit_c", [](const Tape &tp, const std::string &prefix, bool inference_only) {
+            mg_emit_options o{prefix.c_str(), inference_only ? 1 : 0};
+            size_t len = 0;
+            char *src = mg_tape_emit_c(tp.t.get(), &o, &len);
+            if (!src) throw py::value_error("emit_c: the prefix must be a C identifier");
+            py::str out(src, len);
+            mg_tape_free_source(tp.t.get(), src);
+            return out;
+        }, py::arg("prefix") = "mgc_", py::arg("inference_only") = false)
+        .def("set_kernels", [](Tape &tp, uintptr_t forward, uintptr_t backward, py::object owner) {
+            std::lock_guard<std::mutex> lock(tp.run);
+            if (!forward || !backward) {
+                mg_tape_set_kernels(tp.t.get(), nullptr, nullptr, nullptr);
+                tp.kernels_owner = py::none();
+                return;
+            }
+            mg_tape_set_kernels(tp.t.get(), reinterpret_cast<mg_tape_forward_fn>(forward),
+                                reinterpret_cast<mg_tape_backward_fn>(backward), nullptr);
+            tp.kernels_owner = owner;
+        }, py::arg("forward"), py::arg("backward"), py::arg("owner") = py::none(),
+           "Use compiled kernels (function addresses from the emitted library); 0, 0 restores the interpreter.")
+        .def("write_back", [](const Tape &tp) { return mg_tape_write_back(tp.t.get(), graph()); },
+             "Copies the parameters into the Values they were frozen from; returns how many.");
+    m.attr("EMITTER_VERSION") = mg_emitter_version();
 }

@@ -116,7 +116,8 @@ static void emit_op_helpers(sbuf *b, const mg_tape *t) {
 
 static void emit_index_table(sbuf *b, const mg_tape *t) {
     puts_(b, "static const mgk_idx mg_ix[] = {");
-    for (size_t i = 0; i < t->nidx; i++) putf(b, "%s%u", i % 16 ? ", " : "\n    ", (unsigned)t->idx[i]);
+    for (size_t i = 0; i < t->nidx; i++)
+        putf(b, "%s%u", i == 0 ? "\n    " : i % 16 ? ", " : ",\n    ", (unsigned)t->idx[i]);
     puts_(b, t->nidx ? "\n};\n" : "0};\n");
 }
 
@@ -199,7 +200,7 @@ static void emit_init_table(sbuf *b, const mg_tape *t, int with_params) {
     size_t k = 0;
     for (size_t s = from; s < t->first_op; s++) {
         if (s >= t->nparams && s < c0) continue; /* inputs and targets come from samples */
-        puts_(b, k % 4 ? ", " : "\n    ");
+        puts_(b, k == 0 ? "\n    " : k % 4 ? ", " : ",\n    ");
         put_double(b, t->data[s]);
         k++;
     }

@@ -7,6 +7,7 @@ without micrograd's recursion and memory limits.
 from __future__ import annotations
 
 from . import functional
+from .compiler import CompileError, Program, compile, inputs
 from .engine import Op, StaleValueError, Value, checkpoint, graph_bytes, graph_len, op_of
 from .functional import affine, cross_entropy, dot, hinge, mse, vsum
 from .nn import MLP, Layer, Module, Neuron
@@ -17,5 +18,5 @@ __version__ = "0.1.0"
 __all__ = [
     "Value", "Module", "Neuron", "Layer", "MLP", "Op", "op_of", "StaleValueError", "checkpoint",
     "graph_len", "graph_bytes", "draw_dot", "functional", "vsum", "dot", "affine", "mse", "hinge",
-    "cross_entropy", "__version__",
+    "cross_entropy", "compile", "inputs", "Program", "CompileError", "__version__",
 ]

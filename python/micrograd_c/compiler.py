@@ -1,0 +1,371 @@
+"""Frozen programs: freeze a graph once, then train it in C with no Python in the loop.
+
+    x = micrograd_c.inputs(784)
+    y = micrograd_c.inputs(1)
+    logits = model(x)
+    loss = micrograd_c.cross_entropy(logits, y[0])
+    prog = micrograd_c.compile(loss, inputs=x, targets=y, params=model.parameters(), outputs=logits)
+    losses = prog.fit(X, Y, epochs=1, lr=0.01)
+    prog.write_back()                      # the trained parameters back into the model's Values
+
+Backends: ``"tape"`` interprets the frozen program in libmg (no compiler needed); ``"c"`` emits C,
+compiles it with the system's C compiler and loads it; ``"auto"`` uses the compiler when one
+works and otherwise the tape, with a warning. Compiled libraries are cached (see
+:func:`cache_dir`), keyed by the source, the compiler and its version, the flags and the
+emitter's version; a cache hit loads in milliseconds.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Dict, Iterator, List, Optional, Sequence
+
+import numpy as np
+
+from . import _core
+from .engine import Value
+
+#: Flags used when none are given: optimised, and no floating-point contraction, so compiled
+#: results equal the interpreter's and the eager graph's.
+DEFAULT_FLAGS: List[str] = ["-O2", "-ffp-contract=off"]
+CANDIDATES = ("cc", "gcc", "clang", "tcc")
+
+
+class CompileError(RuntimeError):
+    """The C compiler failed, timed out or is missing. ``command`` and ``output`` say how."""
+
+    def __init__(self, message: str, command: Optional[Sequence[str]] = None, output: str = "") -> None:
+        self.command = list(command) if command else []
+        self.output = output
+        detail = f"\ncommand: {shlex.join(self.command)}" if self.command else ""
+        if output:
+            tail = output if len(output) < 4000 else "...\n" + output[-4000:]
+            detail += f"\ncompiler output:\n{tail}"
+        super().__init__(message + detail)
+
+
+def inputs(n: int, value: float = 0.0) -> List[Value]:
+    """Return ``n`` placeholder Values (leaves) to build a graph over, for :func:`compile`."""
+    if n < 0:
+        raise ValueError("n must be non-negative")
+    return [Value(value) for _ in range(n)]
+
+
+def cache_dir() -> str:
+    """The compiled-library cache: ``$MICROGRAD_C_CACHE_DIR``, else the user cache directory."""
+    env = os.environ.get("MICROGRAD_C_CACHE_DIR")
+    if env:
+        return env
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "micrograd_c")
+
+
+# ---- toolchain ------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Toolchain:
+    """A working C compiler: its command (``$CC`` may carry arguments), path and version."""
+
+    command: List[str]
+    path: str
+    version: str
+
+    @property
+    def name(self) -> str:
+        """Short name of the compiler (``gcc``, ``clang``, ``tcc``, ...)."""
+        return os.path.basename(self.path)
+
+
+_toolchains: Dict[str, Optional[Toolchain]] = {}
+
+
+def _version_of(cmd: List[str]) -> str:
+    for flag in ("--version", "-v"):
+        try:
+            r = subprocess.run(cmd + [flag], capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        text = (r.stdout + r.stderr).strip()
+        if text:
+            return text.splitlines()[0]
+    return "unknown"
+
+
+def _probe(cmd: List[str]) -> Optional[Toolchain]:
+    """The toolchain if `cmd` builds and links a shared library, else None."""
+    key = "\0".join(cmd)
+    if key in _toolchains:
+        return _toolchains[key]
+    path = shutil.which(cmd[0]) if cmd else None
+    tc = None
+    if path:
+        with tempfile.TemporaryDirectory(prefix="micrograd_c-probe-") as d:
+            src, out = os.path.join(d, "probe.c"), os.path.join(d, "probe.so")
+            with open(src, "w") as f:
+                f.write("#include <math.h>\ndouble mg_probe(double x) { return sqrt(x); }\n")
+            try:
+                r = subprocess.run(cmd + ["-shared", "-fPIC", "-o", out, src, "-lm"],
+                                   capture_output=True, text=True, timeout=60)
+                if r.returncode == 0 and os.path.exists(out):
+                    tc = Toolchain(cmd, os.path.realpath(path), _version_of(cmd))
+            except (OSError, subprocess.TimeoutExpired):
+                tc = None
+    _toolchains[key] = tc
+    return tc
+
+
+def find_compiler(cc: Optional[str] = None) -> Toolchain:
+    """The C compiler to use: ``cc`` if given, else ``$CC``, else the first of cc, gcc, clang, tcc
+    that builds a shared library. Raises :class:`CompileError` when none works."""
+    explicit = cc or os.environ.get("CC")
+    if explicit:
+        cmd = shlex.split(explicit)
+        tc = _probe(cmd)
+        if tc is None:
+            raise CompileError(f"the C compiler {explicit!r} (from {'cc=' if cc else '$CC'}) does not work: "
+                               "it is missing or cannot build a shared library")
+        return tc
+    for name in CANDIDATES:
+        tc = _probe([name])
+        if tc is not None:
+            return tc
+    raise CompileError("no working C compiler found (tried cc, gcc, clang, tcc; set $CC); "
+                       "use backend='tape' to run without one")
+
+
+# ---- cache ----------------------------------------------------------------------------------
+
+@contextmanager
+def _locked(path: str) -> Iterator[None]:
+    """An exclusive lock on `path` (a lock file per cache key), across processes."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            import fcntl
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except ImportError:  # not POSIX: rely on the atomic rename alone
+            pass
+        yield
+    finally:
+        os.close(fd)
+
+
+def _cache_key(source: str, tc: Toolchain, flags: Sequence[str]) -> str:
+    h = hashlib.sha256()
+    for part in (source, tc.path, " ".join(tc.command), tc.version, "\0".join(flags),
+                 str(_core.EMITTER_VERSION), platform.machine(), sys.platform):
+        h.update(part.encode("utf-8", "surrogateescape"))
+        h.update(b"\0")
+    return h.hexdigest()[:32]
+
+
+def build_library(source: str, tc: Toolchain, flags: Sequence[str], *, cache: Optional[str] = None,
+                  timeout: float = 600.0) -> Dict[str, Any]:
+    """Compile `source` into a shared library in the cache, unless it is there already.
+
+    Returns ``{"path", "cached", "compile_seconds", "command"}``. Writes go to a temporary file
+    that is renamed into place, under a per-key lock, so concurrent builds of the same source
+    both succeed. Raises :class:`CompileError` on failure or timeout.
+    """
+    root = cache or cache_dir()
+    os.makedirs(root, exist_ok=True)
+    key = _cache_key(source, tc, flags)
+    lib = os.path.join(root, f"mg_{key}.so")
+    with _locked(lib + ".lock"):
+        if os.path.exists(lib) and os.path.getsize(lib) > 0:
+            return {"path": lib, "cached": True, "compile_seconds": 0.0, "command": []}
+        fd, tmp_src = tempfile.mkstemp(prefix=f"mg_{key}.", suffix=".c", dir=root)
+        with os.fdopen(fd, "w") as f:
+            f.write(source)
+        tmp_lib = tmp_src[:-2] + ".so.tmp"
+        cmd = tc.command + list(flags) + ["-fPIC", "-shared", "-o", tmp_lib, tmp_src, "-lm"]
+        t0 = time.perf_counter()
+        try:
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired as e:
+            _remove(tmp_lib)
+            out = (e.stdout or "") + (e.stderr or "") if isinstance(e.stdout, str) else ""
+            raise CompileError(f"the C compiler timed out after {timeout:g} s", cmd, out) from None
+        except OSError as e:
+            raise CompileError(f"could not run the C compiler: {e}", cmd) from None
+        finally:
+            if os.path.exists(tmp_src):
+                os.replace(tmp_src, os.path.join(root, f"mg_{key}.c"))
+        seconds = time.perf_counter() - t0
+        if r.returncode != 0 or not os.path.exists(tmp_lib):
+            _remove(tmp_lib)
+            raise CompileError(f"the C compiler failed (exit status {r.returncode})", cmd, r.stdout + r.stderr)
+        os.replace(tmp_lib, lib)
+        return {"path": lib, "cached": False, "compile_seconds": seconds, "command": cmd}
+
+
+def _remove(path: str) -> None:
+    try:
+        os.remove(path)
+    except OSError:
+        pass
+
+
+def _load(path: str, tape: Any, prefix: str) -> ctypes.CDLL:
+    """Load a compiled library and check that its layout is the tape's; raises OSError if not."""
+    lib = ctypes.CDLL(path)
+    for name, want in (("nslots", tape.nslots), ("nparams", tape.nparams), ("ninputs", tape.ninputs),
+                       ("ntargets", tape.ntargets), ("noutputs", tape.noutputs)):
+        got = ctypes.c_size_t.in_dll(lib, prefix + name).value
+        if got != want:
+            raise OSError(f"{path}: {name} is {got}, the program needs {want}")
+    if ctypes.c_int.in_dll(lib, prefix + "emitter_version").value != _core.EMITTER_VERSION:
+        raise OSError(f"{path}: built by another emitter version")
+    return lib
+
+
+# ---- programs -------------------------------------------------------------------------------
+
+@dataclass
+class Program:
+    """A frozen, possibly compiled, training program. See :func:`compile`."""
+
+    tape: Any
+    backend: str
+    info: Dict[str, Any] = field(default_factory=dict)
+    _lib: Any = None
+
+    @property
+    def parameters(self) -> np.ndarray:
+        """The parameters as a writable numpy view (in the order given to :func:`compile`)."""
+        return self.tape.data()[: self.tape.nparams]
+
+    @property
+    def grad(self) -> np.ndarray:
+        """The parameters' accumulated gradients (a numpy view)."""
+        return self.tape.grad()[: self.tape.nparams]
+
+    @property
+    def loss(self) -> float:
+        """The loss computed by the last :meth:`forward` (NaN without a loss)."""
+        return self.tape.loss
+
+    def forward(self, x: Any, y: Any = None) -> np.ndarray:
+        """Run one sample; returns the outputs. ``y`` sets the targets (for :attr:`loss`)."""
+        return self.tape.forward(x, y)
+
+    def backward(self) -> None:
+        """Backward after :meth:`forward`: parameter gradients accumulate until :meth:`step`."""
+        self.tape.backward()
+
+    def step(self, lr: float, count: int = 1) -> None:
+        """SGD: ``param -= lr / count * grad``, then parameter gradients restart at zero."""
+        self.tape.step(lr, count)
+
+    def fit(self, X: Any, Y: Any = None, epochs: int = 1, lr: float = 0.1, batch_size: int = 1,
+            shuffle: bool = True, seed: int = 0, progress: bool = False) -> List[float]:
+        """Train for ``epochs`` epochs, one C call per epoch; returns each epoch's mean loss.
+
+        ``X`` has shape (n, ninputs) and ``Y`` (n, ntargets) (or (n,) for one target);
+        C-contiguous float64 arrays are used without copies. The GIL is released while C runs.
+        """
+        if epochs < 0:
+            raise ValueError("epochs must be non-negative")
+        X = np.ascontiguousarray(X, dtype=np.float64)
+        Y = None if Y is None else np.ascontiguousarray(Y, dtype=np.float64)
+        bar: Any = range(epochs)
+        if progress:
+            try:
+                from tqdm.auto import tqdm
+                bar = tqdm(bar, desc="epochs", unit="epoch")
+            except ImportError:
+                warnings.warn("progress=True needs tqdm (pip install 'micrograd-c[progress]')", stacklevel=2)
+        losses: List[float] = []
+        for epoch in bar:
+            losses.append(self.tape.fit_epoch(X, Y, batch_size, lr, shuffle, seed, epoch))
+            if progress and hasattr(bar, "set_postfix"):
+                bar.set_postfix(loss=f"{losses[-1]:.4g}")
+        return losses
+
+    def predict(self, X: Any) -> np.ndarray:
+        """Outputs for each row of ``X`` (shape (n, ninputs)) as an (n, noutputs) array."""
+        return self.tape.predict(X)
+
+    def write_back(self) -> int:
+        """Copy the trained parameters into the Values they were frozen from; returns how many."""
+        return self.tape.write_back()
+
+    def c_source(self, prefix: str = "mgc_", inference_only: bool = False) -> str:
+        """The program as self-contained C (inference-only: parameters inlined as constants)."""
+        return self.tape.emit_c(prefix, inference_only)
+
+
+def compile(loss: Optional[Value], inputs: Sequence[Value], targets: Sequence[Value] = (),
+            params: Sequence[Value] = (), outputs: Sequence[Value] = (), backend: str = "auto", *,
+            cc: Optional[str] = None, flags: Optional[Sequence[str]] = None, cache: Optional[str] = None,
+            timeout: float = 600.0) -> Program:
+    """Freeze the graph of ``loss`` (and ``outputs``) into a program; see the module docstring.
+
+    ``inputs`` and ``targets`` are placeholder leaves (:func:`inputs`) loaded from each sample;
+    ``params`` are the leaves training updates; every other leaf is frozen as a constant.
+    ``backend`` is ``"tape"``, ``"c"`` or ``"auto"``; ``cc`` and ``flags`` override the compiler
+    (default ``$CC`` or the first working of cc, gcc, clang, tcc) and :data:`DEFAULT_FLAGS`.
+    Raises :class:`CompileError` when ``backend="c"`` cannot compile.
+    """
+    if backend not in ("auto", "tape", "c"):
+        raise ValueError(f"backend must be 'auto', 'tape' or 'c', not {backend!r}")
+    t0 = time.perf_counter()
+    tape = _core.Tape(loss, list(inputs), list(targets), list(params), list(outputs))
+    info: Dict[str, Any] = {"freeze_seconds": time.perf_counter() - t0, "nslots": tape.nslots,
+                            "ninstr": tape.ninstr}
+    if backend == "tape":
+        return Program(tape, "tape", info)
+    try:
+        return _compile_c(tape, info, cc, flags, cache, timeout)
+    except CompileError as e:
+        if backend == "c":
+            raise
+        warnings.warn(f"compiling failed, falling back to the tape interpreter: {e}", RuntimeWarning, stacklevel=2)
+        return Program(tape, "tape", info)
+
+
+def _compile_c(tape: Any, info: Dict[str, Any], cc: Optional[str], flags: Optional[Sequence[str]],
+               cache: Optional[str], timeout: float) -> Program:
+    tc = find_compiler(cc)
+    fl = list(DEFAULT_FLAGS if flags is None else flags)
+    prefix = "mgc_"
+    t0 = time.perf_counter()
+    source = tape.emit_c(prefix, False)
+    info["emit_seconds"] = time.perf_counter() - t0
+    info["source_bytes"] = len(source.encode())
+    for attempt in range(2):
+        built = build_library(source, tc, fl, cache=cache, timeout=timeout)
+        try:
+            t1 = time.perf_counter()
+            lib = _load(built["path"], tape, prefix)
+            info["load_seconds"] = time.perf_counter() - t1
+            break
+        except OSError:
+            if attempt:  # a library we just built does not load: report, do not loop
+                raise CompileError(f"the compiled library {built['path']} does not load", built["command"])
+            _remove(built["path"])  # a corrupt or foreign cache entry: rebuild it once
+    fwd = ctypes.cast(getattr(lib, prefix + "forward"), ctypes.c_void_p).value
+    bwd = ctypes.cast(getattr(lib, prefix + "backward"), ctypes.c_void_p).value
+    tape.set_kernels(fwd, bwd, lib)
+    data = tape.data()
+    init = getattr(lib, prefix + "init")
+    init.argtypes = [ctypes.c_void_p]
+    init(data.ctypes.data)  # constants (already there; keeps the library the source of truth)
+    info.update(compiler=tc.name, compiler_version=tc.version, flags=fl, cached=built["cached"],
+                compile_seconds=built["compile_seconds"], library=built["path"])
+    return Program(tape, "c", info, lib)
+
+
+__all__ = ["compile", "inputs", "Program", "CompileError", "find_compiler", "Toolchain", "cache_dir",
+           "build_library", "DEFAULT_FLAGS"]
