@@ -1,0 +1,409 @@
+"""Frozen programs: eager, tape and compiled C agree; toolchain and cache failures are handled."""
+from __future__ import annotations
+
+import os
+import random
+import stat
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import micrograd_c as mc
+from micrograd_c import compiler
+from micrograd_c.engine import Value
+from micrograd_c.nn import MLP
+
+from conftest import close
+
+HAVE_CC = True
+try:
+    compiler.find_compiler()
+except mc.CompileError:
+    HAVE_CC = False
+needs_cc = pytest.mark.skipif(not HAVE_CC, reason="no C compiler")
+
+
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("MICROGRAD_C_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def mlp_program(backend, sizes=(3, [5, 4]), loss_kind="xent", seed=0, **kw):
+    random.seed(seed)
+    model = MLP(sizes[0], list(sizes[1]), activation=kw.pop("activation", "relu"))
+    x = mc.inputs(sizes[0])
+    y = mc.inputs(1)
+    out = model(x)
+    out = out if isinstance(out, list) else [out]
+    loss = mc.cross_entropy(out, y[0]) if loss_kind == "xent" else mc.mse(out, y)
+    prog = mc.compile(loss, inputs=x, targets=y, params=model.parameters(), outputs=out, backend=backend, **kw)
+    return model, prog
+
+
+def eager_loss_and_grads(model, xs, target, loss_kind="xent"):
+    out = model([Value(v) for v in xs])
+    out = out if isinstance(out, list) else [out]
+    loss = mc.cross_entropy(out, target) if loss_kind == "xent" else mc.mse(out, [target])
+    model.zero_grad()
+    loss.backward()
+    return loss.data, [o.data for o in out], [p.grad for p in model.parameters()]
+
+
+BACKENDS = ["tape", pytest.param("c", marks=needs_cc)]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_mlp_program_matches_eager(backend):
+    model, prog = mlp_program(backend)
+    assert prog.backend == backend
+    xs, t = [0.3, -1.2, 0.8], 2
+    out = prog.forward(xs, [t])
+    prog.backward()
+    loss, eout, egrads = eager_loss_and_grads(model, xs, t)
+    assert prog.loss == loss
+    assert list(out) == eout
+    assert all(close(a, b) for a, b in zip(prog.grad, egrads))
+    assert np.array_equal(prog.parameters, [p.data for p in model.parameters()])
+
+
+OPS1 = ["relu", "tanh", "exp", "sigmoid", "square", "neg"]
+
+
+def random_graph(seed, ops):
+    """A graph over 3 inputs and 4 parameters that uses `ops` (every op when asked)."""
+    rng = random.Random(seed)
+    x, y = mc.inputs(3), mc.inputs(1)
+    p = [Value(rng.uniform(-1, 1)) for _ in range(4)]
+    nodes = x + p
+    for op in ops:
+        a, b = rng.choice(nodes), rng.choice(nodes)
+        if op in OPS1:
+            v = getattr(a * 0.5, op)()
+        elif op == "log":
+            v = (a * a + 1.0).log()
+        elif op == "pow":
+            v = (a * a + 0.5) ** rng.choice([2, -1, 0.5, 1.5])
+        elif op == "powv":
+            v = (a * a + 0.5) ** (b * 0.5)
+        elif op == "div":
+            v = a / (b * b + 1.0)
+        elif op == "max":
+            v = a.max(b)
+        else:
+            v = {"add": a + b, "sub": a - b, "mul": a * b}[op]
+        nodes.append(v)
+    tail = nodes[7:]
+    logits = [mc.vsum(tail), mc.dot([tail[0], p[0]], [p[1], x[0]]), mc.affine(p[:3], x, p[3])]
+    loss = mc.cross_entropy(logits, 1) + mc.mse(logits[:1], y) * 0.1 + mc.hinge(logits[1:2], [1.0]) + tail[-1] * 0.01
+    return x, y, p, logits, loss
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_every_op_graph_matches_eager(backend):
+    names = [n for n in mc.engine._core.OP_NAMES if n not in ("leaf", "sum", "dot", "mse", "hinge", "cross_entropy")]
+    x, y, p, logits, loss = random_graph(1, names * 2)
+    prog = mc.compile(loss, inputs=x, targets=y, params=p, outputs=logits, backend=backend)
+    xs, ys = [0.4, -0.7, 1.3], [0.25]
+    out = prog.forward(xs, ys)
+    prog.backward()
+    eager = _eager_random_graph(1, names * 2, xs, ys)
+    assert close(prog.loss, eager[0])
+    assert all(close(a, b) for a, b in zip(out, eager[1]))
+    assert all(close(a, b) for a, b in zip(prog.grad, eager[2]))
+
+
+def _eager_random_graph(seed, ops, xs, ys):
+    """random_graph with the inputs set before building: the eager reference."""
+    orig = mc.inputs
+    vals = iter([xs, ys])
+
+    def with_data(n, value=0.0):
+        v = next(vals)
+        return [Value(a) for a in v]
+
+    mc.inputs = with_data
+    try:
+        x, y, p, logits, loss = random_graph(seed, ops)
+    finally:
+        mc.inputs = orig
+    loss.backward()
+    return loss.data, [v.data for v in logits], [q.grad for q in p]
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10_000), ops=st.lists(st.sampled_from(
+    ["add", "sub", "mul", "div", "relu", "tanh", "exp", "sigmoid", "square", "neg", "log", "pow", "powv", "max"]),
+    min_size=3, max_size=15))
+def test_random_graphs_tape_matches_eager(seed, ops):
+    x, y, p, logits, loss = random_graph(seed, ops)
+    prog = mc.compile(loss, inputs=x, targets=y, params=p, outputs=logits, backend="tape")
+    xs, ys = [0.4, -0.7, 1.3], [0.25]
+    out = prog.forward(xs, ys)
+    prog.backward()
+    eager = _eager_random_graph(seed, ops, xs, ys)
+    scale = max([1.0] + [abs(g) for g in eager[2]])
+    assert close(prog.loss, eager[0], 1e-12, max(1.0, abs(eager[0])))
+    assert all(close(a, b, 1e-12, scale) for a, b in zip(out, eager[1]))
+    assert all(close(a, b, 1e-12, scale) for a, b in zip(prog.grad, eager[2]))
+
+
+def xor_data():
+    X = np.array([[0, 0], [0, 1], [1, 0], [1, 1]], dtype=np.float64)
+    Y = np.array([0, 1, 1, 0], dtype=np.float64)
+    return X, Y
+
+
+@pytest.mark.parametrize("batch_size", [1, 3])
+def test_one_epoch_gives_the_same_parameters_on_every_backend(batch_size):
+    X, Y = xor_data()
+    results = {}
+    for backend in ["tape"] + (["c"] if HAVE_CC else []):
+        model, prog = mlp_program(backend, sizes=(2, [4, 1]), loss_kind="mse", seed=3, activation="tanh")
+        prog.fit(X, Y, epochs=1, lr=0.5, batch_size=batch_size, shuffle=True, seed=11)
+        results[backend] = prog.parameters.copy()
+    # eager, in the same shuffled order, batches averaged
+    model, prog = mlp_program("tape", sizes=(2, [4, 1]), loss_kind="mse", seed=3, activation="tanh")
+    order = _shuffled_order(prog, X, Y, batch_size)
+    params = model.parameters()
+    for b in range(0, 4, batch_size):
+        for s in order[b:b + batch_size]:
+            out = model([Value(v) for v in X[s]])
+            mc.mse([out], [Y[s]]).backward()
+        n = len(order[b:b + batch_size])
+        for q in params:
+            q.data -= 0.5 / n * q.grad
+            q.grad = 0.0
+    eager = np.array([q.data for q in params])
+    for backend, got in results.items():
+        assert np.allclose(got, eager, rtol=1e-12, atol=1e-15), backend
+    if "c" in results:
+        assert np.array_equal(results["c"], results["tape"])  # same kernels, same order: bitwise
+
+
+def _shuffled_order(prog, X, Y, batch_size):
+    """The visiting order of epoch 0, seed 11: the documented Fisher-Yates over the kernels'
+    generator (xoshiro256** seeded by splitmix64), reimplemented here independently."""
+    return _fisher_yates(len(X), 11, 0)
+
+
+def _fisher_yates(n, seed, epoch):
+    mask = (1 << 64) - 1
+
+    def splitmix(state):
+        state = (state + 0x9E3779B97F4A7C15) & mask
+        z = state
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+        return state, z ^ (z >> 31)
+
+    st_ = (seed ^ ((0xD1B54A32D192ED03 * (epoch + 1)) & mask)) & mask
+    s = []
+    for _ in range(4):
+        st_, v = splitmix(st_)
+        s.append(v)
+
+    def rotl(x, k):
+        return ((x << k) | (x >> (64 - k))) & mask
+
+    def nxt():
+        result = (rotl((s[1] * 5) & mask, 7) * 9) & mask
+        t = (s[1] << 17) & mask
+        s[2] ^= s[0]
+        s[3] ^= s[1]
+        s[1] ^= s[2]
+        s[0] ^= s[3]
+        s[2] ^= t
+        s[3] = rotl(s[3], 45)
+        return result
+
+    def below(m):
+        limit = ((1 << 64) - m) % m
+        while True:
+            x = nxt()
+            if x >= limit:
+                return x % m
+
+    perm = list(range(n))
+    for i in range(n - 1, 0, -1):
+        j = below(i + 1)
+        perm[i], perm[j] = perm[j], perm[i]
+    return perm
+
+
+def test_wrong_shapes_and_dtypes():
+    model, prog = mlp_program("tape")
+    with pytest.raises(ValueError, match=r"expected shape \(n, 3\)"):
+        prog.predict(np.zeros((4, 2)))
+    with pytest.raises(ValueError, match=r"expected shape \(n, 3\)"):
+        prog.fit(np.zeros((4, 5)), np.zeros(4))
+    with pytest.raises(ValueError, match="rows"):
+        prog.fit(np.zeros((4, 3)), np.zeros(5))
+    with pytest.raises(ValueError, match="pass Y"):
+        prog.fit(np.zeros((4, 3)), None)
+    with pytest.raises(TypeError):
+        prog.predict([["a", "b", "c"]])
+    # other dtypes and layouts are converted
+    X = np.asfortranarray(np.random.RandomState(0).rand(5, 3).astype(np.float32))
+    out32 = prog.predict(X)
+    out64 = prog.predict(np.ascontiguousarray(X, dtype=np.float64))
+    assert out32.shape == (5, 4) and np.array_equal(out32, out64)
+    assert prog.predict(np.zeros((0, 3))).shape == (0, 4)
+
+
+def test_parameters_view_and_write_back():
+    model, prog = mlp_program("tape")
+    view = prog.parameters
+    view[0] = 42.0
+    assert prog.parameters[0] == 42.0
+    assert prog.write_back() == len(model.parameters())
+    assert model.parameters()[0].data == 42.0
+
+
+def test_no_compiler_available(monkeypatch):
+    monkeypatch.setenv("CC", "/nonexistent")
+    with pytest.raises(mc.CompileError, match="/nonexistent"):
+        mlp_program("c")
+    with pytest.warns(RuntimeWarning, match="falling back"):
+        model, prog = mlp_program("auto")
+    assert prog.backend == "tape"
+
+
+def failing_compiler(tmp_path, body):
+    path = tmp_path / "badcc"
+    path.write_text("#!/bin/sh\n" + textwrap.dedent(body))
+    path.chmod(path.stat().st_mode | stat.S_IEXEC)
+    return str(path)
+
+
+@needs_cc
+def test_compiler_that_fails_reports_command_and_output(tmp_path):
+    real = compiler.find_compiler().path
+    # works for the probe, fails on programs: it rejects any file containing mgc_forward
+    cc = failing_compiler(tmp_path, f"""
+        for a in "$@"; do case "$a" in *.c) if grep -q mgc_forward "$a"; then
+            echo "badcc: internal error on $a" >&2; exit 3; fi;; esac; done
+        exec {real} "$@"
+    """)
+    with pytest.raises(mc.CompileError) as e:
+        mlp_program("c", cc=cc)
+    assert "exit status 3" in str(e.value) and "internal error" in e.value.output
+    assert e.value.command[0] == cc
+
+
+@needs_cc
+def test_compiler_timeout(tmp_path):
+    real = compiler.find_compiler().path
+    cc = failing_compiler(tmp_path, f"""
+        for a in "$@"; do case "$a" in *.c) if grep -q mgc_forward "$a"; then sleep 30; fi;; esac; done
+        exec {real} "$@"
+    """)
+    with pytest.raises(mc.CompileError, match="timed out"):
+        mlp_program("c", cc=cc, timeout=1.0)
+
+
+@needs_cc
+def test_cache_hit_and_corrupt_entry(private_cache):
+    # plant a corrupt entry (a truncated write) where this program's library will be cached;
+    # loaded libraries are never modified in place (builds rename a new file into place)
+    model, tape_prog = mlp_program("tape")
+    tc = compiler.find_compiler()
+    key = compiler._cache_key(tape_prog.c_source(), tc, compiler.DEFAULT_FLAGS)
+    os.makedirs(private_cache, exist_ok=True)
+    (private_cache / f"mg_{key}.so").write_bytes(b"\x7fELF truncated")
+    model, p1 = mlp_program("c")
+    assert p1.info["cached"] is False  # the corrupt entry was rebuilt
+    out = p1.forward([0.1, 0.2, 0.3], [1])
+    assert np.array_equal(out, [o.data for o in model([0.1, 0.2, 0.3])])
+    _, p2 = mlp_program("c")
+    assert p2.info["cached"] is True and p2.info["library"] == p1.info["library"]
+
+
+@needs_cc
+def test_two_processes_compile_the_same_model_concurrently(private_cache, tmp_path):
+    script = tmp_path / "worker.py"
+    script.write_text(textwrap.dedent("""
+        import random, sys
+        import micrograd_c as mc
+        from micrograd_c.nn import MLP
+        random.seed(0)
+        m = MLP(6, [7, 3])
+        x, y = mc.inputs(6), mc.inputs(1)
+        out = m(x)
+        prog = mc.compile(mc.cross_entropy(out, y[0]), inputs=x, targets=y, params=m.parameters(),
+                          outputs=out, backend="c")
+        print(prog.info["cached"], prog.forward([0.1] * 6, [1])[0])
+    """))
+    env = dict(os.environ, MICROGRAD_C_CACHE_DIR=str(private_cache))
+    procs = [subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, env=env) for _ in range(2)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs
+    results = [o[0].split() for o in outs]
+    assert sorted(r[0] for r in results) == ["False", "True"]  # one built, the other hit the cache
+    assert results[0][1] == results[1][1]
+    assert len([f for f in os.listdir(private_cache) if f.endswith(".so")]) == 1
+
+
+@needs_cc
+def test_inference_only_source_compiles_and_matches(tmp_path):
+    model, prog = mlp_program("tape")
+    src = prog.c_source(prefix="digits_", inference_only=True)
+    assert "#include <math.h>" in src and "digits_infer" in src
+    main = tmp_path / "main.c"
+    main.write_text(src + textwrap.dedent("""
+        #include <stdio.h>
+        int main(void) {
+            double x[3] = {0.5, -0.25, 1.0}, y[4];
+            digits_infer(x, y, NULL);
+            for (int i = 0; i < 4; i++) printf("%.17g\\n", y[i]);
+            return 0;
+        }
+    """))
+    exe = tmp_path / "main"
+    tc = compiler.find_compiler()
+    subprocess.run(tc.command + ["-std=c11", "-Wall", "-Wextra", "-Werror", "-O2", "-o", str(exe), str(main), "-lm"],
+                   check=True)
+    got = [float(v) for v in subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.split()]
+    assert got == list(prog.predict(np.array([[0.5, -0.25, 1.0]]))[0])
+
+
+@needs_cc
+def test_generated_training_source_is_warning_free(tmp_path):
+    model, prog = mlp_program("tape")
+    src = tmp_path / "prog.c"
+    src.write_text(prog.c_source())
+    tc = compiler.find_compiler()
+    r = subprocess.run(tc.command + ["-std=c11", "-Wall", "-Wextra", "-Wpedantic", "-Werror", "-c", "-o",
+                                     str(tmp_path / "prog.o"), str(src)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+
+
+def test_gil_is_released_during_fit():
+    import threading
+    import time
+    _, prog = mlp_program("tape", sizes=(20, [64, 10]))
+    X = np.random.RandomState(0).rand(3000, 20)
+    Y = np.random.RandomState(1).randint(0, 10, 3000).astype(float)
+    ticks = []
+    stop = threading.Event()
+
+    def ticker():
+        while not stop.is_set():
+            ticks.append(time.perf_counter())
+            time.sleep(0.001)
+
+    th = threading.Thread(target=ticker)
+    th.start()
+    t0 = time.perf_counter()
+    prog.fit(X, Y, epochs=2, lr=0.01)
+    t1 = time.perf_counter()
+    stop.set()
+    th.join()
+    during = [t for t in ticks if t0 < t < t1]
+    assert len(during) >= 3  # the other thread ran while C trained
