@@ -83,8 +83,8 @@ class Toolchain:
 
     @property
     def name(self) -> str:
-        """Short name of the compiler (``gcc``, ``clang``, ``tcc``, ...)."""
-        return os.path.basename(self.path)
+        """Short name of the compiler as invoked (``cc``, ``gcc``, ``clang``, ``tcc``, ...)."""
+        return os.path.basename(self.command[0])
 
 
 _toolchains: Dict[str, Optional[Toolchain]] = {}
