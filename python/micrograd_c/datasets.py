@@ -5,9 +5,13 @@ Every loader returns ``(X, y)`` as float64 numpy arrays, X of shape (n, features
 from __future__ import annotations
 
 import gzip
+import hashlib
 import os
 import struct
-from typing import Optional, Tuple
+import time
+import urllib.error
+import urllib.request
+from typing import Callable, Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -115,4 +119,117 @@ def load_mnist(data_dir: str, split: str = "test") -> Arrays:
     return X, labels.astype(np.float64)
 
 
-__all__ = ["make_moons", "make_xor", "read_idx", "load_mnist", "DatasetError"]
+def load_digits() -> Arrays:
+    """scikit-learn's bundled 8x8 digits (1,797 images, 64 features scaled to [0, 1])."""
+    try:
+        from sklearn.datasets import load_digits as sk_digits  # type: ignore[import-not-found]
+    except ImportError:
+        raise DatasetError("the digits dataset needs scikit-learn: pip install 'micrograd-c[data]'") from None
+    d = sk_digits()
+    return (d.data / 16.0).astype(np.float64), d.target.astype(np.float64)
+
+
+# ---- download ---------------------------------------------------------------------------------
+
+#: The usual public mirrors of the MNIST files (PyTorch's, then TensorFlow's).
+MNIST_MIRRORS: Tuple[str, ...] = (
+    "https://ossci-datasets.s3.amazonaws.com/mnist/",
+    "https://storage.googleapis.com/cvdf-datasets/mnist/",
+)
+
+#: SHA-256 of the four standard files.
+MNIST_SHA256: Dict[str, str] = {
+    "train-images-idx3-ubyte.gz": "440fcabf73cc546fa21475e81ea370265605f56be210a4024d2ca8f203523609",
+    "train-labels-idx1-ubyte.gz": "3552534a0a558bbed6aed32b30c495cca23d567ec52cac8be1a0730e8010255c",
+    "t10k-images-idx3-ubyte.gz": "8d422c7b0a1c1c79245a5bcf07fe86e33eeafee792b84584aec276f5a2dbc4e6",
+    "t10k-labels-idx1-ubyte.gz": "f7ae60f92e00ec6debd23a6088c31dbd2371eca3ffa0defaefb259924204aec6",
+}
+
+
+def default_data_dir() -> str:
+    """Where downloads go: ``$MICROGRAD_C_DATA_DIR``, else ``<user cache>/micrograd_c/mnist``."""
+    env = os.environ.get("MICROGRAD_C_DATA_DIR")
+    if env:
+        return env
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "micrograd_c", "mnist")
+
+
+def _sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _fetch(url: str, part: str, timeout: float) -> None:
+    """Download `url` into `part`, resuming from its current size with an HTTP Range request."""
+    have = os.path.getsize(part) if os.path.exists(part) else 0
+    req = urllib.request.Request(url, headers={"User-Agent": "micrograd-c"})
+    if have:
+        req.add_header("Range", f"bytes={have}-")
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        status = getattr(r, "status", 200)
+        mode = "ab" if have and status == 206 else "wb"  # a server without ranges sends it all
+        with open(part, mode) as f:
+            while True:
+                block = r.read(1 << 16)
+                if not block:
+                    break
+                f.write(block)
+        length = r.headers.get("Content-Length")
+        if length is not None and status in (200, 206):
+            expected = int(length) + (have if mode == "ab" else 0)
+            if os.path.getsize(part) < expected:
+                raise urllib.error.URLError("connection closed before the end of the file")
+
+
+def download(name: str, dest_dir: str, sha256: str, mirrors: Sequence[str] = MNIST_MIRRORS,
+             retries: int = 3, timeout: float = 60.0,
+             log: Optional[Callable[[str], None]] = None) -> str:
+    """Download one file into ``dest_dir`` and verify its SHA-256; returns its path.
+
+    Partial downloads are kept as ``<name>.part`` and resumed (also across runs); the verified
+    file is renamed into place, so a reader never sees a partial file. Each mirror is tried up
+    to ``retries`` times. Raises :class:`DatasetError` when no mirror gives the right bytes.
+    """
+    os.makedirs(dest_dir, exist_ok=True)
+    final = os.path.join(dest_dir, name)
+    if os.path.exists(final) and _sha256(final) == sha256:
+        return final
+    part = final + ".part"
+    errors = []
+    for base in mirrors:
+        url = base.rstrip("/") + "/" + name
+        for attempt in range(retries):
+            try:
+                if log:
+                    log(f"downloading {url}" + (f" (attempt {attempt + 1})" if attempt else ""))
+                _fetch(url, part, timeout)
+            except (urllib.error.URLError, OSError, ValueError) as e:
+                errors.append(f"{url}: {getattr(e, 'reason', e)}")
+                time.sleep(min(0.2 * (attempt + 1), 1.0))
+                continue
+            got = _sha256(part)
+            if got == sha256:
+                os.replace(part, final)
+                return final
+            errors.append(f"{url}: SHA-256 {got[:16]}... does not match {sha256[:16]}...")
+            os.remove(part)  # wrong bytes: start over rather than resume them
+            break
+    raise DatasetError(f"could not download {name}: " + "; ".join(errors[-3:]))
+
+
+def download_mnist(dest_dir: Optional[str] = None, mirrors: Sequence[str] = MNIST_MIRRORS,
+                   sha256: Optional[Dict[str, str]] = None, retries: int = 3, timeout: float = 60.0,
+                   log: Optional[Callable[[str], None]] = None) -> str:
+    """Download and verify the four MNIST files; returns the directory holding them."""
+    dest = dest_dir or default_data_dir()
+    for name, digest in (sha256 or MNIST_SHA256).items():
+        download(name, dest, digest, mirrors, retries, timeout, log)
+    return dest
+
+
+__all__ = ["make_moons", "make_xor", "read_idx", "load_mnist", "load_digits", "download",
+           "download_mnist", "default_data_dir", "DatasetError", "MNIST_MIRRORS", "MNIST_SHA256"]
