@@ -71,6 +71,8 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=0.01)
     ap.add_argument("--compilers", default="tcc,gcc,clang")
     ap.add_argument("--levels", default=None, help="comma-separated -O levels (default: per graph)")
+    ap.add_argument("--no-native", dest="native", action="store_false", help="omit -march=native")
+    ap.add_argument("--no-raise", dest="raise_loops", action="store_false", help="scalar programs (issue 4's)")
     args = ap.parse_args()
 
     Xtr, ytr, Xte, yte, src = load(args.data_dir, args.train, 2000)
@@ -91,13 +93,14 @@ def main() -> None:
     params = model.parameters()
 
     t0 = time.perf_counter()
-    base = mc.compile(loss, inputs=x, targets=y, params=params, outputs=logits, backend="tape")
+    base = mc.compile(loss, inputs=x, targets=y, params=params, outputs=logits, backend="tape",
+                      raise_loops=args.raise_loops)
     freeze_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     source = base.c_source()
     emit_s = time.perf_counter() - t0
     print(f"graph ({args.graph}): {mc.graph_len()} values, build {build_s:.3f} s; freeze {freeze_s * 1e3:.1f} ms "
-          f"({base.info['ninstr']} instructions, {base.info['nslots']} slots); emit {emit_s * 1e3:.1f} ms, "
+          f"({base.info['ninstr']} instructions, {base.info['nslots']} slots, {base.info['nraised']} raised layers); emit {emit_s * 1e3:.1f} ms, "
           f"source {len(source.encode()) / 1024:.0f} KB")
     init = base.parameters.copy()
 
@@ -115,7 +118,7 @@ def main() -> None:
     rate, acc, lv = run(base)
     rows.append(("tape (interpreter)", None, rate, acc, lv))
 
-    levels = args.levels.split(",") if args.levels else (["0", "1", "2"] if args.graph == "nn" else ["0"])
+    levels = args.levels.split(",") if args.levels else ["0", "1", "2"]
     for name in args.compilers.split(","):
         if not shutil.which(name):
             continue
@@ -124,12 +127,12 @@ def main() -> None:
         except mc.CompileError:
             continue
         for lvl in (["0"] if name == "tcc" else levels):
-            flags = [f"-O{lvl}", "-ffp-contract=off"] if name != "tcc" else []
+            flags = ([f"-O{lvl}", "-ffp-contract=off"] + (["-march=native"] if args.native else [])) if name != "tcc" else []
             cache = tempfile.mkdtemp(prefix="mg-bench-")
             try:
                 t0 = time.perf_counter()
                 prog = mc.compile(loss, inputs=x, targets=y, params=params, outputs=logits, backend="c",
-                                  cc=name, flags=flags, cache=cache)
+                                  cc=name, flags=flags, cache=cache, raise_loops=args.raise_loops)
                 compile_s = time.perf_counter() - t0
                 rate, acc, lv = run(prog)
                 rows.append((f"{tc.name} {' '.join(flags)}".strip(), compile_s, rate, acc, lv))

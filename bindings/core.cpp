@@ -373,7 +373,7 @@ PYBIND11_MODULE(_core, m, py::mod_gil_used()) {
     // ---- frozen programs -------------------------------------------------------------------
     py::class_<Tape>(m, "Tape")
         .def(py::init([](py::object loss, py::handle inputs, py::handle targets, py::handle params,
-                         py::handle outputs) {
+                         py::handle outputs, bool raise_loops) {
                  auto nodes_of = [](py::handle seq, const char *what) {
                      std::vector<mg_value *> v;
                      if (seq.is_none()) return v;
@@ -384,13 +384,15 @@ PYBIND11_MODULE(_core, m, py::mod_gil_used()) {
                                          ps = nodes_of(params, "params"), out = nodes_of(outputs, "outputs");
                  mg_tape_spec spec{loss.is_none() ? nullptr : node_of(loss, "loss"),
                                    in.data(), in.size(), tg.data(), tg.size(),
-                                   ps.data(), ps.size(), out.data(), out.size()};
+                                   ps.data(), ps.size(), out.data(), out.size(), raise_loops ? 0 : 1};
                  auto tp = std::make_unique<Tape>();
                  tp->t.reset(mg_tape_freeze(graph(), &spec));
                  if (!tp->t) throw_graph_error("freeze");
                  return tp;
              }),
-             py::arg("loss"), py::arg("inputs"), py::arg("targets"), py::arg("params"), py::arg("outputs"))
+             py::arg("loss"), py::arg("inputs"), py::arg("targets"), py::arg("params"), py::arg("outputs"),
+             py::arg("raise_loops") = true)
+        .def_property_readonly("nraised", [](const Tape &tp) { return mg_tape_nraised(tp.t.get()); })
         .def_property_readonly("nslots", [](const Tape &tp) { return mg_tape_nslots(tp.t.get()); })
         .def_property_readonly("ninstr", [](const Tape &tp) { return mg_tape_ninstr(tp.t.get()); })
         .def_property_readonly("nparams", [](const Tape &tp) { return mg_tape_nparams(tp.t.get()); })
@@ -497,12 +499,12 @@ PYBIND11_MODULE(_core, m, py::mod_gil_used()) {
         .def("set_kernels", [](Tape &tp, uintptr_t forward, uintptr_t backward, py::object owner) {
             std::lock_guard<std::mutex> lock(tp.run);
             if (!forward || !backward) {
-                mg_tape_set_kernels(tp.t.get(), nullptr, nullptr, nullptr);
+                mg_tape_set_kernels(tp.t.get(), nullptr, nullptr);
                 tp.kernels_owner = py::none();
                 return;
             }
             mg_tape_set_kernels(tp.t.get(), reinterpret_cast<mg_tape_forward_fn>(forward),
-                                reinterpret_cast<mg_tape_backward_fn>(backward), nullptr);
+                                reinterpret_cast<mg_tape_backward_fn>(backward));
             tp.kernels_owner = owner;
         }, py::arg("forward"), py::arg("backward"), py::arg("owner") = py::none(),
            "Use compiled kernels (function addresses from the emitted library); 0, 0 restores the interpreter.")

@@ -5,7 +5,7 @@
 #include <string.h>
 
 /* Raised whenever the generated code changes; part of compiled-code cache keys. */
-#define MG_EMITTER_VERSION 1
+#define MG_EMITTER_VERSION 2
 
 int mg_emitter_version(void) { return MG_EMITTER_VERSION; }
 
@@ -126,7 +126,16 @@ static void emit_forward_body(sbuf *b, const mg_tape *t) {
         const mg_instr *p = &t->instr[i];
         size_t n = (size_t)p->k;
         int ar = mg_op__arity[p->op];
-        if (ar == 2) {
+        if (p->kind == MG_K_MATVEC) {
+            const mgk_mv *v = &t->mvs[p->a];
+            putf(b, "    mgk_mv_fwd(d, c->pw, %u, %u, %u, %u, %u, %u, %u);\n", v->m, v->n, v->b0, v->ldb,
+                 v->x0, v->out0, v->p0);
+        } else if (p->kind == MG_K_MAP) {
+            putf(b, "    for (j = 0; j < %u; j++) d[%u + j] = mgf_%s(d[%u + j], 0.0, ", p->b, p->out,
+                 mg_op_name(p->op), p->a);
+            put_double(b, p->k);
+            puts_(b, ");\n");
+        } else if (ar == 2) {
             putf(b, "    d[%u] = mgf_%s(d[%u], d[%u], 0.0);\n", p->out, mg_op_name(p->op), p->a, p->b);
         } else if (ar == 1) {
             putf(b, "    d[%u] = mgf_%s(d[%u], 0.0, ", p->out, mg_op_name(p->op), p->a);
@@ -155,14 +164,23 @@ static void emit_forward_body(sbuf *b, const mg_tape *t) {
 }
 
 static void emit_backward_body(sbuf *b, const mg_tape *t) {
-    putf(b, "    size_t i;\n    double dA, dB;\n    (void)dA; (void)dB;\n"
+    putf(b, "    const mgk_ctx *c = (const mgk_ctx *)ctx;\n    size_t i, j;\n    double dA, dB;\n"
+            "    (void)c; (void)j; (void)dA; (void)dB;\n"
             "    for (i = %zu; i < %zu; i++) g[i] = 0.0;\n", t->nparams, t->nslots);
     if (t->has_loss) putf(b, "    g[%u] += 1.0;\n", t->loss);
     for (size_t i = t->nloss_instr; i-- > 0;) {
         const mg_instr *p = &t->instr[i];
         size_t n = (size_t)p->k;
         int ar = mg_op__arity[p->op];
-        if (ar == 2) {
+        if (p->kind == MG_K_MATVEC) {
+            const mgk_mv *v = &t->mvs[p->a];
+            putf(b, "    mgk_mv_bwd(d, g, c->pw, c->pg, %u, %u, %u, %u, %u, %u, %u, %u, c->lr);\n", v->m,
+                 v->n, v->b0, v->ldb, v->x0, v->out0, v->p0, v->need_gx);
+        } else if (p->kind == MG_K_MAP) {
+            putf(b, "    for (j = %u; j-- > 0;) {\n        mgd_%s(d[%u + j], 0.0, ", p->b, mg_op_name(p->op), p->a);
+            put_double(b, p->k);
+            putf(b, ", d[%u + j], &dA, &dB);\n        g[%u + j] += dA * g[%u + j];\n    }\n", p->out, p->a, p->out);
+        } else if (ar == 2) {
             putf(b, "    mgd_%s(d[%u], d[%u], 0.0, d[%u], &dA, &dB);\n"
                     "    g[%u] += dA * g[%u];\n    g[%u] += dB * g[%u];\n",
                  mg_op_name(p->op), p->a, p->b, p->out, p->a, p->out, p->b, p->out);
@@ -190,6 +208,27 @@ static void emit_backward_body(sbuf *b, const mg_tape *t) {
             }
         }
     }
+}
+
+/* The raised layers, the free parameters and the layout the driver runs on. */
+static void emit_layout_tables(sbuf *b, const mg_tape *t) {
+    puts_(b, "static const mgk_mv mg_mvs[] = {");
+    for (size_t i = 0; i < t->nmv; i++) {
+        const mgk_mv *v = &t->mvs[i];
+        putf(b, "%s\n    {%u, %u, %u, %u, %u, %u, %u, %u, %u, %u}", i ? "," : "", v->m, v->n, v->w0, v->ldw,
+             v->b0, v->ldb, v->x0, v->out0, v->p0, v->need_gx);
+    }
+    puts_(b, t->nmv ? "\n};\n" : "{0, 0, 0, 0, 0, 0, 0, 0, 0, 0}};\n");
+    puts_(b, "static const mgk_idx mg_free[] = {");
+    int ranges = t->nmv != 0;
+    if (ranges)
+        for (size_t i = 0; i < t->nfree; i++)
+            putf(b, "%s%u", i == 0 ? "\n    " : i % 16 ? ", " : ",\n    ", (unsigned)t->free_params[i]);
+    puts_(b, ranges && t->nfree ? "\n};\n" : "0};\n");
+    putf(b, "static const mgk_layout mg_layout = {%zu, %zu, %zu, %zu, %zu, %zu, %zu, %u, mg_out_slots,\n"
+            "    mg_mvs, %zu, %zu, mg_free, %zu};\n",
+         t->nslots, t->nparams, t->ninputs, t->ntargets, t->noutputs, t->nparams, t->nparams + t->ninputs,
+         (unsigned)t->loss, t->nmv, t->npacked, t->nmv ? t->nfree : (size_t)0);
 }
 
 /* Constant slots' values (and, inference-only, the parameters') as a table plus a loader. */
@@ -233,50 +272,57 @@ char *mg_tape_emit_c(const mg_tape *t, const mg_emit_options *opt, size_t *len) 
     puts_(&b, t->noutputs ? "};\n" : "0};\n");
     emit_init_table(&b, t, o.inference_only);
 
-    puts_(&b, "static void mg_forward(void *ctx, double *d) {\n    (void)ctx;\n");
+    emit_layout_tables(&b, t);
+    puts_(&b, "static void mg_forward(void *ctx, double *d) {\n"
+              "    const mgk_ctx *c = (const mgk_ctx *)ctx;\n    size_t j;\n    (void)c; (void)j;\n");
     emit_forward_body(&b, t);
     puts_(&b, "}\n");
 
     if (o.inference_only) {
-        putf(&b, "\n#define %sNSLOTS %zu\n#define %sNINPUTS %zu\n#define %sNOUTPUTS %zu\n", P,
-             t->nslots, P, t->ninputs, P, t->noutputs);
+        putf(&b, "\n#define %sWORK %zu\n#define %sNINPUTS %zu\n#define %sNOUTPUTS %zu\n", P,
+             t->nslots + t->npacked, P, t->ninputs, P, t->noutputs);
         putf(&b, "/* y[%zu] = model(x[%zu]); work holds %zu doubles, or is NULL to use a static\n"
                  " * buffer (then the call is not reentrant). */\n"
                  "void %sinfer(const double *x, double *y, double *work) {\n"
                  "    static double mg_static_work[%zu];\n"
                  "    double *d = work ? work : mg_static_work;\n    size_t i;\n"
+                 "    mgk_ctx c;\n"
+                 "    c.pw = d + %zu;\n    c.pg = NULL;\n    c.prog = NULL;\n    c.lr = 0.0;\n"
                  "    mg_load_init(d);\n"
+                 "    mgk_pack(&mg_layout, d, c.pw);\n"
                  "    for (i = 0; i < %zu; i++) d[%zu + i] = x[i];\n"
-                 "    mg_forward(NULL, d);\n"
+                 "    mg_forward(&c, d);\n"
                  "    for (i = 0; i < %zu; i++) y[i] = d[mg_out_slots[i]];\n}\n",
-             t->noutputs, t->ninputs, t->nslots, P, t->nslots ? t->nslots : 1, t->ninputs,
-             t->nparams, t->noutputs);
+             t->noutputs, t->ninputs, t->nslots + t->npacked, P, t->nslots + t->npacked + 1, t->nslots,
+             t->ninputs, t->nparams, t->noutputs);
     } else {
-        puts_(&b, "static void mg_backward(void *ctx, const double *d, double *g) {\n    (void)ctx;\n");
+        puts_(&b, "static void mg_backward(void *ctx, const double *d, double *g) {\n");
         emit_backward_body(&b, t);
         puts_(&b, "}\n");
-        putf(&b, "static const mgk_layout mg_layout = {%zu, %zu, %zu, %zu, %zu, %zu, %zu, %u, mg_out_slots};\n",
-             t->nslots, t->nparams, t->ninputs, t->ntargets, t->noutputs, t->nparams,
-             t->nparams + t->ninputs, (unsigned)t->loss);
         putf(&b,
-             "\n/* ---- entry points: data and grad hold %snslots doubles each ---- */\n"
+             "\n/* ---- entry points ----\n"
+             " * data and grad hold %snslots doubles each; packed and packed_grad hold %snpacked\n"
+             " * (the raised layers' weights, transposed, while a call runs). */\n"
              "const size_t %snslots = %zu, %snparams = %zu, %sninputs = %zu, %sntargets = %zu, "
-             "%snoutputs = %zu;\n"
+             "%snoutputs = %zu, %snpacked = %zu;\n"
              "const int %semitter_version = %d;\n"
              "/* Writes the constants; parameters are the caller's (slots [0, nparams)). */\n"
              "void %sinit(double *data) { mg_load_init(data); }\n"
+             "/* Kernels for libmg's mg_tape_set_kernels(): ctx is an mgk_ctx (packed weights). */\n"
              "void %sforward(void *ctx, double *data) { mg_forward(ctx, data); }\n"
              "void %sbackward(void *ctx, const double *data, double *grad) { mg_backward(ctx, data, grad); }\n"
-             "void %sstep(double *data, double *grad, double scale) { mgk_step(data, grad, %zu, scale); }\n"
-             "double %sfit_epoch(double *data, double *grad, const double *X, const double *Y, size_t n,\n"
-             "                   size_t batch, double lr, size_t *perm, int shuffle,\n"
-             "                   unsigned long long seed, unsigned long long epoch) {\n"
-             "    return mgk_fit_epoch(&mg_layout, mg_forward, mg_backward, NULL, data, grad, X, Y, n,\n"
+             "/* One epoch of SGD over rows of X and Y; returns the mean loss. */\n"
+             "double %sfit_epoch(double *data, double *grad, double *packed, double *packed_grad,\n"
+             "                   const double *X, const double *Y, size_t n, size_t batch, double lr,\n"
+             "                   size_t *perm, int shuffle, unsigned long long seed, unsigned long long epoch) {\n"
+             "    mgk_ctx c;\n    c.pw = packed;\n    c.pg = packed_grad;\n    c.prog = NULL;\n    c.lr = 0.0;\n"
+             "    return mgk_fit_epoch(&mg_layout, mg_forward, mg_backward, &c, data, grad, X, Y, n,\n"
              "                         batch, lr, perm, shuffle, seed, epoch);\n}\n"
-             "void %spredict(double *data, const double *X, size_t n, double *out) {\n"
-             "    mgk_predict(&mg_layout, mg_forward, NULL, data, X, n, out);\n}\n",
-             P, P, t->nslots, P, t->nparams, P, t->ninputs, P, t->ntargets, P, t->noutputs, P,
-             MG_EMITTER_VERSION, P, P, P, P, t->nparams, P, P);
+             "void %spredict(double *data, double *packed, const double *X, size_t n, double *out) {\n"
+             "    mgk_ctx c;\n    c.pw = packed;\n    c.pg = NULL;\n    c.prog = NULL;\n    c.lr = 0.0;\n"
+             "    mgk_predict(&mg_layout, mg_forward, &c, data, X, n, out);\n}\n",
+             P, P, P, t->nslots, P, t->nparams, P, t->ninputs, P, t->ntargets, P, t->noutputs, P,
+             t->npacked, P, MG_EMITTER_VERSION, P, P, P, P, P);
     }
     if (b.failed) {
         t->alloc.free_fn(b.s, t->alloc.ctx);

@@ -160,6 +160,158 @@ static inline void mgk_xent_bwd(const double *d, double *g, const mgk_idx *ix, s
     for (i = 0; i < n; i++) g[ix[i]] += (exp(d[ix[i]] - m) / sum - (i == t ? 1.0 : 0.0)) * gy;
 }
 
+/* ---- matrix-vector products over packed weights ------------------------------------------ */
+
+/* A layer raised from scalar dot products: pre[j] = b[j] + sum_i W[j][i] * x[i] for j < m.
+ * Slots: W[j][i] = d[w0 + j*ldw + i], b[j] = d[b0 + j*ldb], x[i] = d[x0 + i], pre[j] = d[out0 + j].
+ * During a run the weights live packed and transposed, pw[p0 + i*m + j], so that one input
+ * index touches consecutive outputs: the loops vectorise across outputs while every output's
+ * sum still adds its terms in order (no reassociation, so results equal the scalar program). */
+typedef struct mgk_mv {
+    mgk_idx m, n, w0, ldw, b0, ldb, x0, out0, p0, need_gx;
+} mgk_mv;
+
+/* What kernels see besides the slot arrays: the packed weights and their gradients. */
+typedef struct mgk_ctx {
+    double *pw;
+    double *pg;
+    const void *prog; /* the interpreter's program; unused by generated code */
+    double lr;        /* nonzero: apply SGD to packed weights inside backward (batch size 1) */
+} mgk_ctx;
+
+/* Generated code calls these with constant shapes; inlining them specialises the loops. */
+#if defined(__GNUC__) || defined(__clang__)
+#define MGK_HOT static inline __attribute__((always_inline))
+#else
+#define MGK_HOT static inline
+#endif
+
+#if defined(__clang__)
+/* clang vectorises the plain restrict-qualified loops well (and the blocked ones below badly);
+ * both forms add every output's terms in the same order, so they compute the same values. */
+MGK_HOT void mgk_mv_fwd(double *d, const double *pw, size_t m, size_t n, size_t b0, size_t ldb,
+                        size_t x0, size_t out0, size_t p0) {
+    double *restrict o = d + out0;
+    const double *restrict x = d + x0;
+    const double *restrict w = pw + p0;
+    size_t i, j;
+    for (j = 0; j < m; j++) o[j] = d[b0 + j * ldb];
+    for (i = 0; i < n; i++) {
+        const double xi = x[i];
+        const double *restrict wi = w + i * m;
+        for (j = 0; j < m; j++) o[j] += wi[j] * xi;
+    }
+}
+
+MGK_HOT void mgk_mv_bwd(const double *d, double *g, double *pw, double *pg, size_t m, size_t n,
+                        size_t b0, size_t ldb, size_t x0, size_t out0, size_t p0, int need_gx,
+                        double lr) {
+    const double *restrict gy = g + out0;
+    const double *restrict x = d + x0;
+    size_t i, j;
+    for (j = 0; j < m; j++) g[b0 + j * ldb] += gy[j];
+    if (need_gx)
+        for (i = 0; i < n; i++) {
+            const double *restrict wi = pw + p0 + i * m;
+            double acc = g[x0 + i];
+            for (j = m; j-- > 0;) acc += wi[j] * gy[j];
+            g[x0 + i] = acc;
+        }
+    for (i = 0; i < n; i++) {
+        const double xi = x[i];
+        if (lr != 0.0) {
+            double *restrict w = pw + p0 + i * m;
+            for (j = 0; j < m; j++) w[j] -= lr * (gy[j] * xi);
+        } else {
+            double *restrict gw = pg + p0 + i * m;
+            for (j = 0; j < m; j++) gw[j] += gy[j] * xi;
+        }
+    }
+}
+#else
+/* Outputs go in blocks of MGK_BLOCK: a block's partial sums live in a local array the compiler
+ * keeps in vector registers (no aliasing with the slot arrays to rule out), while each output's
+ * sum still runs over i in order. */
+#define MGK_BLOCK 8
+
+MGK_HOT void mgk_mv_fwd(double *d, const double *pw, size_t m, size_t n, size_t b0, size_t ldb,
+                        size_t x0, size_t out0, size_t p0) {
+    const double *x = d + x0;
+    const double *w = pw + p0;
+    size_t i, j, j0;
+    for (j0 = 0; j0 < m; j0 += MGK_BLOCK) {
+        double a[MGK_BLOCK];
+        if (j0 + MGK_BLOCK <= m) {
+            for (j = 0; j < MGK_BLOCK; j++) a[j] = d[b0 + (j0 + j) * ldb];
+            for (i = 0; i < n; i++) {
+                const double xi = x[i];
+                const double *wi = w + i * m + j0;
+                for (j = 0; j < MGK_BLOCK; j++) a[j] += wi[j] * xi;
+            }
+            for (j = 0; j < MGK_BLOCK; j++) d[out0 + j0 + j] = a[j];
+        } else {
+            size_t jn = m - j0;
+            for (j = 0; j < jn; j++) a[j] = d[b0 + (j0 + j) * ldb];
+            for (i = 0; i < n; i++) {
+                const double xi = x[i];
+                const double *wi = w + i * m + j0;
+                for (j = 0; j < jn; j++) a[j] += wi[j] * xi;
+            }
+            for (j = 0; j < jn; j++) d[out0 + j0 + j] = a[j];
+        }
+    }
+}
+
+/* Gradients: bias += gy; inputs (when needed) receive sum_j W[j][i] * gy[j] with j descending,
+ * the order the scalar backward adds them in; then the packed weight gradient += gy (outer) x,
+ * or, with lr nonzero (batch size 1), the SGD step on the weights at once: w -= lr * (gy * x),
+ * which is exactly what accumulating gy * x into a zero gradient and stepping computes. */
+MGK_HOT void mgk_mv_bwd(const double *d, double *g, double *pw, double *pg, size_t m, size_t n,
+                        size_t b0, size_t ldb, size_t x0, size_t out0, size_t p0, int need_gx,
+                        double lr) {
+    const double *x = d + x0;
+    size_t i, j, j0;
+    for (j = 0; j < m; j++) g[b0 + j * ldb] += g[out0 + j];
+    if (need_gx)
+        for (i = 0; i < n; i++) {
+            const double *wi = pw + p0 + i * m;
+            double acc = g[x0 + i];
+            for (j = m; j-- > 0;) acc += wi[j] * g[out0 + j];
+            g[x0 + i] = acc;
+        }
+    for (j0 = 0; j0 < m; j0 += MGK_BLOCK) {
+        double gy[MGK_BLOCK];
+        size_t jn = m - j0 < MGK_BLOCK ? m - j0 : MGK_BLOCK;
+        for (j = 0; j < jn; j++) gy[j] = g[out0 + j0 + j];
+        if (lr != 0.0 && jn == MGK_BLOCK) {
+            for (i = 0; i < n; i++) {
+                const double xi = x[i];
+                double *wi = pw + p0 + i * m + j0;
+                for (j = 0; j < MGK_BLOCK; j++) wi[j] -= lr * (gy[j] * xi);
+            }
+        } else if (lr != 0.0) {
+            for (i = 0; i < n; i++) {
+                const double xi = x[i];
+                double *wi = pw + p0 + i * m + j0;
+                for (j = 0; j < jn; j++) wi[j] -= lr * (gy[j] * xi);
+            }
+        } else if (jn == MGK_BLOCK) {
+            for (i = 0; i < n; i++) {
+                const double xi = x[i];
+                double *gw = pg + p0 + i * m + j0;
+                for (j = 0; j < MGK_BLOCK; j++) gw[j] += gy[j] * xi;
+            }
+        } else {
+            for (i = 0; i < n; i++) {
+                const double xi = x[i];
+                double *gw = pg + p0 + i * m + j0;
+                for (j = 0; j < jn; j++) gw[j] += gy[j] * xi;
+            }
+        }
+    }
+}
+#endif
+
 /* ---- training ----------------------------------------------------------------------------- */
 
 /* Where a program keeps its roles: parameters are slots [0, nparams); inputs and targets are
@@ -167,18 +319,71 @@ static inline void mgk_xent_bwd(const double *d, double *g, const mgk_idx *ix, s
 typedef struct mgk_layout {
     size_t nslots, nparams, ninputs, ntargets, noutputs, input0, target0, loss;
     const mgk_idx *outputs;
+    const mgk_mv *mvs;          /* raised layers (nmv of them), whose weights run packed */
+    size_t nmv, npacked;        /* npacked: doubles of packed weights (and of their gradients) */
+    const mgk_idx *free_params; /* parameters outside every packed block (nfree of them) */
+    size_t nfree;
 } mgk_layout;
 
 typedef void (*mgk_forward_fn)(void *ctx, double *d);
 typedef void (*mgk_backward_fn)(void *ctx, const double *d, double *g);
 
 /* SGD: data -= scale * grad over the parameters, then their gradients restart at zero. */
-static inline void mgk_step(double *d, double *g, size_t nparams, double scale) {
+static inline void mgk_step(double *restrict d, double *restrict g, size_t nparams, double scale) {
     size_t i;
     for (i = 0; i < nparams; i++) {
         d[i] -= scale * g[i];
         g[i] = 0.0;
     }
+}
+
+/* Packed weights: W -> pw before a run, pw -> W after it. */
+static inline void mgk_pack(const mgk_layout *L, const double *d, double *pw) {
+    size_t k, i, j;
+    for (k = 0; k < L->nmv; k++) {
+        const mgk_mv *v = &L->mvs[k];
+        for (j = 0; j < v->m; j++)
+            for (i = 0; i < v->n; i++) pw[v->p0 + i * v->m + j] = d[v->w0 + j * v->ldw + i];
+    }
+}
+
+static inline void mgk_unpack(const mgk_layout *L, double *d, const double *pw) {
+    size_t k, i, j;
+    for (k = 0; k < L->nmv; k++) {
+        const mgk_mv *v = &L->mvs[k];
+        for (j = 0; j < v->m; j++)
+            for (i = 0; i < v->n; i++) d[v->w0 + j * v->ldw + i] = pw[v->p0 + i * v->m + j];
+    }
+}
+
+/* Adds the packed gradients into the slot gradients and clears them. */
+static inline void mgk_unpack_grad(const mgk_layout *L, double *g, double *pg) {
+    size_t k, i, j;
+    for (k = 0; k < L->nmv; k++) {
+        const mgk_mv *v = &L->mvs[k];
+        for (j = 0; j < v->m; j++)
+            for (i = 0; i < v->n; i++) {
+                g[v->w0 + j * v->ldw + i] += pg[v->p0 + i * v->m + j];
+                pg[v->p0 + i * v->m + j] = 0.0;
+            }
+    }
+}
+
+/* SGD over a program whose raised weights are packed: the packed block is one loop, skipped
+ * when backward already stepped it (fused). */
+static inline void mgk_step_all(const mgk_layout *L, double *d, double *g, double *pw, double *pg,
+                                double scale, int packed_done) {
+    size_t k;
+    if (!L->nmv) {
+        mgk_step(d, g, L->nparams, scale);
+        return;
+    }
+    for (k = 0; k < L->nfree; k++) {
+        size_t p = L->free_params[k];
+        d[p] -= scale * g[p];
+        g[p] = 0.0;
+    }
+    if (!packed_done) mgk_step(pw, pg, L->npacked, scale);
 }
 
 static inline void mgk_load(const mgk_layout *L, double *d, const double *x, const double *y) {
@@ -206,14 +411,17 @@ static inline void mgk_order(size_t *perm, size_t n, int shuffle, mgk_u64 seed, 
 /* One epoch: per sample forward and backward (parameter gradients accumulate), one SGD step per
  * batch with the gradient averaged over the batch. Returns the mean loss. `perm` is scratch for
  * n indices. Samples are rows: X[n][ninputs], Y[n][ntargets]. */
-static inline double mgk_fit_epoch(const mgk_layout *L, mgk_forward_fn fwd, mgk_backward_fn bwd, void *ctx,
-                            double *d, double *g, const double *X, const double *Y, size_t n,
-                            size_t batch, double lr, size_t *perm, int shuffle, mgk_u64 seed,
-                            mgk_u64 epoch) {
+static inline double mgk_fit_epoch(const mgk_layout *L, mgk_forward_fn fwd, mgk_backward_fn bwd,
+                                   mgk_ctx *ctx, double *d, double *g, const double *X,
+                                   const double *Y, size_t n, size_t batch, double lr, size_t *perm,
+                                   int shuffle, mgk_u64 seed, mgk_u64 epoch) {
     size_t k, in_batch = 0;
     double total = 0.0;
     if (batch < 1) batch = 1;
     mgk_order(perm, n, shuffle, seed, epoch);
+    mgk_pack(L, d, ctx->pw);
+    /* batch size 1: the packed weights take their step inside backward (one pass fewer) */
+    ctx->lr = batch == 1 && L->nmv ? lr : 0.0;
     for (k = 0; k < n; k++) {
         size_t s = perm[k];
         mgk_load(L, d, X + s * L->ninputs, Y ? Y + s * L->ntargets : NULL);
@@ -221,17 +429,20 @@ static inline double mgk_fit_epoch(const mgk_layout *L, mgk_forward_fn fwd, mgk_
         total += d[L->loss];
         bwd(ctx, d, g);
         if (++in_batch == batch || k + 1 == n) {
-            mgk_step(d, g, L->nparams, lr / (double)in_batch);
+            mgk_step_all(L, d, g, ctx->pw, ctx->pg, lr / (double)in_batch, ctx->lr != 0.0);
             in_batch = 0;
         }
     }
+    ctx->lr = 0.0;
+    mgk_unpack(L, d, ctx->pw);
     return n ? total / (double)n : 0.0;
 }
 
 /* Forward over each row of X, writing the outputs: out[n][noutputs]. */
-static inline void mgk_predict(const mgk_layout *L, mgk_forward_fn fwd, void *ctx, double *d,
-                        const double *X, size_t n, double *out) {
+static inline void mgk_predict(const mgk_layout *L, mgk_forward_fn fwd, mgk_ctx *ctx, double *d,
+                               const double *X, size_t n, double *out) {
     size_t k, j;
+    mgk_pack(L, d, ctx->pw);
     for (k = 0; k < n; k++) {
         mgk_load(L, d, X + k * L->ninputs, NULL);
         fwd(ctx, d);

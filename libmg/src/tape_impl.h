@@ -6,12 +6,17 @@
 #include "mg/tape.h"
 #include "kernels.h"
 
-/* One instruction. Elementwise: out = op(d[a], d[b], k). Variadic: operands are the `len` slots
- * at idx[a], `k` is the term count n, `flags` has MG_FLAG_BIAS for DOT with a bias. */
+/* Instruction kinds: a graph op, or a loop the raising pass recovered. */
+enum { MG_K_OP = 0, MG_K_MAP = 1, MG_K_MATVEC = 2 };
+
+/* One instruction. MG_K_OP elementwise: out = op(d[a], d[b], k); variadic: operands are the `len`
+ * slots at idx[a], `k` is the term count n, `flags` has MG_FLAG_BIAS for DOT with a bias.
+ * MG_K_MAP: d[out + j] = op(d[a + j], k) for j < b (a unary op over a run of slots).
+ * MG_K_MATVEC: the raised layer mvs[a]. */
 typedef struct mg_instr {
     uint8_t op;
     uint8_t flags;
-    uint16_t pad;
+    uint16_t kind;
     uint32_t out;
     uint32_t a;
     uint32_t b; /* elementwise: second operand slot; variadic: len */
@@ -35,9 +40,14 @@ struct mg_tape {
     uint64_t *param_serials;
     uint16_t graph_tag;
     mgk_layout layout;
+    mgk_mv *mvs;          /* raised layers */
+    size_t nmv, npacked;
+    mgk_idx *free_params; /* parameters outside the packed blocks */
+    size_t nfree;
+    double *pw, *pg;      /* packed weights and their gradients (npacked each) */
+    mgk_ctx kctx;         /* what kernels receive */
     mg_tape_forward_fn fwd;
     mg_tape_backward_fn bwd;
-    void *ctx;
 };
 
 #endif /* MG_TAPE_IMPL_H */

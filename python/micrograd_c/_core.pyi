@@ -99,8 +99,9 @@ EMITTER_VERSION: int
 
 class Tape:
     def __init__(self, loss: Value | None, inputs: Sequence[Value], targets: Sequence[Value],
-                 params: Sequence[Value], outputs: Sequence[Value]) -> None: ...
+                 params: Sequence[Value], outputs: Sequence[Value], raise_loops: bool = ...) -> None: ...
     nslots: int
+    nraised: int
     ninstr: int
     nparams: int
     ninputs: int

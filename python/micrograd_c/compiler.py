@@ -37,7 +37,8 @@ from . import _core
 from .engine import Value
 
 #: Flags used when none are given: optimised, and no floating-point contraction, so compiled
-#: results equal the interpreter's and the eager graph's.
+#: results equal the interpreter's and the eager graph's. Code compiled on the machine that runs
+#: it also gets ``-march=native`` when the compiler accepts it (see :func:`default_flags`).
 DEFAULT_FLAGS: List[str] = ["-O2", "-ffp-contract=off"]
 CANDIDATES = ("cc", "gcc", "clang", "tcc")
 
@@ -144,6 +145,30 @@ def find_compiler(cc: Optional[str] = None) -> Toolchain:
                        "use backend='tape' to run without one")
 
 
+_native: Dict[str, bool] = {}
+
+
+def default_flags(tc: "Toolchain") -> List[str]:
+    """:data:`DEFAULT_FLAGS` plus ``-march=native`` when ``tc`` accepts it.
+
+    Contraction stays off, so vectorised code computes the same values as the scalar program.
+    """
+    if tc.path not in _native:
+        ok = False
+        with tempfile.TemporaryDirectory(prefix="micrograd_c-probe-") as d:
+            src = os.path.join(d, "n.c")
+            with open(src, "w") as f:
+                f.write("int mg_native(void) { return 1; }\n")
+            try:
+                r = subprocess.run(tc.command + ["-march=native", "-c", "-o", os.path.join(d, "n.o"), src],
+                                   capture_output=True, text=True, timeout=60)
+                ok = r.returncode == 0 and not r.stderr.strip()
+            except (OSError, subprocess.TimeoutExpired):
+                ok = False
+        _native[tc.path] = ok
+    return DEFAULT_FLAGS + (["-march=native"] if _native[tc.path] else [])
+
+
 # ---- cache ----------------------------------------------------------------------------------
 
 @contextmanager
@@ -221,7 +246,7 @@ def _load(path: str, tape: Any, prefix: str) -> ctypes.CDLL:
     """Load a compiled library and check that its layout is the tape's; raises OSError if not."""
     lib = ctypes.CDLL(path)
     for name, want in (("nslots", tape.nslots), ("nparams", tape.nparams), ("ninputs", tape.ninputs),
-                       ("ntargets", tape.ntargets), ("noutputs", tape.noutputs)):
+                       ("ntargets", tape.ntargets), ("noutputs", tape.noutputs)):  # npacked follows
         got = ctypes.c_size_t.in_dll(lib, prefix + name).value
         if got != want:
             raise OSError(f"{path}: {name} is {got}, the program needs {want}")
@@ -309,25 +334,28 @@ class Program:
 def compile(loss: Optional[Value], inputs: Sequence[Value], targets: Sequence[Value] = (),
             params: Sequence[Value] = (), outputs: Sequence[Value] = (), backend: str = "auto", *,
             cc: Optional[str] = None, flags: Optional[Sequence[str]] = None, cache: Optional[str] = None,
-            timeout: float = 600.0) -> Program:
+            timeout: float = 600.0, raise_loops: bool = True, fast_math: bool = False) -> Program:
     """Freeze the graph of ``loss`` (and ``outputs``) into a program; see the module docstring.
 
     ``inputs`` and ``targets`` are placeholder leaves (:func:`inputs`) loaded from each sample;
     ``params`` are the leaves training updates; every other leaf is frozen as a constant.
     ``backend`` is ``"tape"``, ``"c"`` or ``"auto"``; ``cc`` and ``flags`` override the compiler
     (default ``$CC`` or the first working of cc, gcc, clang, tcc) and :data:`DEFAULT_FLAGS`.
+    ``raise_loops`` (default on) recovers loops from the scalar graph: dot products and
+    matrix-vector products, whose results equal the scalar program's. ``fast_math`` adds
+    ``-ffast-math`` (off by default: it lets the compiler reassociate sums, so results change).
     Raises :class:`CompileError` when ``backend="c"`` cannot compile.
     """
     if backend not in ("auto", "tape", "c"):
         raise ValueError(f"backend must be 'auto', 'tape' or 'c', not {backend!r}")
     t0 = time.perf_counter()
-    tape = _core.Tape(loss, list(inputs), list(targets), list(params), list(outputs))
+    tape = _core.Tape(loss, list(inputs), list(targets), list(params), list(outputs), raise_loops)
     info: Dict[str, Any] = {"freeze_seconds": time.perf_counter() - t0, "nslots": tape.nslots,
-                            "ninstr": tape.ninstr}
+                            "ninstr": tape.ninstr, "nraised": tape.nraised}
     if backend == "tape":
         return Program(tape, "tape", info)
     try:
-        return _compile_c(tape, info, cc, flags, cache, timeout)
+        return _compile_c(tape, info, cc, flags, cache, timeout, fast_math)
     except CompileError as e:
         if backend == "c":
             raise
@@ -336,9 +364,11 @@ def compile(loss: Optional[Value], inputs: Sequence[Value], targets: Sequence[Va
 
 
 def _compile_c(tape: Any, info: Dict[str, Any], cc: Optional[str], flags: Optional[Sequence[str]],
-               cache: Optional[str], timeout: float) -> Program:
+               cache: Optional[str], timeout: float, fast_math: bool = False) -> Program:
     tc = find_compiler(cc)
-    fl = list(DEFAULT_FLAGS if flags is None else flags)
+    fl = list(default_flags(tc) if flags is None else flags)
+    if fast_math:
+        fl.append("-ffast-math")
     prefix = "mgc_"
     t0 = time.perf_counter()
     source = tape.emit_c(prefix, False)
@@ -358,14 +388,10 @@ def _compile_c(tape: Any, info: Dict[str, Any], cc: Optional[str], flags: Option
     fwd = ctypes.cast(getattr(lib, prefix + "forward"), ctypes.c_void_p).value
     bwd = ctypes.cast(getattr(lib, prefix + "backward"), ctypes.c_void_p).value
     tape.set_kernels(fwd, bwd, lib)
-    data = tape.data()
-    init = getattr(lib, prefix + "init")
-    init.argtypes = [ctypes.c_void_p]
-    init(data.ctypes.data)  # constants (already there; keeps the library the source of truth)
     info.update(compiler=tc.name, compiler_version=tc.version, flags=fl, cached=built["cached"],
                 compile_seconds=built["compile_seconds"], library=built["path"])
     return Program(tape, "c", info, lib)
 
 
 __all__ = ["compile", "inputs", "Program", "CompileError", "find_compiler", "Toolchain", "cache_dir",
-           "build_library", "DEFAULT_FLAGS"]
+           "build_library", "DEFAULT_FLAGS", "default_flags"]

@@ -48,7 +48,7 @@ static void test_tape__every_op_matches_eager(void) {
     every_op e;
     CHECK(build_every_op(g, &e, X0, 0.6, P0));
     CHECK(mg_backward(g, e.loss) == MG_OK);
-    mg_tape_spec spec = {e.loss, e.in, 4, &e.tgt, 1, e.p, 6, e.out, 2};
+    mg_tape_spec spec = {e.loss, e.in, 4, &e.tgt, 1, e.p, 6, e.out, 2, 0};
     mg_tape *t = mg_tape_freeze(g, &spec);
     CHECK(t != NULL);
     if (!t) {
@@ -92,7 +92,7 @@ static void test_tape__fit_matches_eager_sgd(void) {
     mg_value *x[2] = {mg_scalar(g, 0), mg_scalar(g, 0)}, *y = mg_scalar(g, 0), *out;
     mg_mlp_call(g, m, x, &out);
     mg_value *loss = mg_mse(g, &out, &y, 1);
-    mg_tape_spec spec = {loss, x, 2, &y, 1, p, 17, &out, 1};
+    mg_tape_spec spec = {loss, x, 2, &y, 1, p, 17, &out, 1, 0};
     mg_tape *t = mg_tape_freeze(g, &spec);
     CHECK(t != NULL);
     double mean = 0;
@@ -150,21 +150,21 @@ static void test_tape__freeze_errors(void) {
     mg_graph *g = mg_graph_new();
     mg_value *a = mg_scalar(g, 1.0), *b = mg_scalar(g, 2.0);
     mg_value *y = mg_mul(g, a, b);
-    mg_tape_spec s1 = {y, (mg_value *[]){a}, 1, NULL, 0, (mg_value *[]){a}, 1, NULL, 0};
+    mg_tape_spec s1 = {y, (mg_value *[]){a}, 1, NULL, 0, (mg_value *[]){a}, 1, NULL, 0, 0};
     CHECK(mg_tape_freeze(g, &s1) == NULL);
     CHECK(strstr(mg_graph_last_error(g), "listed twice") != NULL);
-    mg_tape_spec s2 = {y, NULL, 0, NULL, 0, (mg_value *[]){y}, 1, NULL, 0};
+    mg_tape_spec s2 = {y, NULL, 0, NULL, 0, (mg_value *[]){y}, 1, NULL, 0, 0};
     CHECK(mg_tape_freeze(g, &s2) == NULL);
     CHECK(strstr(mg_graph_last_error(g), "not a leaf") != NULL);
-    mg_tape_spec s3 = {NULL, NULL, 0, NULL, 0, NULL, 0, NULL, 0};
+    mg_tape_spec s3 = {NULL, NULL, 0, NULL, 0, NULL, 0, NULL, 0, 0};
     CHECK(mg_tape_freeze(g, &s3) == NULL);
     mg_graph *h = mg_graph_new();
     mg_value *z = mg_scalar(h, 1.0);
-    mg_tape_spec s4 = {y, NULL, 0, NULL, 0, (mg_value *[]){z}, 1, NULL, 0};
+    mg_tape_spec s4 = {y, NULL, 0, NULL, 0, (mg_value *[]){z}, 1, NULL, 0, 0};
     CHECK(mg_tape_freeze(g, &s4) == NULL);
     mg_graph_free(h);
     /* an inference-only tape has no backward */
-    mg_tape_spec s5 = {NULL, (mg_value *[]){a}, 1, NULL, 0, (mg_value *[]){b}, 1, &y, 1};
+    mg_tape_spec s5 = {NULL, (mg_value *[]){a}, 1, NULL, 0, (mg_value *[]){b}, 1, &y, 1, 0};
     mg_tape *t = mg_tape_freeze(g, &s5);
     CHECK(t && !mg_tape_has_loss(t) && mg_tape_backward(t) == MG_EINVAL);
     double x = 3.0, out;
@@ -179,7 +179,7 @@ static void test_tape__emission_is_deterministic_and_self_contained(void) {
     mg_graph *g = mg_graph_new();
     every_op e;
     build_every_op(g, &e, X0, 0.6, P0);
-    mg_tape_spec spec = {e.loss, e.in, 4, &e.tgt, 1, e.p, 6, e.out, 2};
+    mg_tape_spec spec = {e.loss, e.in, 4, &e.tgt, 1, e.p, 6, e.out, 2, 0};
     mg_tape *t1 = mg_tape_freeze(g, &spec), *t2 = mg_tape_freeze(g, &spec);
     size_t n1, n2;
     char *s1 = mg_tape_emit_c(t1, NULL, &n1), *s2 = mg_tape_emit_c(t2, NULL, &n2);
@@ -240,7 +240,7 @@ static void test_tape__allocation_failure_in_freeze_and_emit(void) {
         build_every_op(g, &e, X0, 0.6, P0);
         size_t len = mg_graph_len(g);
         fa.fail_at = fa.count + k; /* fail inside freeze or emit only */
-        mg_tape_spec spec = {e.loss, e.in, 4, &e.tgt, 1, e.p, 6, e.out, 2};
+        mg_tape_spec spec = {e.loss, e.in, 4, &e.tgt, 1, e.p, 6, e.out, 2, 0};
         mg_tape *t = mg_tape_freeze(g, &spec);
         char *src = t ? mg_tape_emit_c(t, NULL, NULL) : NULL;
         int done = t && src;

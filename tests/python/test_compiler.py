@@ -313,7 +313,7 @@ def test_cache_hit_and_corrupt_entry(private_cache):
     # loaded libraries are never modified in place (builds rename a new file into place)
     model, tape_prog = mlp_program("tape")
     tc = compiler.find_compiler()
-    key = compiler._cache_key(tape_prog.c_source(), tc, compiler.DEFAULT_FLAGS)
+    key = compiler._cache_key(tape_prog.c_source(), tc, compiler.default_flags(tc))
     os.makedirs(private_cache, exist_ok=True)
     (private_cache / f"mg_{key}.so").write_bytes(b"\x7fELF truncated")
     model, p1 = mlp_program("c")

@@ -14,6 +14,11 @@
  *
  * The backward pass follows mg_backward(): every non-parameter gradient is recomputed from zero
  * for each sample, and parameter gradients accumulate until mg_tape_step() applies and clears them.
+ *
+ * Freezing raises loops from the scalar graph (unless mg_tape_spec::no_raise): chains of additions
+ * of products become dot products, dot products over one input vector with parameters laid out
+ * as rows become a matrix-vector product, an activation over them an elementwise loop. Values are
+ * unchanged (the order of every sum is kept); inputs of a raised layer get no gradient.
  * @{
  */
 #ifndef MG_TAPE_H
@@ -39,9 +44,11 @@ typedef struct mg_tape_spec {
     size_t nparams;            /**< Number of parameters. */
     mg_value *const *outputs;  /**< Values mg_tape_predict() returns (any values). */
     size_t noutputs;           /**< Number of outputs. */
+    int no_raise;              /**< Nonzero: keep the scalar program (no loops recovered). */
 } mg_tape_spec;
 
-/** Kernels a compiled program provides in place of the interpreter. */
+/** Kernels a compiled program provides in place of the interpreter; `ctx` is the tape's
+ * kernel context (its packed weights). */
 typedef void (*mg_tape_forward_fn)(void *ctx, double *data);
 /** Backward kernel: zeroes non-parameter gradients, seeds the loss, accumulates. */
 typedef void (*mg_tape_backward_fn)(void *ctx, const double *data, double *grad);
@@ -159,10 +166,16 @@ MG_API int mg_tape_predict(mg_tape *t, const double *X, size_t n, double *out);
  * @param t the tape
  * @param forward forward kernel, NULL for the interpreter
  * @param backward backward kernel, NULL for the interpreter
- * @param ctx passed to both
  */
 MG_API void mg_tape_set_kernels(mg_tape *t, mg_tape_forward_fn forward,
-                                mg_tape_backward_fn backward, void *ctx);
+                                mg_tape_backward_fn backward);
+
+/**
+ * @brief Number of matrix-vector products the raising pass recovered.
+ * @param t the tape
+ * @return the count (0 for a scalar program).
+ */
+MG_API size_t mg_tape_nraised(const mg_tape *t);
 
 /**
  * @brief Copies the tape's parameters into the graph values they were frozen from.
