@@ -62,6 +62,41 @@ def opbyop_forward(layers: List[Tuple[List[List[Value]], List[Value], bool]], x:
     return x
 
 
+def torch_rows(Xtr: np.ndarray, ytr: np.ndarray, Xte: np.ndarray, yte: np.ndarray, lr: float,
+               repeat: int) -> List[Tuple[str, Optional[float], float, float, float]]:
+    """PyTorch float64, one thread, the same model and data, when torch is installed."""
+    try:
+        import torch
+    except ImportError:
+        print("(PyTorch not installed: no PyTorch rows)")
+        return []
+    torch.set_num_threads(1)
+    out = []
+    Xt, Yt = torch.from_numpy(Xtr), torch.from_numpy(ytr).long()
+    for bs in (1, 32):
+        rates, loss_v = [], 0.0
+        for _ in range(repeat):
+            torch.manual_seed(0)
+            net = torch.nn.Sequential(torch.nn.Linear(784, 50), torch.nn.ReLU(), torch.nn.Linear(50, 10)).double()
+            opt = torch.optim.SGD(net.parameters(), lr=lr * (1 if bs == 1 else 4))
+            perm = torch.randperm(len(Xt))
+            t, total = time.perf_counter(), 0.0
+            for b in range(0, len(Xt), bs):
+                idx = perm[b:b + bs]
+                loss = torch.nn.functional.cross_entropy(net(Xt[idx]), Yt[idx])
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                total += float(loss) * len(idx)
+            rates.append(len(Xt) / (time.perf_counter() - t))
+            loss_v = total / len(Xt)
+        with torch.no_grad():
+            acc = float((net(torch.from_numpy(Xte)).argmax(1).numpy() == yte).mean())
+        out.append((f"PyTorch {torch.__version__.split('+')[0]}, batch {bs}, 1 thread", None,
+                    statistics.median(rates), acc, loss_v))
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--graph", choices=["nn", "opbyop"], default="nn")
@@ -104,12 +139,13 @@ def main() -> None:
           f"source {len(source.encode()) / 1024:.0f} KB")
     init = base.parameters.copy()
 
-    def run(prog: Any) -> Tuple[float, float, float]:
+    def run(prog: Any, batch: int = 1, threads: int = 1) -> Tuple[float, float, float]:
         rates, loss_v = [], 0.0
         for _ in range(args.repeat):
             prog.parameters[:] = init
             t = time.perf_counter()
-            loss_v = prog.fit(Xtr, ytr, epochs=1, lr=args.lr, batch_size=1, shuffle=True, seed=0)[0]
+            loss_v = prog.fit(Xtr, ytr, epochs=1, lr=args.lr * (1 if batch == 1 else 4), batch_size=batch,
+                              shuffle=True, seed=0, threads=threads)[0]
             rates.append(len(Xtr) / (time.perf_counter() - t))
         acc = float(np.mean(np.argmax(prog.predict(Xte), axis=1) == yte))
         return statistics.median(rates), acc, loss_v
@@ -117,6 +153,9 @@ def main() -> None:
     rows: List[Tuple[str, Optional[float], float, float, float]] = []
     rate, acc, lv = run(base)
     rows.append(("tape (interpreter)", None, rate, acc, lv))
+    for bs, th in ((32, 1), (32, 2)):
+        rate, acc, lv = run(base, bs, th)
+        rows.append((f"tape, batch {bs}, {th} thread(s)", None, rate, acc, lv))
 
     levels = args.levels.split(",") if args.levels else ["0", "1", "2"]
     for name in args.compilers.split(","):
@@ -136,16 +175,22 @@ def main() -> None:
                 compile_s = time.perf_counter() - t0
                 rate, acc, lv = run(prog)
                 rows.append((f"{tc.name} {' '.join(flags)}".strip(), compile_s, rate, acc, lv))
+                if name == "gcc" and lvl == "2":  # the default program: batches and threads
+                    for bs, th in ((32, 1), (32, 2)):
+                        rate, acc, lv = run(prog, bs, th)
+                        rows.append((f"  same, batch {bs}, {th} thread(s)", None, rate, acc, lv))
             except mc.CompileError as e:
                 print(f"{name} -O{lvl}: {str(e).splitlines()[0]}")
             finally:
                 shutil.rmtree(cache, ignore_errors=True)
 
+    rows.extend(torch_rows(Xtr, ytr, Xte, yte, args.lr, args.repeat))
     print(f"\n{'backend':34s} {'compile':>9s} {'images/s':>10s} {'accuracy':>9s} {'epoch loss':>11s}")
     for name, cs, rate, acc, lv in rows:
         c = "-" if cs is None else f"{cs:.2f} s"
         print(f"{name:34s} {c:>9s} {rate:10.0f} {acc:9.4f} {lv:11.5f}")
-    print(f"(images/s: median of {args.repeat} one-epoch runs, batch size 1, float64)")
+    print(f"(images/s: median of {args.repeat} one-epoch runs, float64; batch size 1 unless stated; "
+          f"batch 32 uses lr x4)")
     print("\npublished straight-line compiler on this machine, for reference:")
     for name, cs, rate in REFERENCE:
         print(f"  {name:32s} {cs:>9s} {'did not finish' if rate is None else rate:>10}")

@@ -445,10 +445,11 @@ PYBIND11_MODULE(_core, m, py::mod_gil_used()) {
             mg_tape_step(tp.t.get(), lr, count);
         }, py::arg("lr"), py::arg("count") = 1)
         .def("fit_epoch", [](Tape &tp, py::handle X, py::handle Y, size_t batch, double lr, bool shuffle,
-                             uint64_t seed, uint64_t epoch) {
+                             uint64_t seed, uint64_t epoch, size_t threads) {
             mg_tape *t = tp.t.get();
             if (!mg_tape_has_loss(t)) throw py::value_error("fit: this program has no loss");
             if (batch < 1) throw py::value_error("fit: batch_size must be at least 1");
+            if (threads < 1) throw py::value_error("fit: threads must be at least 1");
             size_t n = 0, m = 0;
             Array xa = rows_of(X, mg_tape_ninputs(t), "fit: X", &n, false);
             Array ya;
@@ -466,13 +467,13 @@ PYBIND11_MODULE(_core, m, py::mod_gil_used()) {
             {
                 py::gil_scoped_release nogil;
                 std::lock_guard<std::mutex> lock(tp.run);
-                st = mg_tape_fit(t, xp, yp, n, batch, lr, shuffle, seed, epoch, &mean);
+                st = mg_tape_fit_threads(t, xp, yp, n, batch, lr, shuffle, seed, epoch, threads, &mean);
             }
             if (st == MG_ENOMEM) throw std::bad_alloc();
             if (st != MG_OK) throw py::value_error("fit: invalid arguments");
             return mean;
         }, py::arg("X"), py::arg("Y"), py::arg("batch_size"), py::arg("lr"), py::arg("shuffle"),
-           py::arg("seed"), py::arg("epoch"))
+           py::arg("seed"), py::arg("epoch"), py::arg("threads") = 1)
         .def("predict", [](Tape &tp, py::handle X) {
             mg_tape *t = tp.t.get();
             size_t n = 0;

@@ -1,6 +1,9 @@
+/* pthread barriers are POSIX, outside strict ISO C11 */
+#define _POSIX_C_SOURCE 200809L
 /* Freezing graphs into tapes, and the tape interpreter. */
 #include "tape_impl.h"
 
+#include <pthread.h>
 #include <string.h>
 
 /* ---- value -> slot map, for freezing (open addressing, pointer keys) ---------------------- */
@@ -756,6 +759,8 @@ int mg_tape_fit(mg_tape *t, const double *X, const double *Y, size_t n, size_t b
                 double lr, int shuffle, uint64_t seed, uint64_t epoch, double *mean_loss) {
     if (!t || !t->has_loss || (n && !X && t->ninputs) || (n && !Y && t->ntargets) || batch_size == 0)
         return MG_EINVAL;
+    if (batch_size > 1) /* the chunked path: the same result for any thread count */
+        return mg_tape_fit_threads(t, X, Y, n, batch_size, lr, shuffle, seed, epoch, 1, mean_loss);
     size_t *perm = t->alloc.malloc_fn((n ? n : 1) * sizeof(size_t), t->alloc.ctx);
     if (!perm) return MG_ENOMEM;
     /* gradients accumulated by earlier backward() calls stay in the slots; the packed ones start at zero */
@@ -792,4 +797,217 @@ size_t mg_tape_write_back(const mg_tape *t, mg_graph *g) {
             k++;
         }
     return k;
+}
+
+/* ---- batch parallelism ------------------------------------------------------------------------
+ * A batch of B samples is cut into C = min(B, MG_FIT_CHUNKS) chunks of consecutive samples; each
+ * chunk sums its samples' gradients in order into buffers of its own, and the chunks are then
+ * added in chunk order. C does not depend on the thread count, and a thread only decides which
+ * chunks it runs, so the parameters come out bitwise the same for any number of threads. */
+
+#define MG_FIT_CHUNKS 2 /* two per-core gradient buffers stay in L2; see the note above */
+
+typedef struct fit_chunk {
+    double *d, *g, *pg; /* private slots, gradients, packed gradients */
+    mgk_ctx ctx;
+    double loss;
+    size_t from, to; /* positions in the batch's order */
+} fit_chunk;
+
+typedef struct fit_run {
+    mg_tape *t;
+    fit_chunk ch[MG_FIT_CHUNKS];
+    size_t nch;
+    const double *X, *Y;
+    const size_t *perm;
+    size_t threads;
+    pthread_barrier_t start, done;
+    int stop;
+    int phase; /* 0: samples, 1: packed reduce and step */
+    double scale;
+} fit_run;
+
+static void run_chunk(fit_run *R, fit_chunk *c) {
+    const mgk_layout *L = &R->t->layout;
+    c->loss = 0.0;
+    for (size_t k = c->from; k < c->to; k++) {
+        size_t s = R->perm[k];
+        mgk_load(L, c->d, R->X + s * L->ninputs, R->Y ? R->Y + s * L->ntargets : NULL);
+        R->t->fwd(&c->ctx, c->d);
+        c->loss += c->d[L->loss];
+        R->t->bwd(&c->ctx, c->d, c->g);
+    }
+}
+
+static void run_share(fit_run *R, size_t worker) {
+    for (size_t c = worker; c < R->nch; c += R->threads) run_chunk(R, &R->ch[c]);
+}
+
+/* The packed part of the step, for elements [from, to): the tape's gradient plus each chunk's,
+ * added in chunk order, then the SGD update. Which thread runs a range changes nothing. */
+static void reduce_step_packed(fit_run *R, size_t from, size_t to) {
+    mg_tape *t = R->t;
+    for (size_t k = from; k < to; k++) {
+        double acc = t->pg[k];
+        for (size_t c = 0; c < R->nch; c++) {
+            acc += R->ch[c].pg[k];
+            R->ch[c].pg[k] = 0.0;
+        }
+        t->pw[k] -= R->scale * acc;
+        t->pg[k] = 0.0;
+    }
+}
+
+typedef struct worker_arg {
+    fit_run *R;
+    size_t id;
+} worker_arg;
+
+static void *fit_worker(void *p) {
+    worker_arg *w = p;
+    for (;;) {
+        pthread_barrier_wait(&w->R->start);
+        if (w->R->stop) return NULL;
+        if (w->R->phase == 0) {
+            run_share(w->R, w->id);
+        } else {
+            size_t np = w->R->t->npacked, T = w->R->threads;
+            reduce_step_packed(w->R, np * w->id / T, np * (w->id + 1) / T);
+        }
+        pthread_barrier_wait(&w->R->done);
+    }
+}
+
+int mg_tape_fit_threads(mg_tape *t, const double *X, const double *Y, size_t n, size_t batch_size,
+                        double lr, int shuffle, uint64_t seed, uint64_t epoch, size_t threads,
+                        double *mean_loss) {
+    if (!t || !t->has_loss || (n && !X && t->ninputs) || (n && !Y && t->ntargets) ||
+        batch_size == 0 || threads == 0)
+        return MG_EINVAL;
+    if (batch_size == 1) /* one sample per step: nothing to split */
+        return mg_tape_fit(t, X, Y, n, 1, lr, shuffle, seed, epoch, mean_loss);
+    const mg_allocator *A = &t->alloc;
+    const mgk_layout *L = &t->layout;
+    fit_run R;
+    memset(&R, 0, sizeof R);
+    R.t = t;
+    R.X = X;
+    R.Y = Y;
+    size_t nch = batch_size < MG_FIT_CHUNKS ? batch_size : MG_FIT_CHUNKS;
+    if (threads > nch) threads = nch;
+    R.threads = threads;
+    size_t *perm = A->malloc_fn((n ? n : 1) * sizeof(size_t), A->ctx);
+    int st = perm ? MG_OK : MG_ENOMEM;
+    for (size_t c = 0; c < nch && st == MG_OK; c++) {
+        fit_chunk *ch = &R.ch[c];
+        ch->d = A->malloc_fn(t->nslots * sizeof(double) + 1, A->ctx);
+        ch->g = A->malloc_fn(t->nslots * sizeof(double) + 1, A->ctx);
+        ch->pg = A->malloc_fn(t->npacked * sizeof(double) + 1, A->ctx);
+        if (!ch->d || !ch->g || !ch->pg) {
+            st = MG_ENOMEM;
+            break;
+        }
+        memcpy(ch->d, t->data, t->nslots * sizeof(double));
+        memset(ch->g, 0, t->nslots * sizeof(double));
+        memset(ch->pg, 0, t->npacked * sizeof(double));
+        ch->ctx.pw = t->pw;
+        ch->ctx.pg = ch->pg;
+        ch->ctx.prog = t;
+        ch->ctx.lr = 0.0;
+    }
+    pthread_t tid[MG_FIT_CHUNKS];
+    worker_arg wa[MG_FIT_CHUNKS];
+    size_t started = 0;
+    if (st == MG_OK && threads > 1) {
+        if (pthread_barrier_init(&R.start, NULL, (unsigned)threads) != 0) st = MG_ENOMEM;
+        else if (pthread_barrier_init(&R.done, NULL, (unsigned)threads) != 0) {
+            pthread_barrier_destroy(&R.start);
+            st = MG_ENOMEM;
+        }
+        for (size_t w = 1; st == MG_OK && w < threads; w++) {
+            wa[w].R = &R;
+            wa[w].id = w;
+            if (pthread_create(&tid[w], NULL, fit_worker, &wa[w]) != 0) break;
+            started++;
+        }
+        if (st == MG_OK && started + 1 < threads) {
+            /* fewer threads than asked: the barriers count `threads`, so end what started and
+             * run single-threaded (same result: chunks do not depend on threads) */
+            R.stop = 1;
+            for (size_t w = 0; w < started; w++) pthread_barrier_wait(&R.start);
+            for (size_t w = 1; w <= started; w++) pthread_join(tid[w], NULL);
+            pthread_barrier_destroy(&R.start);
+            pthread_barrier_destroy(&R.done);
+            R.stop = 0;
+            started = 0;
+            R.threads = threads = 1;
+        }
+    }
+    double total = 0.0;
+    if (st == MG_OK) {
+        mgk_order(perm, n, shuffle, seed, epoch);
+        R.perm = perm;
+        mgk_pack(L, t->data, t->pw);
+        for (size_t b0 = 0; b0 < n; b0 += batch_size) {
+            size_t bn = n - b0 < batch_size ? n - b0 : batch_size;
+            R.nch = bn < nch ? bn : nch;
+            for (size_t c = 0; c < R.nch; c++) {
+                fit_chunk *ch = &R.ch[c];
+                ch->from = b0 + bn * c / R.nch;
+                ch->to = b0 + bn * (c + 1) / R.nch;
+                /* the free parameters moved at the last step; packed weights are shared */
+                if (L->nmv)
+                    for (size_t k = 0; k < L->nfree; k++) ch->d[L->free_params[k]] = t->data[L->free_params[k]];
+                else
+                    memcpy(ch->d, t->data, t->nparams * sizeof(double));
+            }
+            R.phase = 0;
+            if (threads > 1) {
+                pthread_barrier_wait(&R.start);
+                run_share(&R, 0);
+                pthread_barrier_wait(&R.done);
+            } else {
+                run_share(&R, 0);
+            }
+            /* reduce in chunk order, into the tape's gradients (which may hold earlier ones) */
+            for (size_t c = 0; c < R.nch; c++) {
+                fit_chunk *ch = &R.ch[c];
+                total += ch->loss;
+                size_t nf = L->nmv ? L->nfree : t->nparams;
+                for (size_t k = 0; k < nf; k++) {
+                    size_t p = L->nmv ? L->free_params[k] : k;
+                    t->grad[p] += ch->g[p];
+                    ch->g[p] = 0.0;
+                }
+            }
+            R.scale = lr / (double)bn;
+            mgk_step_all(L, t->data, t->grad, t->pw, t->pg, R.scale, 1); /* free parameters */
+            if (L->nmv) {
+                R.phase = 1;
+                if (threads > 1) {
+                    pthread_barrier_wait(&R.start);
+                    reduce_step_packed(&R, 0, t->npacked / threads);
+                    pthread_barrier_wait(&R.done);
+                } else {
+                    reduce_step_packed(&R, 0, t->npacked);
+                }
+            }
+        }
+        mgk_unpack(L, t->data, t->pw);
+    }
+    if (threads > 1 && started) {
+        R.stop = 1;
+        pthread_barrier_wait(&R.start);
+        for (size_t w = 1; w <= started; w++) pthread_join(tid[w], NULL);
+        pthread_barrier_destroy(&R.start);
+        pthread_barrier_destroy(&R.done);
+    }
+    for (size_t c = 0; c < nch; c++) {
+        A->free_fn(R.ch[c].d, A->ctx);
+        A->free_fn(R.ch[c].g, A->ctx);
+        A->free_fn(R.ch[c].pg, A->ctx);
+    }
+    A->free_fn(perm, A->ctx);
+    if (st == MG_OK && mean_loss) *mean_loss = n ? total / (double)n : 0.0;
+    return st;
 }

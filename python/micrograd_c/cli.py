@@ -188,8 +188,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     l2 = args.l2 if args.l2 is not None else l2_0
     if loss_kind == "hinge" and data.classes:
         raise UsageError("--loss hinge needs a two-class dataset (moons, xor)")
-    if epochs < 1 or batch < 1 or not lr > 0:
-        raise UsageError("--epochs and --batch-size must be at least 1 and --lr positive")
+    if epochs < 1 or batch < 1 or not lr > 0 or args.threads < 1:
+        raise UsageError("--epochs, --batch-size and --threads must be at least 1 and --lr positive")
     nout = data.classes or 1
 
     random.seed(args.seed)
@@ -228,7 +228,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         t = time.perf_counter()
         if prog is not None:
             lv = prog.fit(data.Xtr, data.ytr, epochs=1, lr=lr, batch_size=batch, shuffle=True,
-                          seed=args.seed * 1_000_003 + epoch)[0]
+                          seed=args.seed * 1_000_003 + epoch, threads=args.threads)[0]
         else:
             lv = eager_epoch(model, data, loss_kind, l2, lr, batch, args.seed * 1_000_003 + epoch)
         train_time += time.perf_counter() - t
@@ -428,6 +428,7 @@ def make_parser() -> argparse.ArgumentParser:
     t.add_argument("--epochs", type=int)
     t.add_argument("--lr", type=float)
     t.add_argument("--batch-size", type=int)
+    t.add_argument("--threads", type=int, default=1, help="threads per batch (results do not depend on it)")
     t.add_argument("--backend", choices=["eager", "tape", "c", "auto"], default="auto")
     t.add_argument("--save", metavar="MODEL.npz")
     t.add_argument("--plot", metavar="PATH", help="where to write the PNG (default DATASET.png)")

@@ -294,11 +294,13 @@ class Program:
         self.tape.step(lr, count)
 
     def fit(self, X: Any, Y: Any = None, epochs: int = 1, lr: float = 0.1, batch_size: int = 1,
-            shuffle: bool = True, seed: int = 0, progress: bool = False) -> List[float]:
+            shuffle: bool = True, seed: int = 0, progress: bool = False, threads: int = 1) -> List[float]:
         """Train for ``epochs`` epochs, one C call per epoch; returns each epoch's mean loss.
 
         ``X`` has shape (n, ninputs) and ``Y`` (n, ntargets) (or (n,) for one target);
         C-contiguous float64 arrays are used without copies. The GIL is released while C runs.
+        ``threads`` spreads each batch's samples over threads; the result does not depend on it
+        (bitwise), since batches are cut into the same chunks, summed in the same order.
         """
         if epochs < 0:
             raise ValueError("epochs must be non-negative")
@@ -313,7 +315,7 @@ class Program:
                 warnings.warn("progress=True needs tqdm (pip install 'micrograd-c[progress]')", stacklevel=2)
         losses: List[float] = []
         for epoch in bar:
-            losses.append(self.tape.fit_epoch(X, Y, batch_size, lr, shuffle, seed, epoch))
+            losses.append(self.tape.fit_epoch(X, Y, batch_size, lr, shuffle, seed, epoch, threads))
             if progress and hasattr(bar, "set_postfix"):
                 bar.set_postfix(loss=f"{losses[-1]:.4g}")
         return losses

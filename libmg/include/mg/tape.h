@@ -151,6 +151,30 @@ MG_API int mg_tape_fit(mg_tape *t, const double *X, const double *Y, size_t n, s
                        double lr, int shuffle, uint64_t seed, uint64_t epoch, double *mean_loss);
 
 /**
+ * @brief mg_tape_fit() with the samples of each batch spread over @p threads threads.
+ *
+ * Each batch is cut into at most 4 chunks of consecutive samples, whatever the thread count;
+ * each chunk sums its gradients in sample order and the chunks are added in chunk order, so the
+ * parameters are bitwise the same for every thread count (mg_tape_fit() takes the same path for
+ * batches of more than one sample). Batch size 1 runs on the calling thread.
+ * @param t the tape
+ * @param X inputs (n rows)
+ * @param Y targets (n rows, or NULL without targets)
+ * @param n number of samples
+ * @param batch_size samples per step
+ * @param lr learning rate
+ * @param shuffle nonzero to shuffle
+ * @param seed shuffle seed
+ * @param epoch epoch number
+ * @param threads threads to use (at least 1; more than 4 are not used)
+ * @param[out] mean_loss the mean loss (may be NULL)
+ * @return MG_OK, MG_EINVAL or MG_ENOMEM.
+ */
+MG_API int mg_tape_fit_threads(mg_tape *t, const double *X, const double *Y, size_t n,
+                               size_t batch_size, double lr, int shuffle, uint64_t seed,
+                               uint64_t epoch, size_t threads, double *mean_loss);
+
+/**
  * @brief Forward over each row of @p X.
  * @param t the tape
  * @param X inputs, row-major: n rows of mg_tape_ninputs() values
