@@ -407,3 +407,106 @@ def test_gil_is_released_during_fit():
     th.join()
     during = [t for t in ticks if t0 < t < t1]
     assert len(during) >= 3  # the other thread ran while C trained
+
+
+# ---- raising: loops recovered from scalar graphs ------------------------------------------------
+
+def opbyop_mlp(model, x):
+    """micrograd's Neuron.__call__, op by op, over the model's own parameters."""
+    for li, layer in enumerate(model.layers):
+        out = []
+        for n in layer.neurons:
+            act = sum((wi * xi for wi, xi in zip(n.w, x)), n.b)
+            out.append(act.relu() if n.nonlin else act)
+        x = out
+    return x
+
+
+def mnist_shaped(op_by_op, backend="tape", raise_loops=True, sizes=(784, [50, 10])):
+    random.seed(0)
+    model = MLP(sizes[0], list(sizes[1]))
+    x, y = mc.inputs(sizes[0]), mc.inputs(1)
+    logits = opbyop_mlp(model, x) if op_by_op else model(x)
+    loss = mc.cross_entropy(logits, y[0])
+    prog = mc.compile(loss, inputs=x, targets=y, params=model.parameters(), outputs=logits, backend=backend,
+                      raise_loops=raise_loops)
+    return model, prog
+
+
+def test_op_by_op_mlp_raises_to_the_same_program_as_the_c_mlp():
+    _, c_mlp = mnist_shaped(False)
+    _, py_mlp = mnist_shaped(True)
+    assert c_mlp.tape.nraised == py_mlp.tape.nraised == 2
+    assert c_mlp.tape.ninstr == py_mlp.tape.ninstr == 4  # matvec, relu loop, matvec, cross-entropy
+    src = c_mlp.c_source()
+    assert src == py_mlp.c_source()  # byte for byte: the same loops
+    assert len(src.encode()) < 100_000
+    _, scalar = mnist_shaped(True, raise_loops=False)
+    assert scalar.tape.nraised == 0 and scalar.tape.ninstr > 79_000  # 39,200 products + 39,200 sums + ...
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_raised_and_scalar_programs_agree(backend):
+    _, raised = mnist_shaped(True, backend, sizes=(30, [12, 7, 5]))
+    _, scalar = mnist_shaped(True, "tape", raise_loops=False, sizes=(30, [12, 7, 5]))
+    assert raised.tape.nraised == 3
+    rng = np.random.RandomState(0)
+    for _ in range(3):
+        xs, t = rng.rand(30), rng.randint(5)
+        a, b = raised.forward(xs, [t]), scalar.forward(xs, [t])
+        assert np.array_equal(a, b) and raised.loss == scalar.loss
+        raised.backward()
+        scalar.backward()
+    # parameter gradients accumulated over three samples: the same sums in the same order
+    assert np.allclose(raised.grad, scalar.grad, rtol=1e-12, atol=1e-300)
+    X, Y = rng.rand(40, 30), rng.randint(0, 5, 40).astype(float)
+    for bs in (1, 4):
+        raised.step(0.0)
+        scalar.step(0.0)
+        p0 = scalar.parameters.copy()
+        raised.parameters[:] = p0
+        l1 = raised.fit(X, Y, epochs=2, lr=0.1, batch_size=bs, seed=3)
+        l2 = scalar.fit(X, Y, epochs=2, lr=0.1, batch_size=bs, seed=3)
+        assert np.allclose(raised.parameters, scalar.parameters, rtol=1e-12, atol=1e-15), bs
+        assert np.allclose(l1, l2, rtol=1e-12)
+        scalar.parameters[:] = p0
+
+
+def test_raising_keeps_what_it_cannot_loop_correct():
+    """Weights used twice (an L2 term), tanh, a width-1 layer, inputs in another order."""
+    random.seed(5)
+    model = MLP(6, [4, 1], activation="tanh")
+    x, y = mc.inputs(6), mc.inputs(1)
+    out = model(list(reversed(x)))  # inputs not in slot order: no matrix-vector product
+    params = model.parameters()
+    loss = mc.mse([out], y) + 1e-3 * mc.vsum([p * p for p in params])
+    progs = [mc.compile(loss, inputs=x, targets=y, params=params, outputs=[out], backend="tape", raise_loops=r)
+             for r in (True, False)]
+    X, Y = np.random.RandomState(1).rand(10, 6), np.random.RandomState(2).rand(10)
+    for p in progs:
+        p.fit(X, Y, epochs=2, lr=0.2, batch_size=2, seed=1)
+    assert np.allclose(progs[0].parameters, progs[1].parameters, rtol=1e-12, atol=1e-15)
+    x2 = mc.inputs(6)
+    out2 = model(x2)
+    loss2 = mc.mse([out2], y) + 1e-3 * mc.vsum([p * p for p in params])  # weights used twice
+    prog2 = mc.compile(loss2, inputs=x2, targets=y, params=params, outputs=[out2], backend="tape")
+    assert prog2.tape.nraised == 0  # the L2 term uses each weight again: left as dot products
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_threads_do_not_change_the_result(backend):
+    _, prog = mnist_shaped(False, backend, sizes=(40, [16, 4]))
+    rng = np.random.RandomState(0)
+    X, Y = rng.rand(200, 40), rng.randint(0, 4, 200).astype(float)
+    p0 = prog.parameters.copy()
+    out = {}
+    for threads in (1, 2, 3):
+        for bs in (1, 7, 32):
+            prog.parameters[:] = p0
+            losses = prog.fit(X, Y, epochs=2, lr=0.05, batch_size=bs, seed=9, threads=threads)
+            out[(threads, bs)] = (prog.parameters.copy(), losses)
+    for bs in (1, 7, 32):
+        assert np.array_equal(out[(1, bs)][0], out[(2, bs)][0]) and out[(1, bs)][1] == out[(2, bs)][1]
+        assert np.array_equal(out[(1, bs)][0], out[(3, bs)][0])
+    with pytest.raises(ValueError, match="threads"):
+        prog.fit(X, Y, threads=0)
