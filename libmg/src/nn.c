@@ -83,6 +83,10 @@ mg_neuron *mg_neuron_init(mg_graph *g, size_t nin, mg_activation act, mg_init in
         mg_graph__fail(g, MG_EINVAL, "mg_neuron_init: bad activation or init");
         return NULL;
     }
+    if (nin == 0) {
+        mg_graph__fail(g, MG_EINVAL, "mg_neuron_init: a neuron needs at least one input");
+        return NULL;
+    }
     if (nin > SIZE_MAX / sizeof(mg_value *) / 4) {
         mg_graph__fail(g, MG_ERANGE, "mg_neuron_init: %zu inputs is too many", nin);
         return NULL;
@@ -164,6 +168,10 @@ mg_layer *mg_layer_init(mg_graph *g, size_t nin, size_t nout, mg_activation act,
         mg_graph__fail(g, MG_EINVAL, "mg_layer_init: a layer needs at least one neuron");
         return NULL;
     }
+    if (nin == 0) {
+        mg_graph__fail(g, MG_EINVAL, "mg_layer_init: a layer needs at least one input");
+        return NULL;
+    }
     mg_graph_checkpoint cp = mg_graph_save(g);
     mg_layer *l = mg_graph__malloc(g, sizeof *l);
     if (!l) return NULL;
@@ -228,6 +236,10 @@ mg_mlp *mg_mlp_init(mg_graph *g, size_t nin, const size_t *nouts, size_t nlayers
     if (!g) return NULL;
     if (nlayers == 0 || !nouts) {
         mg_graph__fail(g, MG_EINVAL, "mg_mlp_init: an MLP needs at least one layer");
+        return NULL;
+    }
+    if (nin == 0) {
+        mg_graph__fail(g, MG_EINVAL, "mg_mlp_init: an MLP needs at least one input");
         return NULL;
     }
     for (size_t i = 0; i < nlayers; i++)

@@ -224,23 +224,21 @@ def cmd_train(args: argparse.Namespace) -> int:
             use_bar = False
     history: List[Tuple[float, float]] = []
     train_time, nan_warned = 0.0, False
-    for epoch in bar:
-        t = time.perf_counter()
+    try:
+        train_time, nan_warned = _train_epochs(args, bar, use_bar, prog, model, data, loss_kind, l2, lr, batch,
+                                               history)
+    except KeyboardInterrupt:
+        # an epoch runs in one C call (or, eagerly, steps are applied with SIGINT held), so the
+        # parameters are those of the last completed step: keep them
         if prog is not None:
-            lv = prog.fit(data.Xtr, data.ytr, epochs=1, lr=lr, batch_size=batch, shuffle=True,
-                          seed=args.seed * 1_000_003 + epoch, threads=args.threads)[0]
-        else:
-            lv = eager_epoch(model, data, loss_kind, l2, lr, batch, args.seed * 1_000_003 + epoch)
-        train_time += time.perf_counter() - t
-        acc = accuracy(predict(prog, model, data.Xte), data.yte, data.classes)
-        history.append((lv, acc))
-        if math.isnan(lv) and not nan_warned:
-            print(f"{PROG}: warning: the loss became NaN in epoch {epoch + 1}: lower --lr", file=sys.stderr)
-            nan_warned = True
-        if use_bar:
-            bar.set_postfix(loss=f"{lv:.4f}", acc=f"{acc:.3f}")
-        elif not args.quiet:
-            print(f"epoch {epoch + 1}/{epochs}  loss {lv:.5f}  accuracy {acc:.4f}", file=sys.stderr)
+            prog.write_back()
+        print(f"{PROG}: interrupted after {len(history)} complete epoch(s)", file=sys.stderr)
+        if args.save:
+            save_model(args.save, model, {"activation": args.activation, "dataset": data.name, "loss": loss_kind})
+            print(f"{PROG}: model saved to {args.save}", file=sys.stderr)
+        return 130
+    if not history:
+        raise UsageError("no epoch was trained")
     if prog is not None:
         prog.write_back()
     rate = len(data.Xtr) * epochs / train_time if train_time > 0 else float("inf")
@@ -262,6 +260,32 @@ def cmd_train(args: argparse.Namespace) -> int:
         else:
             print(f"plot written to {written}")
     return 0
+
+
+def _train_epochs(args: argparse.Namespace, bar: Any, use_bar: bool, prog: Any, model: Any, data: Data,
+                  loss_kind: str, l2: float, lr: float, batch: int,
+                  history: List[Tuple[float, float]]) -> Tuple[float, bool]:
+    """The epoch loop of ``train``; appends (loss, accuracy) per epoch to ``history``."""
+    epochs = len(bar) if hasattr(bar, "__len__") else 0
+    train_time, nan_warned = 0.0, False
+    for epoch in bar:
+        t = time.perf_counter()
+        if prog is not None:
+            lv = prog.fit(data.Xtr, data.ytr, epochs=1, lr=lr, batch_size=batch, shuffle=True,
+                          seed=args.seed * 1_000_003 + epoch, threads=args.threads)[0]
+        else:
+            lv = eager_epoch(model, data, loss_kind, l2, lr, batch, args.seed * 1_000_003 + epoch)
+        train_time += time.perf_counter() - t
+        acc = accuracy(predict(prog, model, data.Xte), data.yte, data.classes)
+        history.append((lv, acc))
+        if math.isnan(lv) and not nan_warned:
+            print(f"{PROG}: warning: the loss became NaN in epoch {epoch + 1}: lower --lr", file=sys.stderr)
+            nan_warned = True
+        if use_bar:
+            bar.set_postfix(loss=f"{lv:.4f}", acc=f"{acc:.3f}")
+        elif not args.quiet:
+            print(f"epoch {epoch + 1}/{epochs}  loss {lv:.5f}  accuracy {acc:.4f}", file=sys.stderr)
+    return train_time, nan_warned
 
 
 def predict(prog: Any, model: Any, X: np.ndarray) -> np.ndarray:
@@ -294,10 +318,35 @@ def eager_epoch(model: Any, data: Data, loss_kind: str, l2: float, lr: float, ba
                     loss = loss + l2 * mc.vsum([p * p for p in params])
                 loss.backward()
                 total += loss.data
-        for p in params:
-            p.data -= lr / len(idx) * p.grad
-            p.grad = 0.0
+        with _sigint_held():  # a step is applied whole or not at all
+            for p in params:
+                p.data -= lr / len(idx) * p.grad
+                p.grad = 0.0
     return total / len(order)
+
+
+class _sigint_held:
+    """Defers Ctrl-C until the block ends (main thread only)."""
+
+    def __enter__(self) -> "_sigint_held":
+        import signal
+        import threading
+
+        self.pending = False
+        self.old = None
+        if threading.current_thread() is threading.main_thread():
+            def hold(signum: int, frame: Any) -> None:
+                self.pending = True
+            self.old = signal.signal(signal.SIGINT, hold)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        import signal
+
+        if self.old is not None:
+            signal.signal(signal.SIGINT, self.old)
+        if self.pending:
+            raise KeyboardInterrupt
 
 
 def plot(path: str, data: Data, prog: Any, model: Any, history: Sequence[Tuple[float, float]]) -> str:

@@ -204,15 +204,27 @@ def build_library(source: str, tc: Toolchain, flags: Sequence[str], *, cache: Op
     both succeed. Raises :class:`CompileError` on failure or timeout.
     """
     root = cache or cache_dir()
-    os.makedirs(root, exist_ok=True)
+    try:
+        os.makedirs(root, exist_ok=True)
+        probe = tempfile.NamedTemporaryFile(dir=root, prefix=".probe-", delete=True)
+        probe.close()
+    except OSError as e:
+        # a read-only, full or bogus cache directory must not stop a compile: build privately
+        fallback = tempfile.mkdtemp(prefix="micrograd_c-cache-")
+        warnings.warn(f"the cache directory {root} is not usable ({e.strerror or e}); "
+                      f"compiling into {fallback} instead", RuntimeWarning, stacklevel=3)
+        root = fallback
     key = _cache_key(source, tc, flags)
     lib = os.path.join(root, f"mg_{key}.so")
     with _locked(lib + ".lock"):
         if os.path.exists(lib) and os.path.getsize(lib) > 0:
             return {"path": lib, "cached": True, "compile_seconds": 0.0, "command": []}
-        fd, tmp_src = tempfile.mkstemp(prefix=f"mg_{key}.", suffix=".c", dir=root)
-        with os.fdopen(fd, "w") as f:
-            f.write(source)
+        try:
+            fd, tmp_src = tempfile.mkstemp(prefix=f"mg_{key}.", suffix=".c", dir=root)
+            with os.fdopen(fd, "w") as f:
+                f.write(source)
+        except OSError as e:
+            raise CompileError(f"could not write the generated source to {root}: {e}") from None
         tmp_lib = tmp_src[:-2] + ".so.tmp"
         cmd = tc.command + list(flags) + ["-fPIC", "-shared", "-o", tmp_lib, tmp_src, "-lm"]
         t0 = time.perf_counter()
@@ -231,7 +243,11 @@ def build_library(source: str, tc: Toolchain, flags: Sequence[str], *, cache: Op
         if r.returncode != 0 or not os.path.exists(tmp_lib):
             _remove(tmp_lib)
             raise CompileError(f"the C compiler failed (exit status {r.returncode})", cmd, r.stdout + r.stderr)
-        os.replace(tmp_lib, lib)
+        try:
+            os.replace(tmp_lib, lib)
+        except OSError as e:
+            _remove(tmp_lib)
+            raise CompileError(f"could not store the compiled library in {root}: {e}", cmd) from None
         return {"path": lib, "cached": False, "compile_seconds": seconds, "command": cmd}
 
 

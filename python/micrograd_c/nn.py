@@ -148,7 +148,9 @@ class MLP(Module):
         nouts = [int(n) for n in nouts]
         if not nouts:
             raise ValueError("MLP needs at least one layer (nouts is empty)")
-        if nin < 0 or any(n < 1 for n in nouts):
+        if nin < 1:
+            raise ValueError(f"MLP({nin}, {nouts}): an MLP needs at least one input")
+        if any(n < 1 for n in nouts):
             raise ValueError(f"MLP({nin}, {nouts}): layer widths must be at least 1")
         sz = [nin] + nouts
         self._c = _core.MLP(nin, nouts, _check_activation(activation))

@@ -88,6 +88,9 @@ static void test_nn__param_counts_and_order(void) {
     size_t zero[2] = {4, 0};
     CHECK(mg_mlp_init(g, 2, zero, 2, MG_ACT_RELU, MG_INIT_UNIFORM, &r) == NULL);
     CHECK(mg_mlp_init(g, 2, sizes, 0, MG_ACT_RELU, MG_INIT_UNIFORM, &r) == NULL);
+    CHECK(mg_mlp_init(g, 0, sizes, 3, MG_ACT_RELU, MG_INIT_UNIFORM, &r) == NULL);
+    CHECK(strstr(mg_graph_last_error(g), "at least one input") != NULL);
+    CHECK(mg_neuron_init(g, 0, MG_ACT_RELU, MG_INIT_UNIFORM, &r) == NULL);
     CHECK(mg_graph_len(g) == 337);
     mg_value *out[1];
     CHECK(mg_mlp_call(g, m, NULL, out) != MG_OK);

@@ -184,3 +184,28 @@ def test_bench_quick_prints_one_table():
     assert "micrograd_c tape" in r.stdout and "ratio" in r.stdout
     if "micrograd 0.1.0" in r.stdout:
         assert "x" in r.stdout.split("micrograd_c tape")[1].splitlines()[0]
+
+
+def test_ctrl_c_keeps_the_last_completed_step_and_exits_cleanly(tmp_path, mnist_dir):
+    import signal
+    import time
+    model = tmp_path / "m.npz"
+    p = subprocess.Popen([sys.executable, "-m", "micrograd_c", "train", "--dataset", "mnist", "--data-dir", mnist_dir,
+                          "--epochs", "1000", "--backend", "tape", "--save", str(model), "--no-plot"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    first = p.stderr.readline()  # the line printed once the program is ready to train
+    assert "ready in" in first, first
+    time.sleep(2)  # some epochs in
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 130, err
+    assert "interrupted after" in err and "Traceback" not in err
+    m, meta = cli.load_model(str(model))  # a complete, loadable model
+    assert m.sizes == [784, 50, 10]
+
+
+def test_nan_loss_is_warned_about(tmp_path):
+    r = run("train", "--dataset", "xor", "--epochs", "3", "--lr", "1e300", "--loss", "mse", "--no-plot", "--quiet",
+            cwd=tmp_path)
+    assert r.returncode == 0
+    assert "warning: the loss became NaN" in r.stderr

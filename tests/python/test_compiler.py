@@ -510,3 +510,24 @@ def test_threads_do_not_change_the_result(backend):
         assert np.array_equal(out[(1, bs)][0], out[(3, bs)][0])
     with pytest.raises(ValueError, match="threads"):
         prog.fit(X, Y, threads=0)
+
+
+@needs_cc
+def test_unusable_cache_directory_falls_back(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    with pytest.warns(RuntimeWarning, match="not usable"):
+        model, prog = mlp_program("c", cache=str(blocker / "cache"))
+    assert prog.backend == "c"
+    assert np.array_equal(prog.forward([0.1, 0.2, 0.3], [1]), [o.data for o in model([0.1, 0.2, 0.3])])
+
+
+def test_nan_and_inf_in_data_propagate_as_ieee():
+    model, prog = mlp_program("tape")
+    out = prog.forward([np.nan, 0.0, 1.0], [1])
+    assert np.isnan(out).all() and np.isnan(prog.loss)
+    X = np.array([[np.inf, 0.0, 0.0], [0.1, 0.2, 0.3]])
+    pred = prog.predict(X)
+    assert np.isfinite(pred[1]).all()
+    losses = prog.fit(X, np.array([1.0, 2.0]), epochs=1, lr=0.1, shuffle=False)
+    assert np.isnan(losses[0]) or np.isinf(losses[0])

@@ -160,6 +160,8 @@ def test_pickle_round_trip():
 def test_bad_shapes_are_clear_errors():
     with pytest.raises(ValueError, match="at least one layer"):
         MLP(2, [])
+    with pytest.raises(ValueError, match="at least one input"):
+        MLP(0, [3])
     with pytest.raises(ValueError):
         MLP(2, [3, 0])
     with pytest.raises(ValueError, match="expected 2 inputs, got 3"):

@@ -73,7 +73,7 @@ typedef struct mg_mlp mg_mlp;
 /**
  * @brief Creates a neuron with random weights.
  * @param g the graph that owns the parameters
- * @param nin number of inputs (0 allowed: the neuron is its bias)
+ * @param nin number of inputs, at least 1
  * @param act activation
  * @param init weight initialisation
  * @param rng generator; NULL sets every weight to 0
@@ -110,7 +110,7 @@ MG_API void mg_neuron_free(mg_neuron *n);
 /**
  * @brief Creates a layer of @p nout neurons.
  * @param g the graph that owns the parameters
- * @param nin inputs per neuron
+ * @param nin inputs per neuron, at least 1
  * @param nout number of neurons, at least 1
  * @param act activation of every neuron
  * @param init weight initialisation
@@ -146,7 +146,7 @@ MG_API void mg_layer_free(mg_layer *l);
 /**
  * @brief Creates an MLP `nin -> nouts[0] -> ... -> nouts[nlayers-1]`.
  * @param g the graph that owns the parameters
- * @param nin number of inputs
+ * @param nin number of inputs, at least 1
  * @param nouts layer widths, each at least 1
  * @param nlayers number of layers, at least 1
  * @param act activation of every layer but the last, which is linear
