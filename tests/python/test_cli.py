@@ -193,8 +193,10 @@ def test_ctrl_c_keeps_the_last_completed_step_and_exits_cleanly(tmp_path, mnist_
     p = subprocess.Popen([sys.executable, "-m", "micrograd_c", "train", "--dataset", "mnist", "--data-dir", mnist_dir,
                           "--epochs", "1000", "--backend", "tape", "--save", str(model), "--no-plot"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
-    first = p.stderr.readline()  # the line printed once the program is ready to train
-    assert "ready in" in first, first
+    line = ""
+    while "ready in" not in line:  # the line printed once the program is ready to train
+        line = p.stderr.readline()
+        assert line, "the command ended before training"
     time.sleep(2)  # some epochs in
     p.send_signal(signal.SIGINT)
     out, err = p.communicate(timeout=120)
