@@ -124,7 +124,7 @@ static void emit_index_table(sbuf *b, const mg_tape *t) {
 static void emit_forward_body(sbuf *b, const mg_tape *t) {
     for (size_t i = 0; i < t->ninstr; i++) {
         const mg_instr *p = &t->instr[i];
-        size_t n = (size_t)p->k;
+        size_t n = mg_op__arity[p->op] < 0 ? (size_t)p->k : 0; /* k is a count only for variadic ops */
         int ar = mg_op__arity[p->op];
         if (p->kind == MG_K_MATVEC) {
             const mgk_mv *v = &t->mvs[p->a];
@@ -170,7 +170,7 @@ static void emit_backward_body(sbuf *b, const mg_tape *t) {
     if (t->has_loss) putf(b, "    g[%u] += 1.0;\n", t->loss);
     for (size_t i = t->nloss_instr; i-- > 0;) {
         const mg_instr *p = &t->instr[i];
-        size_t n = (size_t)p->k;
+        size_t n = mg_op__arity[p->op] < 0 ? (size_t)p->k : 0; /* k is a count only for variadic ops */
         int ar = mg_op__arity[p->op];
         if (p->kind == MG_K_MATVEC) {
             const mgk_mv *v = &t->mvs[p->a];

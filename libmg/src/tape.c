@@ -73,7 +73,7 @@ static void interp_forward(void *vctx, double *d) {
             continue;
         }
         const mgk_idx *ix = t->idx + p->a;
-        size_t n = (size_t)p->k;
+        size_t n = mg_op__arity[p->op] < 0 ? (size_t)p->k : 0; /* k is a count only for variadic ops */
         switch ((mg_op)p->op) {
 #define MG__IF_S(id, name, sym, ar, f, da, db)                                                  \
     case MG_OP_##id:                                                                          \
@@ -117,7 +117,7 @@ static void interp_backward(void *vctx, const double *d, double *g) {
             continue;
         }
         const mgk_idx *ix = t->idx + p->a;
-        size_t n = (size_t)p->k;
+        size_t n = mg_op__arity[p->op] < 0 ? (size_t)p->k : 0; /* k is a count only for variadic ops */
         double gy = g[p->out];
         switch ((mg_op)p->op) {
 #define MG__IB_S(id, name, sym, ar, f, da, db)                                                  \

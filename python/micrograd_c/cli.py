@@ -112,18 +112,32 @@ def load_model(path: str) -> Tuple[Any, Dict[str, Any]]:
     """Read a model written by :func:`save_model`; raises UsageError when it is not one."""
     from .nn import MLP
 
+    import zipfile
+    import zlib
+
     try:
         with np.load(path, allow_pickle=False) as z:
             meta = json.loads(str(z["__meta__"]))
             arrays = {k: z[k] for k in z.files if k != "__meta__"}
     except FileNotFoundError:
         raise UsageError(f"{path}: no such model file") from None
-    except (OSError, ValueError, KeyError, EOFError) as e:
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile, zlib.error) as e:
         raise UsageError(f"{path}: not a micrograd-c model file ({e.__class__.__name__}: {e})") from None
-    if meta.get("format") != MODEL_FORMAT:
+    except Exception as e:  # noqa: BLE001 - untrusted bytes: numpy's header parser raises
+        # tokenize.TokenError, SyntaxError and others on malformed headers (found by fuzzing)
+        raise UsageError(f"{path}: not a micrograd-c model file ({e.__class__.__name__}: {e})") from None
+    if not isinstance(meta, dict) or meta.get("format") != MODEL_FORMAT:
         raise UsageError(f"{path}: not a micrograd-c model file")
-    sizes = [int(s) for s in meta["sizes"]]
-    model = MLP(sizes[0], sizes[1:], activation=meta.get("activation", "relu"))
+    sizes = meta.get("sizes")
+    activation = meta.get("activation", "relu")
+    if (not isinstance(sizes, list) or len(sizes) < 2 or
+            not all(isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= 1_000_000 for n in sizes)):
+        raise UsageError(f"{path}: the model's layer sizes are missing or invalid")
+    if activation not in ("relu", "tanh", "sigmoid"):
+        raise UsageError(f"{path}: unknown activation {activation!r}")
+    if sum(a * b + b for a, b in zip(sizes, sizes[1:])) > 100_000_000:
+        raise UsageError(f"{path}: the model is implausibly large")
+    model = MLP(sizes[0], sizes[1:], activation=activation)
     try:
         model.load_state_dict(arrays)
     except (KeyError, ValueError) as e:

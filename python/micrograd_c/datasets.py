@@ -11,6 +11,7 @@ import struct
 import time
 import urllib.error
 import urllib.request
+import zlib
 from typing import Callable, Dict, Optional, Sequence, Tuple
 
 import numpy as np
@@ -60,7 +61,7 @@ def _open(path: str) -> bytes:
             return f.read()
     except FileNotFoundError:
         raise DatasetError(f"{path}: no such file") from None
-    except (OSError, EOFError) as e:
+    except (OSError, EOFError, zlib.error) as e:  # zlib.error: a corrupt gzip stream (found by fuzzing)
         raise DatasetError(f"{path}: cannot read ({e})") from None
 
 

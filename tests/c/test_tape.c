@@ -23,7 +23,7 @@ static int build_every_op(mg_graph *g, every_op *e, const double *x, double y, c
         if (ar < 1) continue;
         mg_value *a = mg_add(g, mg_mul(g, p[k % 6], in[k % 4]), c);
         mg_value *b = mg_add(g, p[(k + 1) % 6], mg_scalar(g, 1.5));
-        double kk = op == MG_OP_POW ? 2.5 : 0.0;
+        double kk = op == MG_OP_POW ? -1.5 : 0.0; /* negative: once cast to size_t by the interpreter (found by fuzzing) */
         if (op == MG_OP_LOG || op == MG_OP_POW || op == MG_OP_POWV) a = mg_add(g, mg_square(g, a), c);
         t[k++] = mg_apply(g, op, a, b, kk);
     }

@@ -155,6 +155,11 @@ def test_corrupt_data_and_wrong_model_files(tmp_path):
     (tmp_path / "junk.npz").write_bytes(b"not a zip")
     r = run("eval", str(tmp_path / "junk.npz"))
     assert r.returncode == 2 and "not a micrograd-c model file" in r.stderr
+    good = tmp_path / "good.npz"
+    assert run("train", "--epochs", "1", "--no-plot", "--quiet", "--save", str(good), cwd=tmp_path).returncode == 0
+    (tmp_path / "cut.npz").write_bytes(good.read_bytes()[:300])  # a truncated zip (found by fuzzing)
+    r = run("eval", str(tmp_path / "cut.npz"))
+    assert r.returncode == 2 and "not a micrograd-c model file" in r.stderr and "Traceback" not in r.stderr
     model = tmp_path / "m.npz"
     assert run("train", "--epochs", "1", "--no-plot", "--quiet", "--save", str(model), cwd=tmp_path).returncode == 0
     with np.load(model) as z:

@@ -75,6 +75,11 @@ def test_idx_validation(tmp_path):
     img.write_bytes(idx_bytes(np.zeros((11, 28, 28))))  # counts disagree
     with pytest.raises(ds.DatasetError, match="11 images but 12 labels"):
         ds.load_mnist(str(tmp_path))
+    corrupt = bytearray(gzip.compress(good))
+    corrupt[20:30] = b"\xff" * 10  # a valid gzip header over a broken deflate stream (found by fuzzing)
+    (tmp_path / "t10k-images-idx3-ubyte.gz").write_bytes(bytes(corrupt))
+    with pytest.raises(ds.DatasetError, match="cannot read"):
+        ds.load_mnist(str(tmp_path))
     (tmp_path / "t10k-images-idx3-ubyte.gz").write_bytes(b"\x1f\x8bgarbage")  # corrupt gzip wins
     with pytest.raises(ds.DatasetError, match="cannot read"):
         ds.load_mnist(str(tmp_path))
