@@ -243,7 +243,20 @@ static void test_tape__allocation_failure_in_freeze_and_emit(void) {
         mg_tape_spec spec = {e.loss, e.in, 4, &e.tgt, 1, e.p, 6, e.out, 2, 0};
         mg_tape *t = mg_tape_freeze(g, &spec);
         char *src = t ? mg_tape_emit_c(t, NULL, NULL) : NULL;
-        int done = t && src;
+        /* and training: batches over two threads allocate chunk buffers and the order */
+        static const double X[8 * 4] = {0.1, 0.2, 0.3, 0.4, -0.1, 0.5, 0.2, 0.0, 0.3, 0.3, -0.2, 0.1,
+                                        0.9, -0.4, 0.2, 0.6, 0.1, 0.1, 0.1, 0.1, -0.5, 0.2, 0.8, 0.3,
+                                        0.4, 0.4, 0.0, -0.3, 0.2, -0.6, 0.7, 0.5};
+        static const double Y[8] = {0.1, -0.2, 0.3, 0.5, 0.0, 0.2, -0.1, 0.4};
+        int fit_st = MG_OK;
+        if (t && src) {
+            double before[6];
+            memcpy(before, mg_tape_data(t), sizeof before);
+            fit_st = mg_tape_fit_threads(t, X, Y, 8, 3, 0.01, 1, 5, 0, 2, NULL);
+            CHECK(fit_st == MG_OK || fit_st == MG_ENOMEM);
+            if (fit_st == MG_ENOMEM) CHECK(memcmp(before, mg_tape_data(t), sizeof before) == 0);
+        }
+        int done = t && src && fit_st == MG_OK;
         CHECK(mg_graph_len(g) == len);
         if (!t) CHECK(mg_graph_last_status(g) == MG_ENOMEM);
         mg_tape_free_source(t, src);
@@ -253,7 +266,7 @@ static void test_tape__allocation_failure_in_freeze_and_emit(void) {
         if (done && fa.count < fa.fail_at) break;
         hit++;
     }
-    printf("# %d allocation failures injected into freeze and emit\n", hit);
+    printf("# %d allocation failures injected into freeze, emit and threaded fit\n", hit);
     CHECK(hit > 3);
 }
 

@@ -531,3 +531,25 @@ def test_nan_and_inf_in_data_propagate_as_ieee():
     assert np.isfinite(pred[1]).all()
     losses = prog.fit(X, np.array([1.0, 2.0]), epochs=1, lr=0.1, shuffle=False)
     assert np.isnan(losses[0]) or np.isinf(losses[0])
+
+
+@needs_cc
+def test_full_disk_is_a_compile_error_and_auto_falls_back(monkeypatch):
+    import errno
+
+    def full(*a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    real_replace = os.replace
+
+    def replace(src, dst):
+        if str(dst).endswith(".so"):
+            full()
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(compiler.os, "replace", replace)
+    with pytest.raises(mc.CompileError, match="No space left on device"):
+        mlp_program("c")
+    with pytest.warns(RuntimeWarning, match="falling back"):
+        _, prog = mlp_program("auto")
+    assert prog.backend == "tape"
