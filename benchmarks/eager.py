@@ -19,6 +19,7 @@ import os
 import random
 import resource
 import statistics
+import subprocess
 import sys
 import time
 from types import SimpleNamespace
@@ -206,27 +207,39 @@ def main() -> None:
     scale = "" if args.full else f" (micrograd: {ref_steps} steps, scaled to 100)"
     print(f"medians of {args.repeat} micrograd_c runs{scale}")
 
-    # memory per graph value on the eager path: MNIST-shaped graphs kept alive until measured
-    def rss() -> float:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * resource.getpagesize()
+    # memory per graph value on the eager path, each in a fresh process so that nothing from the
+    # runs above (graph blocks on the free list, Python caches) hides the growth
+    for label, opbyop in (("op-by-op Neuron", True), ("C nn classes", False)):
+        out = subprocess.run([sys.executable, "-c", MEMORY_PROBE, str(int(opbyop))], capture_output=True,
+                             text=True, cwd=os.path.dirname(os.path.abspath(__file__)))
+        print(f"memory, one MNIST-shaped sample, {label}: {out.stdout.strip() or out.stderr.strip()}")
 
-    for label, cls in (("C nn classes", CMLP), ("op-by-op Neuron", our_nn.MLP)):
-        random.seed(0)
-        model = cls(784, [50, 10])
-        gc.collect()
-        n0, b0, r0 = micrograd_c.graph_len(), micrograd_c.graph_bytes(), rss()
-        x = [CValue(float(v)) for v in np.random.RandomState(1).rand(784)]
-        out = model(x)
-        loss = sum(out, CValue(0.0))
-        loss.backward()
-        nodes = micrograd_c.graph_len() - n0
-        print(f"memory, one MNIST sample ({label}): {nodes} graph values; "
-              f"{(micrograd_c.graph_bytes() - b0) / nodes:.1f} graph bytes/value "
-              f"(64-byte nodes + operand arrays + backward working memory); "
-              f"{(rss() - r0) / nodes:.1f} bytes/value of process RSS")
-        del x, out, loss, model
-    print(f"peak RSS of the whole run: {peak_rss_mb():.0f} MB")
+
+MEMORY_PROBE = """
+import gc, random, resource, sys
+import numpy as np
+import eager, micrograd_c
+from micrograd_c.engine import Value
+from micrograd_c.nn import MLP
+
+def rss():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize()
+
+opbyop = sys.argv[1] == "1"
+random.seed(0)
+model = (eager.micrograd_style_nn(Value).MLP if opbyop else MLP)(784, [50, 10])
+x = [Value(float(v)) for v in np.random.RandomState(1).rand(784)]
+gc.collect()
+n0, b0, r0 = micrograd_c.graph_len(), micrograd_c.graph_bytes(), rss()
+out = model(x)
+loss = sum(out, Value(0.0))
+loss.backward()
+n = micrograd_c.graph_len() - n0
+print(f"{n} graph values; {(micrograd_c.graph_bytes() - b0) / n:.1f} graph bytes/value "
+      f"(64-byte nodes + operand arrays + backward working memory); "
+      f"{(rss() - r0) / n:.1f} bytes/value of process RSS (peak)")
+"""
 
 if __name__ == "__main__":
     main()

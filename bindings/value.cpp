@@ -130,9 +130,9 @@ inline bool read_number(PyObject *o, double *out) {
     return true;
 }
 
-PyObject *new_handle(mg_value *v) {
-    ValueObject *h = PyObject_New(ValueObject, &ValueType);
-    if (!h) return nullptr;
+// Points a fresh handle at its node (one reference) and records it as the node's canonical
+// handle. On failure the handle is deallocated, which drops the reference again.
+PyObject *attach(ValueObject *h, mg_value *v) {
     h->v = v;
     h->serial = mg_value_serial(v);
     mg_value_retain(v);
@@ -141,6 +141,11 @@ PyObject *new_handle(mg_value *v) {
         return PyErr_NoMemory();
     }
     return reinterpret_cast<PyObject *>(h);
+}
+
+PyObject *new_handle(mg_value *v) {
+    ValueObject *h = PyObject_New(ValueObject, &ValueType);
+    return h ? attach(h, v) : nullptr;
 }
 
 } // namespace
@@ -219,14 +224,7 @@ PyObject *value_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
         mg_value_release(graph(), v);
         return nullptr;
     }
-    h->v = v;
-    h->serial = mg_value_serial(v);
-    mg_value_retain(v);
-    if (!handles.put(v, h)) {
-        Py_DECREF(h);
-        return PyErr_NoMemory();
-    }
-    return reinterpret_cast<PyObject *>(h);
+    return attach(h, v);
 }
 
 // Frees a constant made for a failed binary op (it has no other reference).

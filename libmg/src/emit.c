@@ -19,19 +19,24 @@ typedef struct sbuf {
     int failed;
 } sbuf;
 
-static void put(sbuf *b, const char *text, size_t n) {
-    if (b->failed) return;
-    if (b->len + n + 1 > b->cap) {
-        size_t nc = b->cap ? b->cap : 4096;
-        while (nc < b->len + n + 1) nc *= 2;
-        char *ns = b->a->realloc_fn(b->s, nc, b->a->ctx);
-        if (!ns) {
-            b->failed = 1;
-            return;
-        }
-        b->s = ns;
-        b->cap = nc;
+/* Room for `extra` more bytes plus the terminating NUL; 0 (and `failed` set) when out of memory. */
+static int reserve(sbuf *b, size_t extra) {
+    if (b->failed) return 0;
+    if (b->len + extra + 1 <= b->cap) return 1;
+    size_t nc = b->cap ? b->cap : 4096;
+    while (nc < b->len + extra + 1) nc *= 2;
+    char *ns = b->a->realloc_fn(b->s, nc, b->a->ctx);
+    if (!ns) {
+        b->failed = 1;
+        return 0;
     }
+    b->s = ns;
+    b->cap = nc;
+    return 1;
+}
+
+static void put(sbuf *b, const char *text, size_t n) {
+    if (!reserve(b, n)) return;
     memcpy(b->s + b->len, text, n);
     b->len += n;
     b->s[b->len] = '\0';
@@ -57,18 +62,7 @@ static void putf(sbuf *b, const char *fmt, ...) {
         return;
     }
     /* longer than the scratch buffer: format again into the output itself */
-    size_t need = b->len + (size_t)n + 1;
-    put(b, "", 0);
-    if (b->failed) return;
-    if (need > b->cap) {
-        char *ns = b->a->realloc_fn(b->s, need, b->a->ctx);
-        if (!ns) {
-            b->failed = 1;
-            return;
-        }
-        b->s = ns;
-        b->cap = need;
-    }
+    if (!reserve(b, (size_t)n)) return;
     va_start(ap, fmt);
     vsnprintf(b->s + b->len, (size_t)n + 1, fmt, ap);
     va_end(ap);

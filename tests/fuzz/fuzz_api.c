@@ -62,6 +62,23 @@ static void fa_f(void *p, void *c) {
 
 #define POOL 48
 
+/* the harness's handles: a value, its serial, whether the harness holds a reference */
+typedef struct {
+    mg_value *v[POOL];
+    uint64_t serial[POOL];
+    int held[POOL];
+    size_t n;
+} pool_t;
+
+static void push(pool_t *P, mg_value *v, int autofree) {
+    if (!v || P->n >= POOL) return;
+    P->v[P->n] = v;
+    P->serial[P->n] = mg_value_serial(v);
+    P->held[P->n] = autofree;
+    if (autofree) mg_value_retain(v);
+    P->n++;
+}
+
 #define CHECK(cond)                                                                           \
     do {                                                                                      \
         if (!(cond)) __builtin_trap();                                                        \
@@ -75,10 +92,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     mg_allocator al = {fa_m, fa_r, fa_f, &fa};
     mg_graph *g = mg_graph_new_with(&al);
     if (!g) return 0;
-    mg_value *pool[POOL];
-    uint64_t serial[POOL];
-    int held[POOL]; /* handles retained by the harness (autofree mode) */
-    size_t np = 0;
+    pool_t P;
+    P.n = 0;
+    mg_value **pool = P.v;
+    uint64_t *serial = P.serial;
+    int *held = P.held;
+#define np (P.n)
     mg_graph_checkpoint cps[8];
     size_t ncp = 0;
     int autofree = 0;
@@ -90,15 +109,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         case 0: /* a leaf */
             if (np < POOL) {
                 mg_value *v = mg_scalar(g, number(&in));
-                if (v) {
-                    pool[np] = v;
-                    serial[np] = mg_value_serial(v);
-                    held[np] = autofree;
-                    if (autofree) mg_value_retain(v);
-                    np++;
-                } else {
-                    CHECK(mg_graph_len(g) == len_before);
-                }
+                if (!v) CHECK(mg_graph_len(g) == len_before);
+                push(&P, v, autofree);
             }
             break;
         case 1: { /* any op of the table, by index, on any pool entries (stale ones included) */
@@ -106,16 +118,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             int op = (int)(byte(&in) % (MG_OP_COUNT + 2)) - 1;
             mg_value *a = pool[byte(&in) % np], *b = pool[byte(&in) % np];
             mg_value *v = mg_apply(g, op, a, b, number(&in));
-            if (v) {
-                CHECK(mg_value_op(v) == op);
-                pool[np] = v;
-                serial[np] = mg_value_serial(v);
-                held[np] = autofree;
-                if (autofree) mg_value_retain(v);
-                np++;
-            } else {
-                CHECK(mg_graph_len(g) == len_before); /* a failed op leaves the graph as it was */
-            }
+            if (v) CHECK(mg_value_op(v) == op);
+            else CHECK(mg_graph_len(g) == len_before); /* a failed op leaves the graph as it was */
+            push(&P, v, autofree);
             break;
         }
         case 2: { /* variadic ops */
@@ -135,15 +140,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             case 4: v = mg_hinge(g, a, b, n); break;
             case 5: v = mg_cross_entropy(g, a, n, b[0]); break;
             }
-            if (v) {
-                pool[np] = v;
-                serial[np] = mg_value_serial(v);
-                held[np] = autofree;
-                if (autofree) mg_value_retain(v);
-                np++;
-            } else {
-                CHECK(mg_graph_len(g) == len_before);
-            }
+            if (!v) CHECK(mg_graph_len(g) == len_before);
+            push(&P, v, autofree);
             break;
         }
         case 3: /* checkpoint */
@@ -229,19 +227,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                 mg_mlp *m = mg_mlp_init(g, 2, sizes, 2, (mg_activation)(byte(&in) % 4), MG_INIT_SCALED, &r);
                 if (m) {
                     mg_value *x[2] = {pool[byte(&in) % np], pool[byte(&in) % np]}, *o[2];
-                    if (mg_mlp_call(g, m, x, o) == MG_OK && np < POOL) {
-                        pool[np] = o[0];
-                        serial[np] = mg_value_serial(o[0]);
-                        held[np] = autofree;
-                        if (autofree) mg_value_retain(o[0]);
-                        np++;
-                    }
+                    if (mg_mlp_call(g, m, x, o) == MG_OK) push(&P, o[0], autofree);
                     mg_mlp_free(m);
                 }
             }
             break;
         }
     }
+#undef np
     fa.fail_at = 0;
     mg_graph_free(g);
     return 0;
