@@ -24,6 +24,7 @@ import tempfile
 import time
 from typing import Any, List, Optional, Tuple
 
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # numpy's BLAS threads would spin on our cores
 import numpy as np
 
 import micrograd_c as mc

@@ -25,6 +25,7 @@ import time
 from types import SimpleNamespace
 from typing import Any, Callable, List, Tuple
 
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # numpy's BLAS threads would spin on our cores
 import numpy as np
 
 sys.setrecursionlimit(100_000)  # micrograd's recursive topological sort needs it for MNIST

@@ -497,7 +497,7 @@ PYBIND11_MODULE(_core, m, py::mod_gil_used()) {
             mg_tape_free_source(tp.t.get(), src);
             return out;
         }, py::arg("prefix") = "mgc_", py::arg("inference_only") = false)
-        .def("set_kernels", [](Tape &tp, uintptr_t forward, uintptr_t backward, py::object owner) {
+        .def("set_kernels", [](Tape &tp, uintptr_t forward, uintptr_t backward, py::object owner, uintptr_t outer) {
             std::lock_guard<std::mutex> lock(tp.run);
             if (!forward || !backward) {
                 mg_tape_set_kernels(tp.t.get(), nullptr, nullptr);
@@ -506,8 +506,9 @@ PYBIND11_MODULE(_core, m, py::mod_gil_used()) {
             }
             mg_tape_set_kernels(tp.t.get(), reinterpret_cast<mg_tape_forward_fn>(forward),
                                 reinterpret_cast<mg_tape_backward_fn>(backward));
+            mg_tape_set_outer_kernel(tp.t.get(), reinterpret_cast<mg_tape_outer_fn>(outer));
             tp.kernels_owner = owner;
-        }, py::arg("forward"), py::arg("backward"), py::arg("owner") = py::none(),
+        }, py::arg("forward"), py::arg("backward"), py::arg("owner") = py::none(), py::arg("outer") = 0,
            "Use compiled kernels (function addresses from the emitted library); 0, 0 restores the interpreter.")
         .def("write_back", [](const Tape &tp) { return mg_tape_write_back(tp.t.get(), graph()); },
              "Copies the parameters into the Values they were frozen from; returns how many.");

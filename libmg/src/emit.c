@@ -5,7 +5,7 @@
 #include <string.h>
 
 /* Raised whenever the generated code changes; part of compiled-code cache keys. */
-#define MG_EMITTER_VERSION 2
+#define MG_EMITTER_VERSION 3
 
 int mg_emitter_version(void) { return MG_EMITTER_VERSION; }
 
@@ -168,8 +168,8 @@ static void emit_backward_body(sbuf *b, const mg_tape *t) {
         int ar = mg_op__arity[p->op];
         if (p->kind == MG_K_MATVEC) {
             const mgk_mv *v = &t->mvs[p->a];
-            putf(b, "    mgk_mv_bwd(d, g, c->pw, c->pg, %u, %u, %u, %u, %u, %u, %u, %u, c->lr);\n", v->m,
-                 v->n, v->b0, v->ldb, v->x0, v->out0, v->p0, v->need_gx);
+            putf(b, "    mgk_mv_bwd(d, g, c->pw, c->pg, %u, %u, %u, %u, %u, %u, %u, %u, c->lr, c->rec, %u);\n",
+                 v->m, v->n, v->b0, v->ldb, v->x0, v->out0, v->p0, v->need_gx, v->roff);
         } else if (p->kind == MG_K_MAP) {
             putf(b, "    for (j = %u; j-- > 0;) {\n        mgd_%s(d[%u + j], 0.0, ", p->b, mg_op_name(p->op), p->a);
             put_double(b, p->k);
@@ -209,10 +209,10 @@ static void emit_layout_tables(sbuf *b, const mg_tape *t) {
     puts_(b, "static const mgk_mv mg_mvs[] = {");
     for (size_t i = 0; i < t->nmv; i++) {
         const mgk_mv *v = &t->mvs[i];
-        putf(b, "%s\n    {%u, %u, %u, %u, %u, %u, %u, %u, %u, %u}", i ? "," : "", v->m, v->n, v->w0, v->ldw,
-             v->b0, v->ldb, v->x0, v->out0, v->p0, v->need_gx);
+        putf(b, "%s\n    {%u, %u, %u, %u, %u, %u, %u, %u, %u, %u, %u}", i ? "," : "", v->m, v->n, v->w0,
+             v->ldw, v->b0, v->ldb, v->x0, v->out0, v->p0, v->need_gx, v->roff);
     }
-    puts_(b, t->nmv ? "\n};\n" : "{0, 0, 0, 0, 0, 0, 0, 0, 0, 0}};\n");
+    puts_(b, t->nmv ? "\n};\n" : "{0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}};\n");
     puts_(b, "static const mgk_idx mg_free[] = {");
     int ranges = t->nmv != 0;
     if (ranges)
@@ -220,9 +220,9 @@ static void emit_layout_tables(sbuf *b, const mg_tape *t) {
             putf(b, "%s%u", i == 0 ? "\n    " : i % 16 ? ", " : ",\n    ", (unsigned)t->free_params[i]);
     puts_(b, ranges && t->nfree ? "\n};\n" : "0};\n");
     putf(b, "static const mgk_layout mg_layout = {%zu, %zu, %zu, %zu, %zu, %zu, %zu, %u, mg_out_slots,\n"
-            "    mg_mvs, %zu, %zu, mg_free, %zu};\n",
+            "    mg_mvs, %zu, %zu, mg_free, %zu, %zu};\n",
          t->nslots, t->nparams, t->ninputs, t->ntargets, t->noutputs, t->nparams, t->nparams + t->ninputs,
-         (unsigned)t->loss, t->nmv, t->npacked, t->nmv ? t->nfree : (size_t)0);
+         (unsigned)t->loss, t->nmv, t->npacked, t->nmv ? t->nfree : (size_t)0, t->layout.nrec);
 }
 
 /* Constant slots' values (and, inference-only, the parameters') as a table plus a loader. */
@@ -281,7 +281,7 @@ char *mg_tape_emit_c(const mg_tape *t, const mg_emit_options *opt, size_t *len) 
                  "    static double mg_static_work[%zu];\n"
                  "    double *d = work ? work : mg_static_work;\n    size_t i;\n"
                  "    mgk_ctx c;\n"
-                 "    c.pw = d + %zu;\n    c.pg = NULL;\n    c.prog = NULL;\n    c.lr = 0.0;\n"
+                 "    c.pw = d + %zu;\n    c.pg = NULL;\n    c.prog = NULL;\n    c.lr = 0.0;\n    c.rec = NULL;\n"
                  "    mg_load_init(d);\n"
                  "    mgk_pack(&mg_layout, d, c.pw);\n"
                  "    for (i = 0; i < %zu; i++) d[%zu + i] = x[i];\n"
@@ -309,14 +309,18 @@ char *mg_tape_emit_c(const mg_tape *t, const mg_emit_options *opt, size_t *len) 
              "double %sfit_epoch(double *data, double *grad, double *packed, double *packed_grad,\n"
              "                   const double *X, const double *Y, size_t n, size_t batch, double lr,\n"
              "                   size_t *perm, int shuffle, unsigned long long seed, unsigned long long epoch) {\n"
-             "    mgk_ctx c;\n    c.pw = packed;\n    c.pg = packed_grad;\n    c.prog = NULL;\n    c.lr = 0.0;\n"
+             "    mgk_ctx c;\n    c.pw = packed;\n    c.pg = packed_grad;\n    c.prog = NULL;\n    c.lr = 0.0;\n    c.rec = NULL;\n"
              "    return mgk_fit_epoch(&mg_layout, mg_forward, mg_backward, &c, data, grad, X, Y, n,\n"
              "                         batch, lr, perm, shuffle, seed, epoch);\n}\n"
+             "/* libmg's batch kernel, built for this machine (mg_tape_set_outer_kernel). */\n"
+             "void %souter_step(double *pw, double *pg, size_t m, size_t n, size_t p0, const double *rec,\n"
+             "                  size_t nrec, size_t roff, size_t batch, double scale, size_t i0, size_t i1) {\n"
+             "    mgk_mv_outer_step(pw, pg, m, n, p0, rec, nrec, roff, batch, scale, i0, i1);\n}\n"
              "void %spredict(double *data, double *packed, const double *X, size_t n, double *out) {\n"
-             "    mgk_ctx c;\n    c.pw = packed;\n    c.pg = NULL;\n    c.prog = NULL;\n    c.lr = 0.0;\n"
+             "    mgk_ctx c;\n    c.pw = packed;\n    c.pg = NULL;\n    c.prog = NULL;\n    c.lr = 0.0;\n    c.rec = NULL;\n"
              "    mgk_predict(&mg_layout, mg_forward, &c, data, X, n, out);\n}\n",
              P, P, P, t->nslots, P, t->nparams, P, t->ninputs, P, t->ntargets, P, t->noutputs, P,
-             t->npacked, P, MG_EMITTER_VERSION, P, P, P, P, P);
+             t->npacked, P, MG_EMITTER_VERSION, P, P, P, P, P, P);
     }
     if (b.failed) {
         t->alloc.free_fn(b.s, t->alloc.ctx);

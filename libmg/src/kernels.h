@@ -169,6 +169,7 @@ static inline void mgk_xent_bwd(const double *d, double *g, const mgk_idx *ix, s
  * sum still adds its terms in order (no reassociation, so results equal the scalar program). */
 typedef struct mgk_mv {
     mgk_idx m, n, w0, ldw, b0, ldb, x0, out0, p0, need_gx;
+    mgk_idx roff; /* where this layer's x and gy go in a sample's record row (batched training) */
 } mgk_mv;
 
 /* What kernels see besides the slot arrays: the packed weights and their gradients. */
@@ -177,6 +178,7 @@ typedef struct mgk_ctx {
     double *pg;
     const void *prog; /* the interpreter's program; unused by generated code */
     double lr;        /* nonzero: apply SGD to packed weights inside backward (batch size 1) */
+    double *rec;      /* non-NULL: record x and gy of each layer here instead (batched training) */
 } mgk_ctx;
 
 /* Generated code calls these with constant shapes; inlining them specialises the loops. */
@@ -185,6 +187,8 @@ typedef struct mgk_ctx {
 #else
 #define MGK_HOT static inline
 #endif
+
+#define MGK_BLOCK 8 /* outputs per register block */
 
 #if defined(__clang__)
 /* clang vectorises the plain restrict-qualified loops well (and the blocked ones below badly);
@@ -205,7 +209,7 @@ MGK_HOT void mgk_mv_fwd(double *d, const double *pw, size_t m, size_t n, size_t 
 
 MGK_HOT void mgk_mv_bwd(const double *d, double *g, double *pw, double *pg, size_t m, size_t n,
                         size_t b0, size_t ldb, size_t x0, size_t out0, size_t p0, int need_gx,
-                        double lr) {
+                        double lr, double *rec, size_t roff) {
     const double *restrict gy = g + out0;
     const double *restrict x = d + x0;
     size_t i, j;
@@ -217,6 +221,11 @@ MGK_HOT void mgk_mv_bwd(const double *d, double *g, double *pw, double *pg, size
             for (j = m; j-- > 0;) acc += wi[j] * gy[j];
             g[x0 + i] = acc;
         }
+    if (rec) {
+        for (i = 0; i < n; i++) rec[roff + i] = x[i];
+        for (j = 0; j < m; j++) rec[roff + n + j] = gy[j];
+        return;
+    }
     for (i = 0; i < n; i++) {
         const double xi = x[i];
         if (lr != 0.0) {
@@ -232,8 +241,6 @@ MGK_HOT void mgk_mv_bwd(const double *d, double *g, double *pw, double *pg, size
 /* Outputs go in blocks of MGK_BLOCK: a block's partial sums live in a local array the compiler
  * keeps in vector registers (no aliasing with the slot arrays to rule out), while each output's
  * sum still runs over i in order. */
-#define MGK_BLOCK 8
-
 MGK_HOT void mgk_mv_fwd(double *d, const double *pw, size_t m, size_t n, size_t b0, size_t ldb,
                         size_t x0, size_t out0, size_t p0) {
     const double *x = d + x0;
@@ -268,7 +275,7 @@ MGK_HOT void mgk_mv_fwd(double *d, const double *pw, size_t m, size_t n, size_t 
  * which is exactly what accumulating gy * x into a zero gradient and stepping computes. */
 MGK_HOT void mgk_mv_bwd(const double *d, double *g, double *pw, double *pg, size_t m, size_t n,
                         size_t b0, size_t ldb, size_t x0, size_t out0, size_t p0, int need_gx,
-                        double lr) {
+                        double lr, double *rec, size_t roff) {
     const double *x = d + x0;
     size_t i, j, j0;
     for (j = 0; j < m; j++) g[b0 + j * ldb] += g[out0 + j];
@@ -279,6 +286,11 @@ MGK_HOT void mgk_mv_bwd(const double *d, double *g, double *pw, double *pg, size
             for (j = m; j-- > 0;) acc += wi[j] * g[out0 + j];
             g[x0 + i] = acc;
         }
+    if (rec) {
+        for (i = 0; i < n; i++) rec[roff + i] = x[i];
+        for (j = 0; j < m; j++) rec[roff + n + j] = g[out0 + j];
+        return;
+    }
     for (j0 = 0; j0 < m; j0 += MGK_BLOCK) {
         double gy[MGK_BLOCK];
         size_t jn = m - j0 < MGK_BLOCK ? m - j0 : MGK_BLOCK;
@@ -312,6 +324,43 @@ MGK_HOT void mgk_mv_bwd(const double *d, double *g, double *pw, double *pg, size
 }
 #endif
 
+/* The batch's weight gradients from its records, fused with the SGD step, for input rows
+ * [i0, i1) of one layer: w[j][i] -= scale * (pg + gy_0[j]*x_0[i] + gy_1[j]*x_1[i] + ...), the sum
+ * in sample order, exactly as accumulating sample by sample would add it. Outputs go in blocks
+ * whose partial sums stay in registers, so the gradient is touched once per batch, not per sample. */
+static inline void mgk_mv_outer_step(double *pw, double *pg, size_t m, size_t n, size_t p0,
+                                     const double *rec, size_t nrec, size_t roff, size_t batch,
+                                     double scale, size_t i0, size_t i1) {
+    size_t i, j, j0, s;
+    for (i = i0; i < i1; i++) {
+        for (j0 = 0; j0 < m; j0 += MGK_BLOCK) {
+            double acc[MGK_BLOCK];
+            size_t jn = m - j0 < MGK_BLOCK ? m - j0 : MGK_BLOCK;
+            double *w = pw + p0 + i * m + j0, *gw = pg + p0 + i * m + j0;
+            for (j = 0; j < jn; j++) acc[j] = gw[j];
+            if (jn == MGK_BLOCK) {
+                for (s = 0; s < batch; s++) {
+                    const double *r = rec + s * nrec + roff;
+                    const double xi = r[i];
+                    const double *gy = r + n + j0;
+                    for (j = 0; j < MGK_BLOCK; j++) acc[j] += gy[j] * xi;
+                }
+            } else {
+                for (s = 0; s < batch; s++) {
+                    const double *r = rec + s * nrec + roff;
+                    const double xi = r[i];
+                    const double *gy = r + n + j0;
+                    for (j = 0; j < jn; j++) acc[j] += gy[j] * xi;
+                }
+            }
+            for (j = 0; j < jn; j++) {
+                w[j] -= scale * acc[j];
+                gw[j] = 0.0;
+            }
+        }
+    }
+}
+
 /* ---- training ----------------------------------------------------------------------------- */
 
 /* Where a program keeps its roles: parameters are slots [0, nparams); inputs and targets are
@@ -323,6 +372,7 @@ typedef struct mgk_layout {
     size_t nmv, npacked;        /* npacked: doubles of packed weights (and of their gradients) */
     const mgk_idx *free_params; /* parameters outside every packed block (nfree of them) */
     size_t nfree;
+    size_t nrec;                /* doubles of one sample's record row (sum of n + m) */
 } mgk_layout;
 
 typedef void (*mgk_forward_fn)(void *ctx, double *d);

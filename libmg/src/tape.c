@@ -4,6 +4,8 @@
 #include "tape_impl.h"
 
 #include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <string.h>
 
 /* ---- value -> slot map, for freezing (open addressing, pointer keys) ---------------------- */
@@ -113,7 +115,7 @@ static void interp_backward(void *vctx, const double *d, double *g) {
         if (p->kind == MG_K_MATVEC) {
             const mgk_mv *v = &t->mvs[p->a];
             mgk_mv_bwd(d, g, ctx->pw, ctx->pg, v->m, v->n, v->b0, v->ldb, v->x0, v->out0, v->p0,
-                       (int)v->need_gx, ctx->lr);
+                       (int)v->need_gx, ctx->lr, ctx->rec, v->roff);
             continue;
         }
         const mgk_idx *ix = t->idx + p->a;
@@ -572,6 +574,8 @@ mg_tape *mg_tape_freeze(mg_graph *g, const mg_tape_spec *spec) {
             mv->x0 = map_get(&m, rp.px[d->off]);
             mv->p0 = (mgk_idx)t->npacked;
             mv->need_gx = mv->x0 >= t->first_op;
+            mv->roff = (mgk_idx)t->layout.nrec;
+            t->layout.nrec += (size_t)gr->n + gr->rows;
             mv->out0 = next;
             for (uint32_t j = 0; j < gr->rows; j++) map_put(&m, order[rp.dots[rp.members[gr->first + j]].node], next++);
             mg_instr *p = &t->instr[k_instr++];
@@ -785,7 +789,12 @@ void mg_tape_set_kernels(mg_tape *t, mg_tape_forward_fn forward, mg_tape_backwar
     } else {
         t->fwd = interp_forward;
         t->bwd = interp_backward;
+        t->outer = NULL;
     }
+}
+
+void mg_tape_set_outer_kernel(mg_tape *t, mg_tape_outer_fn outer) {
+    if (t) t->outer = outer;
 }
 
 size_t mg_tape_write_back(const mg_tape *t, mg_graph *g) {
@@ -800,19 +809,61 @@ size_t mg_tape_write_back(const mg_tape *t, mg_graph *g) {
 }
 
 /* ---- batch parallelism ------------------------------------------------------------------------
- * A batch of B samples is cut into C = min(B, MG_FIT_CHUNKS) chunks of consecutive samples; each
- * chunk sums its samples' gradients in order into buffers of its own, and the chunks are then
- * added in chunk order. C does not depend on the thread count, and a thread only decides which
- * chunks it runs, so the parameters come out bitwise the same for any number of threads. */
+ * A batch of B samples is cut into C = min(B, MG_FIT_CHUNKS) chunks of consecutive samples, run
+ * on up to C threads with private slots. Raised layers do not accumulate weight gradients per
+ * sample: each sample records its layers' inputs x and output gradients gy (a row of `rec`),
+ * and at the end of the batch the gradient sum over the batch's samples, in sample order, is
+ * formed with register-blocked accumulators and applied at once, its input rows split over the
+ * threads (mgk_mv_outer_step). Every element's sum runs over the samples in order whatever the
+ * thread count, so raised weights come out exactly as sequential accumulation gives them. Other
+ * parameters (biases, scalar-program weights) are summed per chunk in sample order and the
+ * chunks added in chunk order. So the parameters are bitwise the same for every thread count. */
 
-#define MG_FIT_CHUNKS 2 /* two per-core gradient buffers stay in L2; see the note above */
+#define MG_FIT_CHUNKS 2 /* private slot buffers per batch; more threads than chunks wait */
 
 typedef struct fit_chunk {
-    double *d, *g, *pg; /* private slots, gradients, packed gradients */
+    double *d, *g, *pg; /* private slots and gradients (pg: scalar-path packed grads, unused) */
     mgk_ctx ctx;
     double loss;
-    size_t from, to; /* positions in the batch's order */
+    size_t from, to; /* positions in the epoch's order */
 } fit_chunk;
+
+/* A sense-reversing barrier that spins, then yields: a batch is a few hundred microseconds, and
+ * a futex sleep and wake-up per phase (pthread_barrier_t) cost a sizeable part of that. */
+typedef struct spin_barrier {
+    atomic_uint count;
+    atomic_uint sense;
+    unsigned n;
+} spin_barrier;
+
+static void sb_init(spin_barrier *b, unsigned n) {
+    atomic_init(&b->count, 0);
+    atomic_init(&b->sense, 0);
+    b->n = n;
+}
+
+/* Arrives for a participant that does not exist (a thread that could not be started). */
+static void sb_wait_arrive_only(spin_barrier *b, unsigned *local_sense) {
+    unsigned s = !*local_sense;
+    *local_sense = s;
+    if (atomic_fetch_add(&b->count, 1) + 1 == b->n) {
+        atomic_store(&b->count, 0);
+        atomic_store(&b->sense, s);
+    }
+}
+
+static void sb_wait(spin_barrier *b, unsigned *local_sense) {
+    unsigned s = !*local_sense;
+    *local_sense = s;
+    if (atomic_fetch_add(&b->count, 1) + 1 == b->n) {
+        atomic_store(&b->count, 0);
+        atomic_store(&b->sense, s);
+    } else {
+        unsigned spins = 0;
+        while (atomic_load(&b->sense) != s)
+            if (++spins > 2000) sched_yield(); /* oversubscribed machine: let the others run */
+    }
+}
 
 typedef struct fit_run {
     mg_tape *t;
@@ -820,10 +871,14 @@ typedef struct fit_run {
     size_t nch;
     const double *X, *Y;
     const size_t *perm;
+    double *rec; /* batch rows of records */
+    size_t b0;   /* the batch's first position */
+    size_t bn;   /* its size */
     size_t threads;
-    pthread_barrier_t start, done;
-    int stop;
-    int phase; /* 0: samples, 1: packed reduce and step */
+    spin_barrier start, done;
+    unsigned main_sense_start, main_sense_done;
+    atomic_int stop;
+    atomic_int phase; /* 0: samples, 1: weight gradients and step */
     double scale;
 } fit_run;
 
@@ -835,26 +890,30 @@ static void run_chunk(fit_run *R, fit_chunk *c) {
         mgk_load(L, c->d, R->X + s * L->ninputs, R->Y ? R->Y + s * L->ntargets : NULL);
         R->t->fwd(&c->ctx, c->d);
         c->loss += c->d[L->loss];
+        c->ctx.rec = L->nmv ? R->rec + (k - R->b0) * L->nrec : NULL;
         R->t->bwd(&c->ctx, c->d, c->g);
     }
 }
 
-static void run_share(fit_run *R, size_t worker) {
-    for (size_t c = worker; c < R->nch; c += R->threads) run_chunk(R, &R->ch[c]);
+/* The raised layers' batch gradients and step, rows [n*w/T, n*(w+1)/T) of every layer. */
+static void outer_share(fit_run *R, size_t w) {
+    mg_tape *t = R->t;
+    for (size_t k = 0; k < t->nmv; k++) {
+        const mgk_mv *v = &t->mvs[k];
+        size_t i0 = v->n * w / R->threads, i1 = v->n * (w + 1) / R->threads;
+        if (t->outer)
+            t->outer(t->pw, t->pg, v->m, v->n, v->p0, R->rec, t->layout.nrec, v->roff, R->bn, R->scale, i0, i1);
+        else
+            mgk_mv_outer_step(t->pw, t->pg, v->m, v->n, v->p0, R->rec, t->layout.nrec, v->roff, R->bn, R->scale,
+                              i0, i1);
+    }
 }
 
-/* The packed part of the step, for elements [from, to): the tape's gradient plus each chunk's,
- * added in chunk order, then the SGD update. Which thread runs a range changes nothing. */
-static void reduce_step_packed(fit_run *R, size_t from, size_t to) {
-    mg_tape *t = R->t;
-    for (size_t k = from; k < to; k++) {
-        double acc = t->pg[k];
-        for (size_t c = 0; c < R->nch; c++) {
-            acc += R->ch[c].pg[k];
-            R->ch[c].pg[k] = 0.0;
-        }
-        t->pw[k] -= R->scale * acc;
-        t->pg[k] = 0.0;
+static void run_share(fit_run *R, size_t worker) {
+    if (atomic_load(&R->phase) == 0) {
+        for (size_t c = worker; c < R->nch; c += R->threads) run_chunk(R, &R->ch[c]);
+    } else {
+        outer_share(R, worker);
     }
 }
 
@@ -865,16 +924,23 @@ typedef struct worker_arg {
 
 static void *fit_worker(void *p) {
     worker_arg *w = p;
+    unsigned s_start = 0, s_done = 0;
     for (;;) {
-        pthread_barrier_wait(&w->R->start);
-        if (w->R->stop) return NULL;
-        if (w->R->phase == 0) {
-            run_share(w->R, w->id);
-        } else {
-            size_t np = w->R->t->npacked, T = w->R->threads;
-            reduce_step_packed(w->R, np * w->id / T, np * (w->id + 1) / T);
-        }
-        pthread_barrier_wait(&w->R->done);
+        sb_wait(&w->R->start, &s_start);
+        if (atomic_load(&w->R->stop)) return NULL;
+        run_share(w->R, w->id);
+        sb_wait(&w->R->done, &s_done);
+    }
+}
+
+static void run_phase(fit_run *R, int phase) {
+    atomic_store(&R->phase, phase);
+    if (R->threads > 1) {
+        sb_wait(&R->start, &R->main_sense_start);
+        run_share(R, 0);
+        sb_wait(&R->done, &R->main_sense_done);
+    } else {
+        run_share(R, 0);
     }
 }
 
@@ -897,33 +963,32 @@ int mg_tape_fit_threads(mg_tape *t, const double *X, const double *Y, size_t n, 
     if (threads > nch) threads = nch;
     R.threads = threads;
     size_t *perm = A->malloc_fn((n ? n : 1) * sizeof(size_t), A->ctx);
-    int st = perm ? MG_OK : MG_ENOMEM;
+    R.rec = A->malloc_fn((L->nmv ? batch_size * L->nrec : 1) * sizeof(double), A->ctx);
+    int st = perm && R.rec ? MG_OK : MG_ENOMEM;
     for (size_t c = 0; c < nch && st == MG_OK; c++) {
         fit_chunk *ch = &R.ch[c];
         ch->d = A->malloc_fn(t->nslots * sizeof(double) + 1, A->ctx);
         ch->g = A->malloc_fn(t->nslots * sizeof(double) + 1, A->ctx);
-        ch->pg = A->malloc_fn(t->npacked * sizeof(double) + 1, A->ctx);
-        if (!ch->d || !ch->g || !ch->pg) {
+        if (!ch->d || !ch->g) {
             st = MG_ENOMEM;
             break;
         }
         memcpy(ch->d, t->data, t->nslots * sizeof(double));
         memset(ch->g, 0, t->nslots * sizeof(double));
-        memset(ch->pg, 0, t->npacked * sizeof(double));
         ch->ctx.pw = t->pw;
-        ch->ctx.pg = ch->pg;
+        ch->ctx.pg = t->pg; /* not written: raised layers record instead */
         ch->ctx.prog = t;
         ch->ctx.lr = 0.0;
+        ch->ctx.rec = NULL;
     }
     pthread_t tid[MG_FIT_CHUNKS];
     worker_arg wa[MG_FIT_CHUNKS];
     size_t started = 0;
     if (st == MG_OK && threads > 1) {
-        if (pthread_barrier_init(&R.start, NULL, (unsigned)threads) != 0) st = MG_ENOMEM;
-        else if (pthread_barrier_init(&R.done, NULL, (unsigned)threads) != 0) {
-            pthread_barrier_destroy(&R.start);
-            st = MG_ENOMEM;
-        }
+        sb_init(&R.start, (unsigned)threads);
+        sb_init(&R.done, (unsigned)threads);
+        atomic_init(&R.stop, 0);
+        atomic_init(&R.phase, 0);
         for (size_t w = 1; st == MG_OK && w < threads; w++) {
             wa[w].R = &R;
             wa[w].id = w;
@@ -931,14 +996,18 @@ int mg_tape_fit_threads(mg_tape *t, const double *X, const double *Y, size_t n, 
             started++;
         }
         if (st == MG_OK && started + 1 < threads) {
-            /* fewer threads than asked: the barriers count `threads`, so end what started and
-             * run single-threaded (same result: chunks do not depend on threads) */
-            R.stop = 1;
-            for (size_t w = 0; w < started; w++) pthread_barrier_wait(&R.start);
+            /* fewer threads than asked: the barriers count `threads`, so stand in for the
+             * missing ones to release the started workers, end them, and run on this thread
+             * (same result: the work split does not change the sums) */
+            atomic_store(&R.stop, 1);
+            unsigned fake = R.main_sense_start;
+            for (size_t w = started + 1; w < threads; w++) {
+                unsigned ls = fake;
+                sb_wait_arrive_only(&R.start, &ls);
+            }
+            sb_wait(&R.start, &R.main_sense_start);
             for (size_t w = 1; w <= started; w++) pthread_join(tid[w], NULL);
-            pthread_barrier_destroy(&R.start);
-            pthread_barrier_destroy(&R.done);
-            R.stop = 0;
+            atomic_store(&R.stop, 0);
             started = 0;
             R.threads = threads = 1;
         }
@@ -950,6 +1019,8 @@ int mg_tape_fit_threads(mg_tape *t, const double *X, const double *Y, size_t n, 
         mgk_pack(L, t->data, t->pw);
         for (size_t b0 = 0; b0 < n; b0 += batch_size) {
             size_t bn = n - b0 < batch_size ? n - b0 : batch_size;
+            R.b0 = b0;
+            R.bn = bn;
             R.nch = bn < nch ? bn : nch;
             for (size_t c = 0; c < R.nch; c++) {
                 fit_chunk *ch = &R.ch[c];
@@ -961,15 +1032,8 @@ int mg_tape_fit_threads(mg_tape *t, const double *X, const double *Y, size_t n, 
                 else
                     memcpy(ch->d, t->data, t->nparams * sizeof(double));
             }
-            R.phase = 0;
-            if (threads > 1) {
-                pthread_barrier_wait(&R.start);
-                run_share(&R, 0);
-                pthread_barrier_wait(&R.done);
-            } else {
-                run_share(&R, 0);
-            }
-            /* reduce in chunk order, into the tape's gradients (which may hold earlier ones) */
+            run_phase(&R, 0);
+            /* other parameters: chunks added in chunk order, into the tape's gradients */
             for (size_t c = 0; c < R.nch; c++) {
                 fit_chunk *ch = &R.ch[c];
                 total += ch->loss;
@@ -981,32 +1045,21 @@ int mg_tape_fit_threads(mg_tape *t, const double *X, const double *Y, size_t n, 
                 }
             }
             R.scale = lr / (double)bn;
-            mgk_step_all(L, t->data, t->grad, t->pw, t->pg, R.scale, 1); /* free parameters */
-            if (L->nmv) {
-                R.phase = 1;
-                if (threads > 1) {
-                    pthread_barrier_wait(&R.start);
-                    reduce_step_packed(&R, 0, t->npacked / threads);
-                    pthread_barrier_wait(&R.done);
-                } else {
-                    reduce_step_packed(&R, 0, t->npacked);
-                }
-            }
+            mgk_step_all(L, t->data, t->grad, t->pw, t->pg, R.scale, 1); /* the free parameters */
+            if (L->nmv) run_phase(&R, 1);                               /* the raised weights */
         }
         mgk_unpack(L, t->data, t->pw);
     }
     if (threads > 1 && started) {
-        R.stop = 1;
-        pthread_barrier_wait(&R.start);
+        atomic_store(&R.stop, 1);
+        sb_wait(&R.start, &R.main_sense_start);
         for (size_t w = 1; w <= started; w++) pthread_join(tid[w], NULL);
-        pthread_barrier_destroy(&R.start);
-        pthread_barrier_destroy(&R.done);
     }
     for (size_t c = 0; c < nch; c++) {
         A->free_fn(R.ch[c].d, A->ctx);
         A->free_fn(R.ch[c].g, A->ctx);
-        A->free_fn(R.ch[c].pg, A->ctx);
     }
+    A->free_fn(R.rec, A->ctx);
     A->free_fn(perm, A->ctx);
     if (st == MG_OK && mean_loss) *mean_loss = n ? total / (double)n : 0.0;
     return st;

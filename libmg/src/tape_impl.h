@@ -48,6 +48,7 @@ struct mg_tape {
     mgk_ctx kctx;         /* what kernels receive */
     mg_tape_forward_fn fwd;
     mg_tape_backward_fn bwd;
+    mg_tape_outer_fn outer; /* NULL: libmg's mgk_mv_outer_step */
 };
 
 #endif /* MG_TAPE_IMPL_H */

@@ -17,6 +17,7 @@ import json
 import math
 import os
 import random
+import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -461,6 +462,12 @@ def cmd_export_c(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    if os.environ.get("OPENBLAS_NUM_THREADS") != "1" or os.environ.get("OMP_NUM_THREADS") != "1":
+        # references run on one thread (numpy's and PyTorch's pools would otherwise spin on the
+        # cores being measured); thread pools read these variables when they load, so restart
+        env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
+        cmd = [sys.executable, "-m", "micrograd_c", "bench", "--repeat", str(args.repeat)]
+        return subprocess.call(cmd + (["--quick"] if args.quick else []), env=env)
     from . import bench
     return bench.run(repeat=args.repeat, quick=args.quick)
 

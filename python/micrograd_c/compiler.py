@@ -405,7 +405,8 @@ def _compile_c(tape: Any, info: Dict[str, Any], cc: Optional[str], flags: Option
             _remove(built["path"])  # a corrupt or foreign cache entry: rebuild it once
     fwd = ctypes.cast(getattr(lib, prefix + "forward"), ctypes.c_void_p).value
     bwd = ctypes.cast(getattr(lib, prefix + "backward"), ctypes.c_void_p).value
-    tape.set_kernels(fwd, bwd, lib)
+    outer = ctypes.cast(getattr(lib, prefix + "outer_step"), ctypes.c_void_p).value
+    tape.set_kernels(fwd, bwd, lib, outer)
     info.update(compiler=tc.name, compiler_version=tc.version, flags=fl, cached=built["cached"],
                 compile_seconds=built["compile_seconds"], library=built["path"])
     return Program(tape, "c", info, lib)

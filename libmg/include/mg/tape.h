@@ -194,6 +194,20 @@ MG_API int mg_tape_predict(mg_tape *t, const double *X, size_t n, double *out);
 MG_API void mg_tape_set_kernels(mg_tape *t, mg_tape_forward_fn forward,
                                 mg_tape_backward_fn backward);
 
+/** Batch kernel of raised layers (see mgk_mv_outer_step in the generated code): applies the
+ * batch's weight gradients, formed from per-sample records, for input rows [i0, i1). */
+typedef void (*mg_tape_outer_fn)(double *pw, double *pg, size_t m, size_t n, size_t p0,
+                                 const double *rec, size_t nrec, size_t roff, size_t batch,
+                                 double scale, size_t i0, size_t i1);
+
+/**
+ * @brief Replaces libmg's batch kernel with a compiled one (`<prefix>outer_step` of the emitted
+ * code, built for the machine), or restores libmg's with NULL.
+ * @param t the tape
+ * @param outer the kernel, or NULL
+ */
+MG_API void mg_tape_set_outer_kernel(mg_tape *t, mg_tape_outer_fn outer);
+
 /**
  * @brief Number of matrix-vector products the raising pass recovered.
  * @param t the tape
