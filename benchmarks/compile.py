@@ -180,6 +180,14 @@ def main() -> None:
                     for bs, th in ((32, 1), (32, 2)):
                         rate, acc, lv = run(prog, bs, th)
                         rows.append((f"  same, batch {bs}, {th} thread(s)", None, rate, acc, lv))
+                    if args.raise_loops:  # the float32 storage option, one thread
+                        t0 = time.perf_counter()
+                        p32 = mc.compile(loss, inputs=x, targets=y, params=params, outputs=logits, backend="c",
+                                         cc=name, flags=flags, cache=cache, float32=True)
+                        c32 = time.perf_counter() - t0
+                        for bs in (1, 32):
+                            rate, acc, lv = run(p32, bs, 1)
+                            rows.append((f"  float32 storage, batch {bs}", c32 if bs == 1 else None, rate, acc, lv))
             except mc.CompileError as e:
                 print(f"{name} -O{lvl}: {str(e).splitlines()[0]}")
             finally:

@@ -431,6 +431,7 @@ PYBIND11_MODULE(_core, m, py::mod_gil_used()) {
             return out;
         }, py::arg("x"), py::arg("y") = py::none())
         .def_property_readonly("loss", [](const Tape &tp) { return mg_tape_loss(tp.t.get()); })
+        .def_property_readonly("loss_slot", [](const Tape &tp) { return mg_tape_loss_slot(tp.t.get()); })
         .def("backward", [](Tape &tp) {
             int st;
             {
@@ -488,15 +489,15 @@ PYBIND11_MODULE(_core, m, py::mod_gil_used()) {
             }
             return out;
         }, py::arg("X"))
-        .def("emit_c", [](const Tape &tp, const std::string &prefix, bool inference_only) {
-            mg_emit_options o{prefix.c_str(), inference_only ? 1 : 0};
+        .def("emit_c", [](const Tape &tp, const std::string &prefix, bool inference_only, bool float32) {
+            mg_emit_options o{prefix.c_str(), inference_only ? 1 : 0, float32 ? 1 : 0};
             size_t len = 0;
             char *src = mg_tape_emit_c(tp.t.get(), &o, &len);
             if (!src) throw py::value_error("emit_c: the prefix must be a C identifier");
             py::str out(src, len);
             mg_tape_free_source(tp.t.get(), src);
             return out;
-        }, py::arg("prefix") = "mgc_", py::arg("inference_only") = false)
+        }, py::arg("prefix") = "mgc_", py::arg("inference_only") = false, py::arg("float32") = false)
         .def("set_kernels", [](Tape &tp, uintptr_t forward, uintptr_t backward, py::object owner, uintptr_t outer) {
             std::lock_guard<std::mutex> lock(tp.run);
             if (!forward || !backward) {

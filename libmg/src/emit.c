@@ -238,7 +238,7 @@ static void emit_init_table(sbuf *b, const mg_tape *t, int with_params) {
         k++;
     }
     puts_(b, k ? "\n};\n" : "0.0};\n");
-    puts_(b, "static void mg_load_init(double *d) {\n    size_t s, k = 0;\n");
+    puts_(b, "static void mg_load_init(mgk_real *d) {\n    size_t s, k = 0;\n");
     if (with_params) putf(b, "    for (s = 0; s < %zu; s++) d[s] = mg_init_values[k++];\n", t->nparams);
     putf(b, "    for (s = %zu; s < %zu; s++) d[s] = mg_init_values[k++];\n    (void)k;\n}\n", c0, t->first_op);
 }
@@ -257,6 +257,7 @@ char *mg_tape_emit_c(const mg_tape *t, const mg_emit_options *opt, size_t *len) 
          MG_EMITTER_VERSION, t->nslots, t->nparams, t->nparams, t->nparams + t->ninputs,
          t->nparams + t->ninputs, t->nparams + t->ninputs + t->ntargets,
          t->nparams + t->ninputs + t->ntargets, t->first_op, t->first_op, t->nslots, t->ninstr);
+    if (o.float32 && !o.inference_only) puts_(&b, "#define MGK_REAL float /* float32 storage */\n");
     puts_(&b, mg__kernels_text);
     puts_(&b, "\n/* ---- the program ---- */\n");
     emit_op_helpers(&b, t);
@@ -267,7 +268,7 @@ char *mg_tape_emit_c(const mg_tape *t, const mg_emit_options *opt, size_t *len) 
     emit_init_table(&b, t, o.inference_only);
 
     emit_layout_tables(&b, t);
-    puts_(&b, "static void mg_forward(void *ctx, double *d) {\n"
+    puts_(&b, "static void mg_forward(void *ctx, mgk_real *d) {\n"
               "    const mgk_ctx *c = (const mgk_ctx *)ctx;\n    size_t j;\n    (void)c; (void)j;\n");
     emit_forward_body(&b, t);
     puts_(&b, "}\n");
@@ -277,9 +278,9 @@ char *mg_tape_emit_c(const mg_tape *t, const mg_emit_options *opt, size_t *len) 
              t->nslots + t->npacked, P, t->ninputs, P, t->noutputs);
         putf(&b, "/* y[%zu] = model(x[%zu]); work holds %zu doubles, or is NULL to use a static\n"
                  " * buffer (then the call is not reentrant). */\n"
-                 "void %sinfer(const double *x, double *y, double *work) {\n"
-                 "    static double mg_static_work[%zu];\n"
-                 "    double *d = work ? work : mg_static_work;\n    size_t i;\n"
+                 "void %sinfer(const double *x, double *y, mgk_real *work) {\n"
+                 "    static mgk_real mg_static_work[%zu];\n"
+                 "    mgk_real *d = work ? work : mg_static_work;\n    size_t i;\n"
                  "    mgk_ctx c;\n"
                  "    c.pw = d + %zu;\n    c.pg = NULL;\n    c.prog = NULL;\n    c.lr = 0.0;\n    c.rec = NULL;\n"
                  "    mg_load_init(d);\n"
@@ -290,7 +291,7 @@ char *mg_tape_emit_c(const mg_tape *t, const mg_emit_options *opt, size_t *len) 
              t->noutputs, t->ninputs, t->nslots + t->npacked, P, t->nslots + t->npacked + 1, t->nslots,
              t->ninputs, t->nparams, t->noutputs);
     } else {
-        puts_(&b, "static void mg_backward(void *ctx, const double *d, double *g) {\n");
+        puts_(&b, "static void mg_backward(void *ctx, const mgk_real *d, mgk_real *g) {\n");
         emit_backward_body(&b, t);
         puts_(&b, "}\n");
         putf(&b,
@@ -300,27 +301,28 @@ char *mg_tape_emit_c(const mg_tape *t, const mg_emit_options *opt, size_t *len) 
              "const size_t %snslots = %zu, %snparams = %zu, %sninputs = %zu, %sntargets = %zu, "
              "%snoutputs = %zu, %snpacked = %zu;\n"
              "const int %semitter_version = %d;\n"
+             "const size_t %sreal_bytes = sizeof(mgk_real);\n"
              "/* Writes the constants; parameters are the caller's (slots [0, nparams)). */\n"
-             "void %sinit(double *data) { mg_load_init(data); }\n"
+             "void %sinit(mgk_real *data) { mg_load_init(data); }\n"
              "/* Kernels for libmg's mg_tape_set_kernels(): ctx is an mgk_ctx (packed weights). */\n"
-             "void %sforward(void *ctx, double *data) { mg_forward(ctx, data); }\n"
-             "void %sbackward(void *ctx, const double *data, double *grad) { mg_backward(ctx, data, grad); }\n"
+             "void %sforward(void *ctx, mgk_real *data) { mg_forward(ctx, data); }\n"
+             "void %sbackward(void *ctx, const mgk_real *data, mgk_real *grad) { mg_backward(ctx, data, grad); }\n"
              "/* One epoch of SGD over rows of X and Y; returns the mean loss. */\n"
-             "double %sfit_epoch(double *data, double *grad, double *packed, double *packed_grad,\n"
+             "double %sfit_epoch(mgk_real *data, mgk_real *grad, mgk_real *packed, mgk_real *packed_grad,\n"
              "                   const double *X, const double *Y, size_t n, size_t batch, double lr,\n"
              "                   size_t *perm, int shuffle, unsigned long long seed, unsigned long long epoch) {\n"
              "    mgk_ctx c;\n    c.pw = packed;\n    c.pg = packed_grad;\n    c.prog = NULL;\n    c.lr = 0.0;\n    c.rec = NULL;\n"
              "    return mgk_fit_epoch(&mg_layout, mg_forward, mg_backward, &c, data, grad, X, Y, n,\n"
              "                         batch, lr, perm, shuffle, seed, epoch);\n}\n"
              "/* libmg's batch kernel, built for this machine (mg_tape_set_outer_kernel). */\n"
-             "void %souter_step(double *pw, double *pg, size_t m, size_t n, size_t p0, const double *rec,\n"
+             "void %souter_step(mgk_real *pw, mgk_real *pg, size_t m, size_t n, size_t p0, const mgk_real *rec,\n"
              "                  size_t nrec, size_t roff, size_t batch, double scale, size_t i0, size_t i1) {\n"
              "    mgk_mv_outer_step(pw, pg, m, n, p0, rec, nrec, roff, batch, scale, i0, i1);\n}\n"
-             "void %spredict(double *data, double *packed, const double *X, size_t n, double *out) {\n"
+             "void %spredict(mgk_real *data, mgk_real *packed, const double *X, size_t n, double *out) {\n"
              "    mgk_ctx c;\n    c.pw = packed;\n    c.pg = NULL;\n    c.prog = NULL;\n    c.lr = 0.0;\n    c.rec = NULL;\n"
              "    mgk_predict(&mg_layout, mg_forward, &c, data, X, n, out);\n}\n",
              P, P, P, t->nslots, P, t->nparams, P, t->ninputs, P, t->ntargets, P, t->noutputs, P,
-             t->npacked, P, MG_EMITTER_VERSION, P, P, P, P, P, P);
+             t->npacked, P, MG_EMITTER_VERSION, P, P, P, P, P, P, P);
     }
     if (b.failed) {
         t->alloc.free_fn(b.s, t->alloc.ctx);

@@ -8,6 +8,15 @@
 typedef unsigned int mgk_idx;
 typedef unsigned long long mgk_u64;
 
+/* The type of the slot arrays (data, gradients, packed weights, records). libmg uses double;
+ * a program emitted with float32 storage defines MGK_REAL as float before this text: half the
+ * memory traffic, results no longer equal to the double path (sums still accumulate in double
+ * where a local accumulator holds them). */
+#ifndef MGK_REAL
+#define MGK_REAL double
+#endif
+typedef MGK_REAL mgk_real;
+
 /* ---- generator: xoshiro256** seeded by splitmix64 (integer-only: bitwise portable) -------- */
 
 typedef struct mgk_rng {
@@ -50,27 +59,27 @@ static inline size_t mgk_rng_below(mgk_rng *r, size_t n) {
 
 /* ---- variadic ops: ix lists slots; orders of additions match libmg's eager ops ------------ */
 
-static inline double mgk_sum_fwd(const double *d, const mgk_idx *ix, size_t len) {
+static inline double mgk_sum_fwd(const mgk_real *d, const mgk_idx *ix, size_t len) {
     double acc = 0.0;
     size_t i;
     for (i = 0; i < len; i++) acc += d[ix[i]];
     return acc;
 }
 
-static inline void mgk_sum_bwd(double *g, const mgk_idx *ix, size_t len, double gy) {
+static inline void mgk_sum_bwd(mgk_real *g, const mgk_idx *ix, size_t len, double gy) {
     size_t i;
     for (i = 0; i < len; i++) g[ix[i]] += gy;
 }
 
 /* ix: a[n], b[n], then the bias when `bias` */
-static inline double mgk_dot_fwd(const double *d, const mgk_idx *ix, size_t n, int bias) {
+static inline double mgk_dot_fwd(const mgk_real *d, const mgk_idx *ix, size_t n, int bias) {
     double acc = bias ? d[ix[2 * n]] : 0.0;
     size_t i;
     for (i = 0; i < n; i++) acc += d[ix[i]] * d[ix[n + i]];
     return acc;
 }
 
-static inline void mgk_dot_bwd(const double *d, double *g, const mgk_idx *ix, size_t n, int bias, double gy) {
+static inline void mgk_dot_bwd(const mgk_real *d, mgk_real *g, const mgk_idx *ix, size_t n, int bias, double gy) {
     size_t i;
     if (bias) g[ix[2 * n]] += gy;
     for (i = 0; i < n; i++) {
@@ -80,7 +89,7 @@ static inline void mgk_dot_bwd(const double *d, double *g, const mgk_idx *ix, si
 }
 
 /* ix: pred[n], target[n] */
-static inline double mgk_mse_fwd(const double *d, const mgk_idx *ix, size_t n) {
+static inline double mgk_mse_fwd(const mgk_real *d, const mgk_idx *ix, size_t n) {
     double acc = 0.0;
     size_t i;
     for (i = 0; i < n; i++) {
@@ -90,7 +99,7 @@ static inline double mgk_mse_fwd(const double *d, const mgk_idx *ix, size_t n) {
     return acc / (double)n;
 }
 
-static inline void mgk_mse_bwd(const double *d, double *g, const mgk_idx *ix, size_t n, double gy) {
+static inline void mgk_mse_bwd(const mgk_real *d, mgk_real *g, const mgk_idx *ix, size_t n, double gy) {
     double s = 2.0 / (double)n;
     size_t i;
     for (i = 0; i < n; i++) {
@@ -101,7 +110,7 @@ static inline void mgk_mse_bwd(const double *d, double *g, const mgk_idx *ix, si
 }
 
 /* ix: score[n], label[n]; micrograd's demo: sum(relu(1 + -y*s)) * (1/n) */
-static inline double mgk_hinge_fwd(const double *d, const mgk_idx *ix, size_t n) {
+static inline double mgk_hinge_fwd(const mgk_real *d, const mgk_idx *ix, size_t n) {
     double acc = 0.0;
     size_t i;
     for (i = 0; i < n; i++) {
@@ -111,7 +120,7 @@ static inline double mgk_hinge_fwd(const double *d, const mgk_idx *ix, size_t n)
     return acc * (1.0 / (double)n);
 }
 
-static inline void mgk_hinge_bwd(const double *d, double *g, const mgk_idx *ix, size_t n, double gy) {
+static inline void mgk_hinge_bwd(const mgk_real *d, mgk_real *g, const mgk_idx *ix, size_t n, double gy) {
     double s = 1.0 / (double)n;
     size_t i;
     for (i = 0; i < n; i++) {
@@ -124,14 +133,14 @@ static inline void mgk_hinge_bwd(const double *d, double *g, const mgk_idx *ix, 
 }
 
 /* ix: logits[n], then the target (a class index; anything else gives NaN) */
-static inline int mgk_xent_target(const double *d, const mgk_idx *ix, size_t n, size_t *t) {
+static inline int mgk_xent_target(const mgk_real *d, const mgk_idx *ix, size_t n, size_t *t) {
     double tv = d[ix[n]];
     if (!(tv >= 0.0 && tv < (double)n && tv == floor(tv))) return 0;
     *t = (size_t)tv;
     return 1;
 }
 
-static inline double mgk_xent_max(const double *d, const mgk_idx *ix, size_t n) {
+static inline double mgk_xent_max(const mgk_real *d, const mgk_idx *ix, size_t n) {
     double m = d[ix[0]];
     size_t i;
     for (i = 1; i < n; i++)
@@ -139,7 +148,7 @@ static inline double mgk_xent_max(const double *d, const mgk_idx *ix, size_t n) 
     return isinf(m) ? 0.0 : m; /* keep exp(z - m) defined; inf logits give inf/NaN as IEEE does */
 }
 
-static inline double mgk_xent_fwd(const double *d, const mgk_idx *ix, size_t n) {
+static inline double mgk_xent_fwd(const mgk_real *d, const mgk_idx *ix, size_t n) {
     size_t t, i;
     double m, acc = 0.0;
     if (!mgk_xent_target(d, ix, n, &t)) return NAN;
@@ -148,7 +157,7 @@ static inline double mgk_xent_fwd(const double *d, const mgk_idx *ix, size_t n) 
     return log(acc) + m - d[ix[t]];
 }
 
-static inline void mgk_xent_bwd(const double *d, double *g, const mgk_idx *ix, size_t n, double gy) {
+static inline void mgk_xent_bwd(const mgk_real *d, mgk_real *g, const mgk_idx *ix, size_t n, double gy) {
     size_t t, i;
     double m, sum = 0.0;
     if (!mgk_xent_target(d, ix, n, &t)) {
@@ -174,11 +183,11 @@ typedef struct mgk_mv {
 
 /* What kernels see besides the slot arrays: the packed weights and their gradients. */
 typedef struct mgk_ctx {
-    double *pw;
-    double *pg;
+    mgk_real *pw;
+    mgk_real *pg;
     const void *prog; /* the interpreter's program; unused by generated code */
     double lr;        /* nonzero: apply SGD to packed weights inside backward (batch size 1) */
-    double *rec;      /* non-NULL: record x and gy of each layer here instead (batched training) */
+    mgk_real *rec;      /* non-NULL: record x and gy of each layer here instead (batched training) */
 } mgk_ctx;
 
 /* Generated code calls these with constant shapes; inlining them specialises the loops. */
@@ -193,31 +202,31 @@ typedef struct mgk_ctx {
 #if defined(__clang__)
 /* clang vectorises the plain restrict-qualified loops well (and the blocked ones below badly);
  * both forms add every output's terms in the same order, so they compute the same values. */
-MGK_HOT void mgk_mv_fwd(double *d, const double *pw, size_t m, size_t n, size_t b0, size_t ldb,
+MGK_HOT void mgk_mv_fwd(mgk_real *d, const mgk_real *pw, size_t m, size_t n, size_t b0, size_t ldb,
                         size_t x0, size_t out0, size_t p0) {
-    double *restrict o = d + out0;
-    const double *restrict x = d + x0;
-    const double *restrict w = pw + p0;
+    mgk_real *restrict o = d + out0;
+    const mgk_real *restrict x = d + x0;
+    const mgk_real *restrict w = pw + p0;
     size_t i, j;
     for (j = 0; j < m; j++) o[j] = d[b0 + j * ldb];
     for (i = 0; i < n; i++) {
-        const double xi = x[i];
-        const double *restrict wi = w + i * m;
+        const mgk_real xi = x[i];
+        const mgk_real *restrict wi = w + i * m;
         for (j = 0; j < m; j++) o[j] += wi[j] * xi;
     }
 }
 
-MGK_HOT void mgk_mv_bwd(const double *d, double *g, double *pw, double *pg, size_t m, size_t n,
+MGK_HOT void mgk_mv_bwd(const mgk_real *d, mgk_real *g, mgk_real *pw, mgk_real *pg, size_t m, size_t n,
                         size_t b0, size_t ldb, size_t x0, size_t out0, size_t p0, int need_gx,
-                        double lr, double *rec, size_t roff) {
-    const double *restrict gy = g + out0;
-    const double *restrict x = d + x0;
+                        double lr, mgk_real *rec, size_t roff) {
+    const mgk_real *restrict gy = g + out0;
+    const mgk_real *restrict x = d + x0;
     size_t i, j;
     for (j = 0; j < m; j++) g[b0 + j * ldb] += gy[j];
     if (need_gx)
         for (i = 0; i < n; i++) {
-            const double *restrict wi = pw + p0 + i * m;
-            double acc = g[x0 + i];
+            const mgk_real *restrict wi = pw + p0 + i * m;
+            mgk_real acc = g[x0 + i];
             for (j = m; j-- > 0;) acc += wi[j] * gy[j];
             g[x0 + i] = acc;
         }
@@ -226,13 +235,14 @@ MGK_HOT void mgk_mv_bwd(const double *d, double *g, double *pw, double *pg, size
         for (j = 0; j < m; j++) rec[roff + n + j] = gy[j];
         return;
     }
+    const mgk_real rlr = (mgk_real)lr; /* exact for double storage */
     for (i = 0; i < n; i++) {
-        const double xi = x[i];
+        const mgk_real xi = x[i];
         if (lr != 0.0) {
-            double *restrict w = pw + p0 + i * m;
-            for (j = 0; j < m; j++) w[j] -= lr * (gy[j] * xi);
+            mgk_real *restrict w = pw + p0 + i * m;
+            for (j = 0; j < m; j++) w[j] -= rlr * (gy[j] * xi);
         } else {
-            double *restrict gw = pg + p0 + i * m;
+            mgk_real *restrict gw = pg + p0 + i * m;
             for (j = 0; j < m; j++) gw[j] += gy[j] * xi;
         }
     }
@@ -241,18 +251,18 @@ MGK_HOT void mgk_mv_bwd(const double *d, double *g, double *pw, double *pg, size
 /* Outputs go in blocks of MGK_BLOCK: a block's partial sums live in a local array the compiler
  * keeps in vector registers (no aliasing with the slot arrays to rule out), while each output's
  * sum still runs over i in order. */
-MGK_HOT void mgk_mv_fwd(double *d, const double *pw, size_t m, size_t n, size_t b0, size_t ldb,
+MGK_HOT void mgk_mv_fwd(mgk_real *d, const mgk_real *pw, size_t m, size_t n, size_t b0, size_t ldb,
                         size_t x0, size_t out0, size_t p0) {
-    const double *x = d + x0;
-    const double *w = pw + p0;
+    const mgk_real *x = d + x0;
+    const mgk_real *w = pw + p0;
     size_t i, j, j0;
     for (j0 = 0; j0 < m; j0 += MGK_BLOCK) {
-        double a[MGK_BLOCK];
+        mgk_real a[MGK_BLOCK];
         if (j0 + MGK_BLOCK <= m) {
             for (j = 0; j < MGK_BLOCK; j++) a[j] = d[b0 + (j0 + j) * ldb];
             for (i = 0; i < n; i++) {
-                const double xi = x[i];
-                const double *wi = w + i * m + j0;
+                const mgk_real xi = x[i];
+                const mgk_real *wi = w + i * m + j0;
                 for (j = 0; j < MGK_BLOCK; j++) a[j] += wi[j] * xi;
             }
             for (j = 0; j < MGK_BLOCK; j++) d[out0 + j0 + j] = a[j];
@@ -260,8 +270,8 @@ MGK_HOT void mgk_mv_fwd(double *d, const double *pw, size_t m, size_t n, size_t 
             size_t jn = m - j0;
             for (j = 0; j < jn; j++) a[j] = d[b0 + (j0 + j) * ldb];
             for (i = 0; i < n; i++) {
-                const double xi = x[i];
-                const double *wi = w + i * m + j0;
+                const mgk_real xi = x[i];
+                const mgk_real *wi = w + i * m + j0;
                 for (j = 0; j < jn; j++) a[j] += wi[j] * xi;
             }
             for (j = 0; j < jn; j++) d[out0 + j0 + j] = a[j];
@@ -273,16 +283,16 @@ MGK_HOT void mgk_mv_fwd(double *d, const double *pw, size_t m, size_t n, size_t 
  * the order the scalar backward adds them in; then the packed weight gradient += gy (outer) x,
  * or, with lr nonzero (batch size 1), the SGD step on the weights at once: w -= lr * (gy * x),
  * which is exactly what accumulating gy * x into a zero gradient and stepping computes. */
-MGK_HOT void mgk_mv_bwd(const double *d, double *g, double *pw, double *pg, size_t m, size_t n,
+MGK_HOT void mgk_mv_bwd(const mgk_real *d, mgk_real *g, mgk_real *pw, mgk_real *pg, size_t m, size_t n,
                         size_t b0, size_t ldb, size_t x0, size_t out0, size_t p0, int need_gx,
-                        double lr, double *rec, size_t roff) {
-    const double *x = d + x0;
+                        double lr, mgk_real *rec, size_t roff) {
+    const mgk_real *x = d + x0;
     size_t i, j, j0;
     for (j = 0; j < m; j++) g[b0 + j * ldb] += g[out0 + j];
     if (need_gx)
         for (i = 0; i < n; i++) {
-            const double *wi = pw + p0 + i * m;
-            double acc = g[x0 + i];
+            const mgk_real *wi = pw + p0 + i * m;
+            mgk_real acc = g[x0 + i];
             for (j = m; j-- > 0;) acc += wi[j] * g[out0 + j];
             g[x0 + i] = acc;
         }
@@ -291,32 +301,33 @@ MGK_HOT void mgk_mv_bwd(const double *d, double *g, double *pw, double *pg, size
         for (j = 0; j < m; j++) rec[roff + n + j] = g[out0 + j];
         return;
     }
+    const mgk_real rlr = (mgk_real)lr; /* exact for double storage */
     for (j0 = 0; j0 < m; j0 += MGK_BLOCK) {
-        double gy[MGK_BLOCK];
+        mgk_real gy[MGK_BLOCK];
         size_t jn = m - j0 < MGK_BLOCK ? m - j0 : MGK_BLOCK;
         for (j = 0; j < jn; j++) gy[j] = g[out0 + j0 + j];
         if (lr != 0.0 && jn == MGK_BLOCK) {
             for (i = 0; i < n; i++) {
-                const double xi = x[i];
-                double *wi = pw + p0 + i * m + j0;
-                for (j = 0; j < MGK_BLOCK; j++) wi[j] -= lr * (gy[j] * xi);
+                const mgk_real xi = x[i];
+                mgk_real *wi = pw + p0 + i * m + j0;
+                for (j = 0; j < MGK_BLOCK; j++) wi[j] -= rlr * (gy[j] * xi);
             }
         } else if (lr != 0.0) {
             for (i = 0; i < n; i++) {
-                const double xi = x[i];
-                double *wi = pw + p0 + i * m + j0;
-                for (j = 0; j < jn; j++) wi[j] -= lr * (gy[j] * xi);
+                const mgk_real xi = x[i];
+                mgk_real *wi = pw + p0 + i * m + j0;
+                for (j = 0; j < jn; j++) wi[j] -= rlr * (gy[j] * xi);
             }
         } else if (jn == MGK_BLOCK) {
             for (i = 0; i < n; i++) {
-                const double xi = x[i];
-                double *gw = pg + p0 + i * m + j0;
+                const mgk_real xi = x[i];
+                mgk_real *gw = pg + p0 + i * m + j0;
                 for (j = 0; j < MGK_BLOCK; j++) gw[j] += gy[j] * xi;
             }
         } else {
             for (i = 0; i < n; i++) {
-                const double xi = x[i];
-                double *gw = pg + p0 + i * m + j0;
+                const mgk_real xi = x[i];
+                mgk_real *gw = pg + p0 + i * m + j0;
                 for (j = 0; j < jn; j++) gw[j] += gy[j] * xi;
             }
         }
@@ -328,33 +339,34 @@ MGK_HOT void mgk_mv_bwd(const double *d, double *g, double *pw, double *pg, size
  * [i0, i1) of one layer: w[j][i] -= scale * (pg + gy_0[j]*x_0[i] + gy_1[j]*x_1[i] + ...), the sum
  * in sample order, exactly as accumulating sample by sample would add it. Outputs go in blocks
  * whose partial sums stay in registers, so the gradient is touched once per batch, not per sample. */
-static inline void mgk_mv_outer_step(double *pw, double *pg, size_t m, size_t n, size_t p0,
-                                     const double *rec, size_t nrec, size_t roff, size_t batch,
+static inline void mgk_mv_outer_step(mgk_real *pw, mgk_real *pg, size_t m, size_t n, size_t p0,
+                                     const mgk_real *rec, size_t nrec, size_t roff, size_t batch,
                                      double scale, size_t i0, size_t i1) {
     size_t i, j, j0, s;
+    const mgk_real rscale = (mgk_real)scale; /* exact for double storage */
     for (i = i0; i < i1; i++) {
         for (j0 = 0; j0 < m; j0 += MGK_BLOCK) {
-            double acc[MGK_BLOCK];
+            mgk_real acc[MGK_BLOCK];
             size_t jn = m - j0 < MGK_BLOCK ? m - j0 : MGK_BLOCK;
-            double *w = pw + p0 + i * m + j0, *gw = pg + p0 + i * m + j0;
+            mgk_real *w = pw + p0 + i * m + j0, *gw = pg + p0 + i * m + j0;
             for (j = 0; j < jn; j++) acc[j] = gw[j];
             if (jn == MGK_BLOCK) {
                 for (s = 0; s < batch; s++) {
-                    const double *r = rec + s * nrec + roff;
-                    const double xi = r[i];
-                    const double *gy = r + n + j0;
+                    const mgk_real *r = rec + s * nrec + roff;
+                    const mgk_real xi = r[i];
+                    const mgk_real *gy = r + n + j0;
                     for (j = 0; j < MGK_BLOCK; j++) acc[j] += gy[j] * xi;
                 }
             } else {
                 for (s = 0; s < batch; s++) {
-                    const double *r = rec + s * nrec + roff;
-                    const double xi = r[i];
-                    const double *gy = r + n + j0;
+                    const mgk_real *r = rec + s * nrec + roff;
+                    const mgk_real xi = r[i];
+                    const mgk_real *gy = r + n + j0;
                     for (j = 0; j < jn; j++) acc[j] += gy[j] * xi;
                 }
             }
             for (j = 0; j < jn; j++) {
-                w[j] -= scale * acc[j];
+                w[j] -= rscale * acc[j];
                 gw[j] = 0.0;
             }
         }
@@ -375,20 +387,21 @@ typedef struct mgk_layout {
     size_t nrec;                /* doubles of one sample's record row (sum of n + m) */
 } mgk_layout;
 
-typedef void (*mgk_forward_fn)(void *ctx, double *d);
-typedef void (*mgk_backward_fn)(void *ctx, const double *d, double *g);
+typedef void (*mgk_forward_fn)(void *ctx, mgk_real *d);
+typedef void (*mgk_backward_fn)(void *ctx, const mgk_real *d, mgk_real *g);
 
 /* SGD: data -= scale * grad over the parameters, then their gradients restart at zero. */
-static inline void mgk_step(double *restrict d, double *restrict g, size_t nparams, double scale) {
+static inline void mgk_step(mgk_real *restrict d, mgk_real *restrict g, size_t nparams, double scale) {
     size_t i;
+    const mgk_real rscale = (mgk_real)scale; /* exact for double storage */
     for (i = 0; i < nparams; i++) {
-        d[i] -= scale * g[i];
+        d[i] -= rscale * g[i];
         g[i] = 0.0;
     }
 }
 
 /* Packed weights: W -> pw before a run, pw -> W after it. */
-static inline void mgk_pack(const mgk_layout *L, const double *d, double *pw) {
+static inline void mgk_pack(const mgk_layout *L, const mgk_real *d, mgk_real *pw) {
     size_t k, i, j;
     for (k = 0; k < L->nmv; k++) {
         const mgk_mv *v = &L->mvs[k];
@@ -397,7 +410,7 @@ static inline void mgk_pack(const mgk_layout *L, const double *d, double *pw) {
     }
 }
 
-static inline void mgk_unpack(const mgk_layout *L, double *d, const double *pw) {
+static inline void mgk_unpack(const mgk_layout *L, mgk_real *d, const mgk_real *pw) {
     size_t k, i, j;
     for (k = 0; k < L->nmv; k++) {
         const mgk_mv *v = &L->mvs[k];
@@ -407,7 +420,7 @@ static inline void mgk_unpack(const mgk_layout *L, double *d, const double *pw) 
 }
 
 /* Adds the packed gradients into the slot gradients and clears them. */
-static inline void mgk_unpack_grad(const mgk_layout *L, double *g, double *pg) {
+static inline void mgk_unpack_grad(const mgk_layout *L, mgk_real *g, mgk_real *pg) {
     size_t k, i, j;
     for (k = 0; k < L->nmv; k++) {
         const mgk_mv *v = &L->mvs[k];
@@ -421,7 +434,7 @@ static inline void mgk_unpack_grad(const mgk_layout *L, double *g, double *pg) {
 
 /* SGD over a program whose raised weights are packed: the packed block is one loop, skipped
  * when backward already stepped it (fused). */
-static inline void mgk_step_all(const mgk_layout *L, double *d, double *g, double *pw, double *pg,
+static inline void mgk_step_all(const mgk_layout *L, mgk_real *d, mgk_real *g, mgk_real *pw, mgk_real *pg,
                                 double scale, int packed_done) {
     size_t k;
     if (!L->nmv) {
@@ -436,7 +449,7 @@ static inline void mgk_step_all(const mgk_layout *L, double *d, double *g, doubl
     if (!packed_done) mgk_step(pw, pg, L->npacked, scale);
 }
 
-static inline void mgk_load(const mgk_layout *L, double *d, const double *x, const double *y) {
+static inline void mgk_load(const mgk_layout *L, mgk_real *d, const double *x, const double *y) {
     size_t i;
     if (x)
         for (i = 0; i < L->ninputs; i++) d[L->input0 + i] = x[i];
@@ -462,7 +475,7 @@ static inline void mgk_order(size_t *perm, size_t n, int shuffle, mgk_u64 seed, 
  * batch with the gradient averaged over the batch. Returns the mean loss. `perm` is scratch for
  * n indices. Samples are rows: X[n][ninputs], Y[n][ntargets]. */
 static inline double mgk_fit_epoch(const mgk_layout *L, mgk_forward_fn fwd, mgk_backward_fn bwd,
-                                   mgk_ctx *ctx, double *d, double *g, const double *X,
+                                   mgk_ctx *ctx, mgk_real *d, mgk_real *g, const double *X,
                                    const double *Y, size_t n, size_t batch, double lr, size_t *perm,
                                    int shuffle, mgk_u64 seed, mgk_u64 epoch) {
     size_t k, in_batch = 0;
@@ -489,7 +502,7 @@ static inline double mgk_fit_epoch(const mgk_layout *L, mgk_forward_fn fwd, mgk_
 }
 
 /* Forward over each row of X, writing the outputs: out[n][noutputs]. */
-static inline void mgk_predict(const mgk_layout *L, mgk_forward_fn fwd, mgk_ctx *ctx, double *d,
+static inline void mgk_predict(const mgk_layout *L, mgk_forward_fn fwd, mgk_ctx *ctx, mgk_real *d,
                                const double *X, size_t n, double *out) {
     size_t k, j;
     mgk_pack(L, d, ctx->pw);

@@ -740,6 +740,7 @@ int mg_tape_forward(mg_tape *t, const double *x, const double *y) {
 }
 
 double mg_tape_loss(const mg_tape *t) { return t && t->has_loss ? t->data[t->loss] : NAN; }
+size_t mg_tape_loss_slot(const mg_tape *t) { return t && t->has_loss ? t->loss : 0; }
 
 void mg_tape_outputs(const mg_tape *t, double *out) {
     if (!t || !out) return;

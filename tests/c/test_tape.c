@@ -193,10 +193,10 @@ static void test_tape__emission_is_deterministic_and_self_contained(void) {
     }
     CHECK(includes == 2);
     CHECK(strstr(s1, "void mgc_fit_epoch") == NULL && strstr(s1, "double mgc_fit_epoch(") != NULL);
-    mg_emit_options o = {"model_", 1};
+    mg_emit_options o = {"model_", 1, 0};
     char *s3 = mg_tape_emit_c(t1, &o, NULL);
     CHECK(s3 && strstr(s3, "void model_infer(") != NULL && strstr(s3, "mg_backward") == NULL);
-    mg_emit_options bad = {"9bad", 0};
+    mg_emit_options bad = {"9bad", 0, 0};
     CHECK(mg_tape_emit_c(t1, &bad, NULL) == NULL);
     mg_tape_free_source(t1, s1);
     mg_tape_free_source(t2, s2);

@@ -209,7 +209,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                 if (nin <= 8) mg_tape_predict(t, X, 16, out);
                 char *src = mg_tape_emit_c(t, NULL, NULL);
                 mg_tape_free_source(t, src);
-                mg_emit_options o = {"fz_", 1};
+                mg_emit_options o = {"fz_", 1, (int)(byte(&in) & 1)};
                 src = mg_tape_emit_c(t, &o, NULL);
                 mg_tape_free_source(t, src);
                 mg_tape_write_back(t, g);

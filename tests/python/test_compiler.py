@@ -553,3 +553,35 @@ def test_full_disk_is_a_compile_error_and_auto_falls_back(monkeypatch):
     with pytest.warns(RuntimeWarning, match="falling back"):
         _, prog = mlp_program("auto")
     assert prog.backend == "tape"
+
+
+@needs_cc
+def test_float32_storage_trades_precision_only():
+    X = np.random.RandomState(0).rand(64, 30)
+    Y = np.random.RandomState(1).randint(0, 5, 64).astype(float)
+    _, p64 = mnist_shaped(True, "c", sizes=(30, [12, 5]))
+    model, _ = mnist_shaped(True, "tape", sizes=(30, [12, 5]))  # the same seeded model
+    x, y = mc.inputs(30), mc.inputs(1)
+    logits = model(x)
+    prog = mc.compile(mc.cross_entropy(logits, y[0]), inputs=x, targets=y, params=model.parameters(),
+                      outputs=logits, backend="c", float32=True)
+    assert isinstance(prog, compiler.Float32Program) and prog.info["float32"]
+    assert prog.parameters.dtype == np.float32
+    assert np.allclose(prog.parameters, p64.parameters, rtol=1e-6)
+    for bs in (1, 8):
+        l64 = p64.fit(X, Y, epochs=2, lr=0.05, batch_size=bs, seed=4)
+        l32 = prog.fit(X, Y, epochs=2, lr=0.05, batch_size=bs, seed=4)
+        assert np.allclose(l32, l64, rtol=1e-4)
+        assert np.allclose(prog.parameters, p64.parameters, rtol=1e-3, atol=1e-4)
+    assert np.allclose(prog.predict(X[:5]), p64.predict(X[:5]), rtol=1e-3, atol=1e-4)
+    out = prog.forward(X[0], [2])
+    assert out.shape == (5,) and np.isfinite(prog.loss)
+    with pytest.raises(ValueError, match="fit"):
+        prog.backward()
+    with pytest.raises(ValueError, match=r"expected shape \(n, 30\)"):
+        prog.predict(np.zeros((2, 3)))
+    assert prog.write_back() == len(model.parameters())
+    assert model.parameters()[0].data == float(prog.parameters[0])
+    with pytest.raises(ValueError, match="backend='c'"):
+        mc.compile(mc.cross_entropy(logits, y[0]), inputs=x, targets=y, params=model.parameters(), backend="tape",
+                   float32=True)

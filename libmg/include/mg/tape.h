@@ -111,6 +111,13 @@ MG_API int mg_tape_forward(mg_tape *t, const double *x, const double *y);
 MG_API double mg_tape_loss(const mg_tape *t);
 
 /**
+ * @brief The slot holding the loss (for code that runs emitted programs itself).
+ * @param t the tape
+ * @return the slot index; 0 without a loss.
+ */
+MG_API size_t mg_tape_loss_slot(const mg_tape *t);
+
+/**
  * @brief Copies the outputs computed by the last forward.
  * @param t the tape
  * @param[out] out room for mg_tape_noutputs() values
@@ -227,6 +234,9 @@ MG_API size_t mg_tape_write_back(const mg_tape *t, mg_graph *g);
 typedef struct mg_emit_options {
     const char *prefix;  /**< Symbol prefix of the generated functions; NULL means "mgc_". */
     int inference_only;  /**< Nonzero: only `<prefix>infer`, parameters inlined as constants. */
+    int float32;         /**< Nonzero: float32 slot arrays (a speed trade; results change).
+                              Such code runs through its own `fit_epoch` and `predict`, not
+                              mg_tape_set_kernels(). Ignored with inference_only. */
 } mg_emit_options;
 
 /**
@@ -236,7 +246,8 @@ typedef struct mg_emit_options {
  * current values and the constants), `mgc_forward(ctx, data)`, `mgc_backward(ctx, data, grad)`,
  * `mgc_step(data, grad, scale)`, `mgc_fit_epoch(...)`, `mgc_predict(...)` and the layout
  * constants `mgc_nslots` and friends. Inference-only code exports
- * `mgc_infer(const double *x, double *y, double *work)`. The same tape gives byte-identical
+ * `mgc_infer(const double *x, double *y, double *work)`. `mgc_real_bytes` tells the slot type
+ * (8, or 4 with mg_emit_options::float32). The same tape gives byte-identical
  * source: names derive from slot numbers only.
  * @param t the tape
  * @param opt options; NULL for the defaults
