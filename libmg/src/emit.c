@@ -146,11 +146,7 @@ static void emit_forward_body(sbuf *b, const mg_tape *t) {
             case MG_OP_HINGE: putf(b, "    d[%u] = mgk_hinge_fwd(d, mg_ix + %u, %zu);\n", p->out, p->a, n); break;
             case MG_OP_XENT: putf(b, "    d[%u] = mgk_xent_fwd(d, mg_ix + %u, %zu);\n", p->out, p->a, n); break;
             case MG_OP_LEAF:
-#define MG__E_S(id, name, sym, ar_, f, da, db) case MG_OP_##id:
-#define MG__E_N(id, name, sym)
-                MG_OP_LIST(MG__E_S, MG__E_N)
-#undef MG__E_S
-#undef MG__E_N
+                MG_ELEMENTWISE_CASES
             case MG_OP_COUNT: break;
             }
         }
@@ -193,11 +189,7 @@ static void emit_backward_body(sbuf *b, const mg_tape *t) {
             case MG_OP_HINGE: putf(b, "    mgk_hinge_bwd(d, g, mg_ix + %u, %zu, g[%u]);\n", p->a, n, p->out); break;
             case MG_OP_XENT: putf(b, "    mgk_xent_bwd(d, g, mg_ix + %u, %zu, g[%u]);\n", p->a, n, p->out); break;
             case MG_OP_LEAF:
-#define MG__E_S(id, name, sym, ar_, f, da, db) case MG_OP_##id:
-#define MG__E_N(id, name, sym)
-                MG_OP_LIST(MG__E_S, MG__E_N)
-#undef MG__E_S
-#undef MG__E_N
+                MG_ELEMENTWISE_CASES
             case MG_OP_COUNT: break;
             }
         }

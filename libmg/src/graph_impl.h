@@ -93,6 +93,12 @@ int mg_graph__fail(mg_graph *g, int status, const char *fmt, ...)
 #endif
     ;
 
+/* Case labels for every elementwise op, from the table: switches over the variadic ops list
+ * them (with MG_OP_LEAF and MG_OP_COUNT) instead of a `default:`. */
+#define MG__CASE_S(id, name, sym, ar, f, da, db) case MG_OP_##id:
+#define MG__CASE_N(id, name, sym)
+#define MG_ELEMENTWISE_CASES MG_OP_LIST(MG__CASE_S, MG__CASE_N)
+
 /* Arity per op, generated from the table (-1: variadic, 0: leaf). */
 extern const int8_t mg_op__arity[MG_OP_COUNT];
 

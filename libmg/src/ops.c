@@ -101,11 +101,7 @@ double mg_op__nary_forward(int op, const mg_value *v) {
         return log(acc) + m - x[(size_t)t]->data;
     }
     case MG_OP_LEAF:
-#define MG__SKIP_S(id, name, sym, ar_, f, da, db) case MG_OP_##id:
-#define MG__SKIP_N(id, name, sym)
-        MG_OP_LIST(MG__SKIP_S, MG__SKIP_N)
-#undef MG__SKIP_S
-#undef MG__SKIP_N
+        MG_ELEMENTWISE_CASES
     case MG_OP_COUNT:
         break;
     }
@@ -165,11 +161,7 @@ void mg_op__nary_backward(const mg_value *v, double g) {
         return; /* the target is an index: no gradient */
     }
     case MG_OP_LEAF:
-#define MG__SKIP_S(id, name, sym, ar_, f, da, db) case MG_OP_##id:
-#define MG__SKIP_N(id, name, sym)
-        MG_OP_LIST(MG__SKIP_S, MG__SKIP_N)
-#undef MG__SKIP_S
-#undef MG__SKIP_N
+        MG_ELEMENTWISE_CASES
     case MG_OP_COUNT:
         return;
     }
