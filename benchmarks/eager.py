@@ -23,24 +23,14 @@ import subprocess
 import sys
 import time
 from types import SimpleNamespace
+
+from micrograd_c.datasets import make_moons
 from typing import Any, Callable, List, Tuple
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # numpy's BLAS threads would spin on our cores
 import numpy as np
 
 sys.setrecursionlimit(100_000)  # micrograd's recursive topological sort needs it for MNIST
-
-
-def make_moons(n: int = 100, noise: float = 0.1, seed: int = 1337) -> Tuple[np.ndarray, np.ndarray]:
-    """Two interleaving half circles (scikit-learn's make_moons algorithm), labels -1/+1."""
-    rng = np.random.RandomState(seed)
-    n_out, n_in = n // 2, n - n // 2
-    t_out, t_in = np.linspace(0, np.pi, n_out), np.linspace(0, np.pi, n_in)
-    X = np.vstack([np.append(np.cos(t_out), 1 - np.cos(t_in)),
-                   np.append(np.sin(t_out), 1 - np.sin(t_in) - 0.5)]).T
-    y = np.hstack([np.zeros(n_out, dtype=np.intp), np.ones(n_in, dtype=np.intp)])
-    X += rng.normal(scale=noise, size=X.shape)
-    return X, y * 2 - 1
 
 
 def micrograd_style_nn(Value: Any) -> SimpleNamespace:
@@ -98,7 +88,7 @@ def moons_demo(Value: Any, MLP: Any, steps: int) -> Tuple[float, float]:
     """The demo notebook's training loop; returns (final loss, final accuracy)."""
     np.random.seed(1337)
     random.seed(1337)
-    X, y = make_moons(n=100, noise=0.1)
+    X, y = make_moons(100, 0.1, seed=1337)  # scikit-learn's algorithm, labels -1/+1
     model = MLP(2, [16, 16, 1])
 
     def loss(batch_size=None):

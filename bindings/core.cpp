@@ -85,22 +85,16 @@ void check_len(size_t a, size_t b, const char *what) {
 }
 
 mg_activation activation_of(const std::string &name) {
-    if (name == "relu") return MG_ACT_RELU;
-    if (name == "tanh") return MG_ACT_TANH;
-    if (name == "linear") return MG_ACT_LINEAR;
-    if (name == "sigmoid") return MG_ACT_SIGMOID;
-    throw py::value_error("unknown activation '" + name + "' (expected relu, tanh, sigmoid or linear)");
+    int a = mg_activation_from_name(name.c_str());
+    if (a < 0) {
+        std::string known;
+        for (int i = 0; i < MG_ACT_COUNT; i++) known += std::string(i ? ", " : "") + mg_activation_name(i);
+        throw py::value_error("unknown activation '" + name + "' (expected one of " + known + ")");
+    }
+    return static_cast<mg_activation>(a);
 }
 
-const char *activation_name(mg_activation a) {
-    switch (a) {
-    case MG_ACT_RELU: return "relu";
-    case MG_ACT_TANH: return "tanh";
-    case MG_ACT_SIGMOID: return "sigmoid";
-    case MG_ACT_LINEAR: return "linear";
-    }
-    return "linear";
-}
+const char *activation_name(mg_activation a) { return mg_activation_name(a); }
 
 // ---- nn: C structs shared between an owner and the views into it -------------------------
 
@@ -236,6 +230,13 @@ PYBIND11_MODULE(_core, m, py::mod_gil_used()) {
     m.attr("OP_NAMES") = py::tuple(names);
     m.attr("OP_SYMBOLS") = py::tuple(symbols);
     m.attr("OP_ARITIES") = py::tuple(arities);
+    py::list act_names, act_ops;
+    for (int a = 0; a < MG_ACT_COUNT; a++) {
+        act_names.append(mg_activation_name(a));
+        act_ops.append(mg_activation_op(a));
+    }
+    m.attr("ACTIVATIONS") = py::tuple(act_names);   // libmg's activation table
+    m.attr("ACTIVATION_OPS") = py::tuple(act_ops);
     m.attr("LIBMG_VERSION") = MG_VERSION;
 
     m.def("op_of", [](py::handle v) { return mg_value_op(node_of(v, "op_of")); },

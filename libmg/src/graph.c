@@ -79,6 +79,9 @@ void mg_graph_free(mg_graph *g) {
     }
     mg_graph__free(g, g->stack);
     mg_graph__free(g, g->order);
+    mg_graph__free(g, g->sd);
+    mg_graph__free(g, g->sg);
+    mg_graph__free(g, g->six);
     g->alloc.free_fn(g, g->alloc.ctx);
 }
 
@@ -89,7 +92,8 @@ size_t mg_graph_bytes(const mg_graph *g) {
     /* the newest block's unused tail is reserved address space the graph has not touched */
     size_t untouched = g->blocks ? (g->blocks->cap - g->blocks->used) * sizeof(mg_value) : 0;
     return sizeof *g + g->block_bytes - untouched + g->args_bytes +
-           g->stack_cap * sizeof(mg_frame) + g->order_cap * sizeof(mg_value *);
+           g->stack_cap * sizeof(mg_frame) + g->order_cap * sizeof(mg_value *) +
+           g->scratch_cap * (2 * sizeof(double) + sizeof(mgk_idx));
 }
 
 const char *mg_graph_last_error(const mg_graph *g) { return g ? g->err : "no graph"; }
@@ -334,6 +338,7 @@ mg_value *mg_graph__nary(mg_graph *g, int op, uint32_t n, uint32_t flags, size_t
         mg_graph__fail(g, MG_ERANGE, "%s: %zu operands is too many", mg_op_name(op), len);
         return NULL;
     }
+    if (!mg_graph__scratch(g, len)) return NULL;
     mg_args *args = mg_graph__malloc(g, sizeof(mg_args) + len * sizeof(mg_value *));
     if (!args) return NULL;
     mg_value *v = new_slot(g);
@@ -354,7 +359,8 @@ mg_value *mg_graph__nary(mg_graph *g, int op, uint32_t n, uint32_t flags, size_t
     v->flags = (uint8_t)flags;
     v->a.args = args;
     v->b.v = NULL;
-    v->data = mg_op__nary_forward(op, v);
+    for (size_t i = 0; i < len; i++) g->sd[i] = args->v[i]->data;
+    v->data = mg_op__nary_fwd(op, flags & MG_FLAG_BIAS, g->sd, g->six, len, n);
     return v;
 }
 
@@ -418,6 +424,24 @@ mg_value *mg_cross_entropy(mg_graph *g, mg_value *const *logits, size_t n, mg_va
 
 /* ---- backward ---------------------------------------------------------------------------- */
 
+int mg_graph__scratch(mg_graph *g, size_t len) {
+    if (len <= g->scratch_cap) return 1;
+    size_t cap = g->scratch_cap ? g->scratch_cap : 64;
+    while (cap < len) cap *= 2;
+    double *sd = mg_graph__realloc(g, g->sd, cap * sizeof(double));
+    if (!sd) return 0;
+    g->sd = sd;
+    double *sg = mg_graph__realloc(g, g->sg, cap * sizeof(double));
+    if (!sg) return 0;
+    g->sg = sg;
+    mgk_idx *six = mg_graph__realloc(g, g->six, cap * sizeof(mgk_idx));
+    if (!six) return 0;
+    g->six = six;
+    for (size_t i = g->scratch_cap; i < cap; i++) six[i] = (mgk_idx)i;
+    g->scratch_cap = cap;
+    return 1;
+}
+
 int mg_graph__grow(mg_graph *g, void **buf, size_t *cap, size_t elem, size_t need) {
     if (need <= *cap) return 1;
     size_t nc = *cap ? *cap : 1024;
@@ -478,6 +502,14 @@ int mg_backward(mg_graph *g, mg_value *out) {
     size_t n = mg_graph__topo(g, &out, 1);
     if (n == (size_t)-1) return MG_ENOMEM;
     mg_value **order = g->order;
+    /* scratch for the largest variadic node, before any gradient changes */
+    size_t widest = 0;
+    for (size_t i = 0; i < n; i++)
+        if (mg_op__arity[order[i]->op] < 0 && order[i]->a.args->len > widest) widest = order[i]->a.args->len;
+    if (!mg_graph__scratch(g, widest)) {
+        mg_graph__clear_marks(g, n);
+        return MG_ENOMEM;
+    }
     for (size_t i = 0; i < n; i++) {
         mg_value *v = order[i];
         v->flags &= (uint8_t)~MG_FLAG_VISITED;
@@ -495,7 +527,14 @@ int mg_backward(mg_graph *g, mg_value *out) {
             a->grad += dA * gr;
             if (b) b->grad += dB * gr;
         } else if (ar < 0) {
-            mg_op__nary_backward(v, gr);
+            /* gather, run the shared kernel on slots 0..len-1, add back in operand order */
+            const mg_args *args = v->a.args;
+            for (uint32_t j = 0; j < args->len; j++) {
+                g->sd[j] = args->v[j]->data;
+                g->sg[j] = 0.0;
+            }
+            mg_op__nary_bwd(v->op, v->flags & MG_FLAG_BIAS, g->sd, g->sg, g->six, args->len, args->n, gr);
+            for (uint32_t j = 0; j < args->len; j++) args->v[j]->grad += g->sg[j];
         }
     }
     return MG_OK;

@@ -3,6 +3,7 @@
 #define MG_GRAPH_IMPL_H
 
 #include "mg/graph.h"
+#include "kernels.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -77,6 +78,10 @@ struct mg_graph {
     size_t stack_cap;
     mg_value **order;
     size_t order_cap;
+    /* variadic-op scratch: data, gradients, identity index (scratch_cap entries each) */
+    double *sd, *sg;
+    mgk_idx *six;
+    size_t scratch_cap;
     int status;
     char err[256];
 };
@@ -154,9 +159,43 @@ void mg_graph__clear_marks(mg_graph *g, size_t n);
 /* Grows *buf to hold `need` elements of `elem` bytes (doubling); 0 on ENOMEM. */
 int mg_graph__grow(mg_graph *g, void **buf, size_t *cap, size_t elem, size_t need);
 
-/* Forward of a variadic node from its operands' data (shared by eager and frozen paths). */
-double mg_op__nary_forward(int op, const mg_value *v);
-/* Backward of a variadic node: adds into its operands' gradients. */
-void mg_op__nary_backward(const mg_value *v, double g);
+/* The variadic ops over slot arrays, by op: the one implementation, from kernels.h, that the
+ * eager graph, the interpreter and (as text) generated code all run. `ix` lists the operand
+ * slots (`len` of them), `n` is the op's term count. */
+static inline double mg_op__nary_fwd(int op, int bias, const double *d, const mgk_idx *ix, size_t len,
+                                     size_t n) {
+    switch ((mg_op)op) {
+    case MG_OP_SUM: return mgk_sum_fwd(d, ix, len);
+    case MG_OP_DOT: return mgk_dot_fwd(d, ix, n, bias);
+    case MG_OP_MSE: return mgk_mse_fwd(d, ix, n);
+    case MG_OP_HINGE: return mgk_hinge_fwd(d, ix, n);
+    case MG_OP_XENT: return mgk_xent_fwd(d, ix, n);
+    case MG_OP_LEAF:
+        MG_ELEMENTWISE_CASES
+    case MG_OP_COUNT:
+        break;
+    }
+    return NAN;
+}
+
+static inline void mg_op__nary_bwd(int op, int bias, const double *d, double *g, const mgk_idx *ix,
+                                   size_t len, size_t n, double gy) {
+    switch ((mg_op)op) {
+    case MG_OP_SUM: mgk_sum_bwd(g, ix, len, gy); return;
+    case MG_OP_DOT: mgk_dot_bwd(d, g, ix, n, bias, gy); return;
+    case MG_OP_MSE: mgk_mse_bwd(d, g, ix, n, gy); return;
+    case MG_OP_HINGE: mgk_hinge_bwd(d, g, ix, n, gy); return;
+    case MG_OP_XENT: mgk_xent_bwd(d, g, ix, n, gy); return;
+    case MG_OP_LEAF:
+        MG_ELEMENTWISE_CASES
+    case MG_OP_COUNT:
+        return;
+    }
+}
+
+/* Scratch for running variadic kernels on a node: its operands' data (and gradients) gathered
+ * into slots 0..len-1 with the identity index. Grown before anything changes, so a failure to
+ * grow leaves the graph as it was. */
+int mg_graph__scratch(mg_graph *g, size_t len);
 
 #endif /* MG_GRAPH_IMPL_H */

@@ -1,7 +1,10 @@
 /* mg kernels: the variadic ops, the SGD step, the epoch driver and the shuffling generator over
  * a frozen program's slot arrays. This one text is compiled into libmg's tape interpreter and
  * pasted verbatim into every C file the emitter writes, so both run literally the same code.
- * It includes only <math.h> and <stddef.h>. Slot arrays: d (data), g (gradients). */
+ * It includes only <math.h> and <stddef.h>. Slot arrays: d (data), g (gradients). libmg's eager
+ * graph runs the variadic ops through these kernels as well (over a gathered scratch copy). */
+#ifndef MGK_KERNELS_H
+#define MGK_KERNELS_H
 #include <math.h>
 #include <stddef.h>
 
@@ -512,3 +515,5 @@ static inline void mgk_predict(const mgk_layout *L, mgk_forward_fn fwd, mgk_ctx 
         for (j = 0; j < L->noutputs; j++) out[k * L->noutputs + j] = d[L->outputs[j]];
     }
 }
+
+#endif /* MGK_KERNELS_H */

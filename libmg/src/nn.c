@@ -1,7 +1,6 @@
 /* Seeded generator, neurons, layers and MLPs over graph values. */
 #include "graph_impl.h"
 #include "mg/nn.h"
-#include "kernels.h"
 
 #include <math.h>
 #include <string.h>
@@ -52,18 +51,29 @@ struct mg_mlp {
     size_t max_width;
 };
 
-static mg_value *activate(mg_graph *g, mg_activation act, mg_value *x) {
-    switch (act) {
-    case MG_ACT_LINEAR: return x;
-    case MG_ACT_RELU: return mg_relu(g, x);
-    case MG_ACT_TANH: return mg_tanh(g, x);
-    case MG_ACT_SIGMOID: return mg_sigmoid(g, x);
-    }
-    mg_graph__fail(g, MG_EINVAL, "unknown activation %d", (int)act);
-    return NULL;
+/* ---- the activation table ---------------------------------------------------------------- */
+
+#define MG__ACT_NAME(id, name, op) name,
+static const char *const act_names[MG_ACT_COUNT] = {MG_ACTIVATION_LIST(MG__ACT_NAME)};
+#define MG__ACT_OP(id, name, op) op,
+static const int act_ops[MG_ACT_COUNT] = {MG_ACTIVATION_LIST(MG__ACT_OP)};
+
+const char *mg_activation_name(int act) { return act >= 0 && act < MG_ACT_COUNT ? act_names[act] : NULL; }
+int mg_activation_op(int act) { return act >= 0 && act < MG_ACT_COUNT ? act_ops[act] : -1; }
+
+int mg_activation_from_name(const char *name) {
+    if (!name) return -1;
+    for (int a = 0; a < MG_ACT_COUNT; a++)
+        if (strcmp(act_names[a], name) == 0) return a;
+    return -1;
 }
 
-static int valid_act(mg_activation act) { return act >= MG_ACT_LINEAR && act <= MG_ACT_SIGMOID; }
+static int valid_act(mg_activation act) { return (int)act >= 0 && act < MG_ACT_COUNT; }
+
+static mg_value *activate(mg_graph *g, mg_activation act, mg_value *x) {
+    int op = mg_activation_op(act);
+    return op < 0 ? x : mg_apply(g, op, x, NULL, 0.0);
+}
 
 /* Frees the struct and drops its parameter references; the parameters themselves stay in the
  * graph (they are leaves; restore or graph_free reclaims them). */

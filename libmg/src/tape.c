@@ -62,37 +62,19 @@ static int map_put(slot_map *m, mg_value *v, uint32_t slot) {
 static void interp_forward(void *vctx, double *d) {
     const mgk_ctx *ctx = vctx;
     const mg_tape *t = ctx->prog;
-    const mg_instr *ins = t->instr;
     for (size_t i = 0; i < t->ninstr; i++) {
-        const mg_instr *p = &ins[i];
+        const mg_instr *p = &t->instr[i];
         if (p->kind == MG_K_MAP) {
             for (uint32_t j = 0; j < p->b; j++) d[p->out + j] = mg_op__forward(p->op, d[p->a + j], 0.0, p->k);
-            continue;
-        }
-        if (p->kind == MG_K_MATVEC) {
+        } else if (p->kind == MG_K_MATVEC) {
             const mgk_mv *v = &t->mvs[p->a];
             mgk_mv_fwd(d, ctx->pw, v->m, v->n, v->b0, v->ldb, v->x0, v->out0, v->p0);
-            continue;
-        }
-        const mgk_idx *ix = t->idx + p->a;
-        size_t n = mg_op__arity[p->op] < 0 ? (size_t)p->k : 0; /* k is a count only for variadic ops */
-        switch ((mg_op)p->op) {
-#define MG__IF_S(id, name, sym, ar, f, da, db)                                                  \
-    case MG_OP_##id:                                                                          \
-        d[p->out] = (ar) == 2 ? mg_op__forward(p->op, d[p->a], d[p->b], 0.0)                  \
-                              : mg_op__forward(p->op, d[p->a], 0.0, p->k);                     \
-        break;
-#define MG__IF_N(id, name, sym)
-            MG_OP_LIST(MG__IF_S, MG__IF_N)
-#undef MG__IF_S
-#undef MG__IF_N
-        case MG_OP_SUM: d[p->out] = mgk_sum_fwd(d, ix, p->b); break;
-        case MG_OP_DOT: d[p->out] = mgk_dot_fwd(d, ix, n, p->flags & MG_FLAG_BIAS); break;
-        case MG_OP_MSE: d[p->out] = mgk_mse_fwd(d, ix, n); break;
-        case MG_OP_HINGE: d[p->out] = mgk_hinge_fwd(d, ix, n); break;
-        case MG_OP_XENT: d[p->out] = mgk_xent_fwd(d, ix, n); break;
-        case MG_OP_LEAF:
-        case MG_OP_COUNT: break;
+        } else if (mg_op__arity[p->op] < 0) { /* k is the term count only for variadic ops */
+            d[p->out] = mg_op__nary_fwd(p->op, p->flags & MG_FLAG_BIAS, d, t->idx + p->a, p->b, (size_t)p->k);
+        } else if (mg_op__arity[p->op] == 2) {
+            d[p->out] = mg_op__forward(p->op, d[p->a], d[p->b], 0.0);
+        } else {
+            d[p->out] = mg_op__forward(p->op, d[p->a], 0.0, p->k);
         }
     }
 }
@@ -110,40 +92,19 @@ static void interp_backward(void *vctx, const double *d, double *g) {
                 mg_op__derivs(p->op, d[p->a + j], 0.0, p->k, d[p->out + j], &dA, &dB);
                 g[p->a + j] += dA * g[p->out + j];
             }
-            continue;
-        }
-        if (p->kind == MG_K_MATVEC) {
+        } else if (p->kind == MG_K_MATVEC) {
             const mgk_mv *v = &t->mvs[p->a];
             mgk_mv_bwd(d, g, ctx->pw, ctx->pg, v->m, v->n, v->b0, v->ldb, v->x0, v->out0, v->p0,
                        (int)v->need_gx, ctx->lr, ctx->rec, v->roff);
-            continue;
-        }
-        const mgk_idx *ix = t->idx + p->a;
-        size_t n = mg_op__arity[p->op] < 0 ? (size_t)p->k : 0; /* k is a count only for variadic ops */
-        double gy = g[p->out];
-        switch ((mg_op)p->op) {
-#define MG__IB_S(id, name, sym, ar, f, da, db)                                                  \
-    case MG_OP_##id:                                                                          \
-        if ((ar) == 2) {                                                                      \
-            mg_op__derivs(p->op, d[p->a], d[p->b], 0.0, d[p->out], &dA, &dB);                 \
-            g[p->a] += dA * gy;                                                               \
-            g[p->b] += dB * gy;                                                               \
-        } else {                                                                              \
-            mg_op__derivs(p->op, d[p->a], 0.0, p->k, d[p->out], &dA, &dB);                    \
-            g[p->a] += dA * gy;                                                               \
-        }                                                                                     \
-        break;
-#define MG__IB_N(id, name, sym)
-            MG_OP_LIST(MG__IB_S, MG__IB_N)
-#undef MG__IB_S
-#undef MG__IB_N
-        case MG_OP_SUM: mgk_sum_bwd(g, ix, p->b, gy); break;
-        case MG_OP_DOT: mgk_dot_bwd(d, g, ix, n, p->flags & MG_FLAG_BIAS, gy); break;
-        case MG_OP_MSE: mgk_mse_bwd(d, g, ix, n, gy); break;
-        case MG_OP_HINGE: mgk_hinge_bwd(d, g, ix, n, gy); break;
-        case MG_OP_XENT: mgk_xent_bwd(d, g, ix, n, gy); break;
-        case MG_OP_LEAF:
-        case MG_OP_COUNT: break;
+        } else if (mg_op__arity[p->op] < 0) {
+            mg_op__nary_bwd(p->op, p->flags & MG_FLAG_BIAS, d, g, t->idx + p->a, p->b, (size_t)p->k, g[p->out]);
+        } else if (mg_op__arity[p->op] == 2) {
+            mg_op__derivs(p->op, d[p->a], d[p->b], 0.0, d[p->out], &dA, &dB);
+            g[p->a] += dA * g[p->out];
+            g[p->b] += dB * g[p->out];
+        } else {
+            mg_op__derivs(p->op, d[p->a], 0.0, p->k, d[p->out], &dA, &dB);
+            g[p->a] += dA * g[p->out];
         }
     }
 }
@@ -823,7 +784,7 @@ size_t mg_tape_write_back(const mg_tape *t, mg_graph *g) {
 #define MG_FIT_CHUNKS 2 /* private slot buffers per batch; more threads than chunks wait */
 
 typedef struct fit_chunk {
-    double *d, *g, *pg; /* private slots and gradients (pg: scalar-path packed grads, unused) */
+    double *d, *g; /* private slots and gradients */
     mgk_ctx ctx;
     double loss;
     size_t from, to; /* positions in the epoch's order */

@@ -4,7 +4,6 @@
 
 #include "graph_impl.h"
 #include "mg/tape.h"
-#include "kernels.h"
 
 /* Instruction kinds: a graph op, or a loop the raising pass recovered. */
 enum { MG_K_OP = 0, MG_K_MAP = 1, MG_K_MATVEC = 2 };

@@ -8,6 +8,8 @@ _Scalar = Union["Value", float, int]
 OP_NAMES: Tuple[str, ...]
 OP_SYMBOLS: Tuple[str, ...]
 OP_ARITIES: Tuple[int, ...]
+ACTIVATIONS: Tuple[str, ...]
+ACTIVATION_OPS: Tuple[int, ...]
 LIBMG_VERSION: str
 
 class StaleValueError(RuntimeError): ...

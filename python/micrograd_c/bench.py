@@ -8,7 +8,6 @@ cross-entropy); one SGD step per sample, float64, one thread.
 """
 from __future__ import annotations
 
-import os
 import random
 import statistics
 import sys

@@ -134,7 +134,9 @@ def load_model(path: str) -> Tuple[Any, Dict[str, Any]]:
     if (not isinstance(sizes, list) or len(sizes) < 2 or
             not all(isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= 1_000_000 for n in sizes)):
         raise UsageError(f"{path}: the model's layer sizes are missing or invalid")
-    if activation not in ("relu", "tanh", "sigmoid"):
+    from .nn import ACTIVATIONS
+
+    if activation not in ACTIVATIONS:
         raise UsageError(f"{path}: unknown activation {activation!r}")
     if sum(a * b + b for a, b in zip(sizes, sizes[1:])) > 100_000_000:
         raise UsageError(f"{path}: the model is implausibly large")
@@ -492,7 +494,9 @@ def make_parser() -> argparse.ArgumentParser:
     data_opts(t)
     t.set_defaults(dataset="moons")
     t.add_argument("--hidden", help="hidden layer widths, e.g. 16,16")
-    t.add_argument("--activation", choices=["relu", "tanh", "sigmoid"], default="relu")
+    from .nn import ACTIVATIONS
+
+    t.add_argument("--activation", choices=[a for a in ACTIVATIONS if a != "linear"], default="relu")
     t.add_argument("--loss", choices=["hinge", "mse", "xent"])
     t.add_argument("--l2", type=float, help="L2 penalty (moons/xor default 1e-4, as micrograd's demo)")
     t.add_argument("--epochs", type=int)

@@ -380,9 +380,7 @@ def compile(loss: Optional[Value], inputs: Sequence[Value], targets: Sequence[Va
     if backend == "tape":
         return Program(tape, "tape", info)
     try:
-        if float32:
-            return _compile_c32(tape, info, cc, flags, cache, timeout, fast_math)
-        return _compile_c(tape, info, cc, flags, cache, timeout, fast_math)
+        return _compile_c(tape, info, cc, flags, cache, timeout, fast_math, float32)
     except CompileError as e:
         if backend == "c":
             raise
@@ -391,14 +389,14 @@ def compile(loss: Optional[Value], inputs: Sequence[Value], targets: Sequence[Va
 
 
 def _compile_c(tape: Any, info: Dict[str, Any], cc: Optional[str], flags: Optional[Sequence[str]],
-               cache: Optional[str], timeout: float, fast_math: bool = False) -> Program:
+               cache: Optional[str], timeout: float, fast_math: bool = False, float32: bool = False) -> Program:
     tc = find_compiler(cc)
     fl = list(default_flags(tc) if flags is None else flags)
     if fast_math:
         fl.append("-ffast-math")
     prefix = "mgc_"
     t0 = time.perf_counter()
-    source = tape.emit_c(prefix, False)
+    source = tape.emit_c(prefix, False, float32)
     info["emit_seconds"] = time.perf_counter() - t0
     info["source_bytes"] = len(source.encode())
     for attempt in range(2):
@@ -406,18 +404,22 @@ def _compile_c(tape: Any, info: Dict[str, Any], cc: Optional[str], flags: Option
         try:
             t1 = time.perf_counter()
             lib = _load(built["path"], tape, prefix)
+            if ctypes.c_size_t.in_dll(lib, prefix + "real_bytes").value != (4 if float32 else 8):
+                raise OSError(f"{built['path']}: built for another storage type")
             info["load_seconds"] = time.perf_counter() - t1
             break
         except OSError:
             if attempt:  # a library we just built does not load: report, do not loop
                 raise CompileError(f"the compiled library {built['path']} does not load", built["command"])
             _remove(built["path"])  # a corrupt or foreign cache entry: rebuild it once
+    info.update(compiler=tc.name, compiler_version=tc.version, flags=fl, cached=built["cached"],
+                compile_seconds=built["compile_seconds"], library=built["path"], float32=float32)
+    if float32:  # driven through the library's own fit/predict: libmg's driver runs float64 slots
+        return Float32Program(tape, info, lib, prefix)
     fwd = ctypes.cast(getattr(lib, prefix + "forward"), ctypes.c_void_p).value
     bwd = ctypes.cast(getattr(lib, prefix + "backward"), ctypes.c_void_p).value
     outer = ctypes.cast(getattr(lib, prefix + "outer_step"), ctypes.c_void_p).value
     tape.set_kernels(fwd, bwd, lib, outer)
-    info.update(compiler=tc.name, compiler_version=tc.version, flags=fl, cached=built["cached"],
-                compile_seconds=built["compile_seconds"], library=built["path"])
     return Program(tape, "c", info, lib)
 
 
@@ -508,29 +510,6 @@ class Float32Program(Program):
     def write_back(self) -> int:
         self.tape.data()[: self.tape.nparams] = self.parameters
         return self.tape.write_back()
-
-
-def _compile_c32(tape: Any, info: Dict[str, Any], cc: Optional[str], flags: Optional[Sequence[str]],
-                 cache: Optional[str], timeout: float, fast_math: bool) -> Program:
-    tc = find_compiler(cc)
-    fl = list(default_flags(tc) if flags is None else flags) + (["-ffast-math"] if fast_math else [])
-    prefix = "mgc_"
-    source = tape.emit_c(prefix, False, True)
-    info["source_bytes"] = len(source.encode())
-    for attempt in range(2):
-        built = build_library(source, tc, fl, cache=cache, timeout=timeout)
-        try:
-            lib = _load(built["path"], tape, prefix)
-            if ctypes.c_size_t.in_dll(lib, prefix + "real_bytes").value != 4:
-                raise OSError(f"{built['path']}: not a float32 program")
-            break
-        except OSError:
-            if attempt:
-                raise CompileError(f"the compiled library {built['path']} does not load", built["command"])
-            _remove(built["path"])
-    info.update(compiler=tc.name, compiler_version=tc.version, flags=fl, cached=built["cached"],
-                compile_seconds=built["compile_seconds"], library=built["path"], float32=True)
-    return Float32Program(tape, info, lib, prefix)
 
 
 __all__ = ["compile", "inputs", "Program", "Float32Program", "CompileError", "find_compiler", "Toolchain", "cache_dir",

@@ -21,7 +21,16 @@ from .engine import Value
 Scalar = Union[Value, float, int]
 Output = Union[Value, List[Value]]
 
-_ACTIVATIONS = ("relu", "tanh", "sigmoid", "linear")
+#: Activations, from libmg's activation table.
+ACTIVATIONS = tuple(_core.ACTIVATIONS)
+_ACTIVATIONS = ACTIVATIONS
+
+
+def _kind(activation: str) -> str:
+    """micrograd's repr prefix: 'ReLU' / 'Linear', else the op symbol capitalised."""
+    op = _core.ACTIVATION_OPS[ACTIVATIONS.index(activation)]
+    sym = "Linear" if op < 0 else _core.OP_SYMBOLS[op]
+    return sym[:1].upper() + sym[1:]
 
 
 def _check_activation(activation: str) -> str:
@@ -91,8 +100,7 @@ class Neuron(Module):
         return self.w + [self.b]
 
     def __repr__(self) -> str:
-        kind = {"relu": "ReLU", "linear": "Linear", "tanh": "Tanh", "sigmoid": "Sigmoid"}[self.activation]
-        return f"{kind}Neuron({len(self.w)})"
+        return f"{_kind(self.activation)}Neuron({len(self.w)})"
 
     def __getstate__(self) -> Dict[str, Any]:
         return {"nin": len(self.w), "activation": self.activation, "params": self._c.get_data()}
@@ -232,4 +240,4 @@ class MLP(Module):
                 n.activation = a
 
 
-__all__ = ["Module", "Neuron", "Layer", "MLP"]
+__all__ = ["Module", "Neuron", "Layer", "MLP", "ACTIVATIONS"]

@@ -209,7 +209,20 @@ static void test_nn__allocation_failure_at_every_k(void) {
     CHECK(failures > 0);
 }
 
+static void test_nn__activation_table_is_complete(void) {
+    CHECK(MG_ACT_COUNT >= 4 && MG_ACT_LINEAR == 0 && MG_ACT_RELU == 1);
+    for (int a = 0; a < MG_ACT_COUNT; a++) {
+        CHECK(mg_activation_name(a) != NULL);
+        CHECK(mg_activation_from_name(mg_activation_name(a)) == a);
+        int op = mg_activation_op(a);
+        CHECK(a == MG_ACT_LINEAR ? op == -1 : mg_op_arity(op) == 1);
+    }
+    CHECK(mg_activation_name(MG_ACT_COUNT) == NULL && mg_activation_from_name("gelu") == -1);
+    CHECK(mg_activation_op(MG_ACT_RELU) == MG_OP_RELU);
+}
+
 int main(void) {
+    RUN(test_nn__activation_table_is_complete);
     RUN(test_nn__param_counts_and_order);
     RUN(test_nn__neuron_matches_micrograd_formula);
     RUN(test_nn__same_seed_same_weights_bitwise);

@@ -224,7 +224,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                 mg_rng r;
                 mg_rng_seed(&r, byte(&in));
                 size_t sizes[2] = {1 + byte(&in) % 3, 1 + byte(&in) % 2};
-                mg_mlp *m = mg_mlp_init(g, 2, sizes, 2, (mg_activation)(byte(&in) % 4), MG_INIT_SCALED, &r);
+                mg_mlp *m = mg_mlp_init(g, 2, sizes, 2, (mg_activation)(byte(&in) % MG_ACT_COUNT), MG_INIT_SCALED, &r);
                 if (m) {
                     mg_value *x[2] = {pool[byte(&in) % np], pool[byte(&in) % np]}, *o[2];
                     if (mg_mlp_call(g, m, x, o) == MG_OK) push(&P, o[0], autofree);

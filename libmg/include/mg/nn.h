@@ -49,13 +49,45 @@ MG_API uint64_t mg_rng_next(mg_rng *rng);
  */
 MG_API double mg_rng_uniform(mg_rng *rng, double lo, double hi);
 
-/** Activation applied by a neuron. */
+/**
+ * The activation table: one row per activation, `X(ID, name, op)`, the op of the op table it
+ * applies (-1: none). It generates ::mg_activation, mg_activation_name() and mg_activation_op();
+ * neurons, the bindings and the Python classes all read it.
+ */
+#define MG_ACTIVATION_LIST(X)                                                                  \
+    X(LINEAR, "linear", -1)                                                                    \
+    X(RELU, "relu", MG_OP_RELU)                                                                \
+    X(TANH, "tanh", MG_OP_TANH)                                                                \
+    X(SIGMOID, "sigmoid", MG_OP_SIGMOID)
+
+#define MG__ACT_ENUM(id, name, op) MG_ACT_##id,
+/** Activation applied by a neuron (MG_ACT_RELU is micrograd's default); from #MG_ACTIVATION_LIST. */
 typedef enum mg_activation {
-    MG_ACT_LINEAR = 0, /**< None. */
-    MG_ACT_RELU = 1,   /**< ReLU (micrograd's default). */
-    MG_ACT_TANH = 2,   /**< tanh. */
-    MG_ACT_SIGMOID = 3 /**< Logistic sigmoid. */
+    MG_ACTIVATION_LIST(MG__ACT_ENUM)
+    MG_ACT_COUNT /**< Number of activations; not an activation. */
 } mg_activation;
+#undef MG__ACT_ENUM
+
+/**
+ * @brief Name of an activation, such as `"relu"`.
+ * @param act an activation
+ * @return a static string; NULL when out of range.
+ */
+MG_API const char *mg_activation_name(int act);
+
+/**
+ * @brief Looks an activation up by name.
+ * @param name a name as returned by mg_activation_name()
+ * @return the activation, or -1 when none has that name (or @p name is NULL).
+ */
+MG_API int mg_activation_from_name(const char *name);
+
+/**
+ * @brief The op an activation applies.
+ * @param act an activation
+ * @return an op of the op table; -1 for MG_ACT_LINEAR and for out-of-range values.
+ */
+MG_API int mg_activation_op(int act);
 
 /** Weight initialisation. Biases start at 0 in both, as in micrograd. */
 typedef enum mg_init {
