@@ -313,7 +313,7 @@ def test_cache_hit_and_corrupt_entry(private_cache):
     # loaded libraries are never modified in place (builds rename a new file into place)
     model, tape_prog = mlp_program("tape")
     tc = compiler.find_compiler()
-    key = compiler._cache_key(tape_prog.c_source(), tc, compiler.default_flags(tc))
+    key = compiler.codecache._cache_key(tape_prog.c_source(), tc, compiler.default_flags(tc))
     os.makedirs(private_cache, exist_ok=True)
     (private_cache / f"mg_{key}.so").write_bytes(b"\x7fELF truncated")
     model, p1 = mlp_program("c")
@@ -547,7 +547,7 @@ def test_full_disk_is_a_compile_error_and_auto_falls_back(monkeypatch):
             full()
         return real_replace(src, dst)
 
-    monkeypatch.setattr(compiler.os, "replace", replace)
+    monkeypatch.setattr(compiler.codecache.os, "replace", replace)
     with pytest.raises(mc.CompileError, match="No space left on device"):
         mlp_program("c")
     with pytest.warns(RuntimeWarning, match="falling back"):

@@ -1,274 +1,24 @@
-"""Frozen programs: freeze a graph once, then train it in C with no Python in the loop.
-
-    x = micrograd_c.inputs(784)
-    y = micrograd_c.inputs(1)
-    logits = model(x)
-    loss = micrograd_c.cross_entropy(logits, y[0])
-    prog = micrograd_c.compile(loss, inputs=x, targets=y, params=model.parameters(), outputs=logits)
-    losses = prog.fit(X, Y, epochs=1, lr=0.01)
-    prog.write_back()                      # the trained parameters back into the model's Values
-
-Backends: ``"tape"`` interprets the frozen program in libmg (no compiler needed); ``"c"`` emits C,
-compiles it with the system's C compiler and loads it; ``"auto"`` uses the compiler when one
-works and otherwise the tape, with a warning. Compiled libraries are cached (see
-:func:`cache_dir`), keyed by the source, the compiler and its version, the flags and the
-emitter's version; a cache hit loads in milliseconds.
-"""
+"""Frozen programs: freeze a graph once, then train it in C with no Python in the loop."""
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import os
-import platform
-import shlex
-import shutil
-import subprocess
-import sys
-import tempfile
 import time
 import warnings
-from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterator, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from . import _core
-from .engine import Value
-
-#: Flags used when none are given: optimised, and no floating-point contraction, so compiled
-#: results equal the interpreter's and the eager graph's. Code compiled on the machine that runs
-#: it also gets ``-march=native`` when the compiler accepts it (see :func:`default_flags`).
-DEFAULT_FLAGS: List[str] = ["-O2", "-ffp-contract=off"]
-CANDIDATES = ("cc", "gcc", "clang", "tcc")
-
-
-class CompileError(RuntimeError):
-    """The C compiler failed, timed out or is missing. ``command`` and ``output`` say how."""
-
-    def __init__(self, message: str, command: Optional[Sequence[str]] = None, output: str = "") -> None:
-        self.command = list(command) if command else []
-        self.output = output
-        detail = f"\ncommand: {shlex.join(self.command)}" if self.command else ""
-        if output:
-            tail = output if len(output) < 4000 else "...\n" + output[-4000:]
-            detail += f"\ncompiler output:\n{tail}"
-        super().__init__(message + detail)
-
+from .. import _core
+from ..engine import Value
+from .codecache import _remove, build_library, load_library
+from .toolchain import CompileError, default_flags, find_compiler
 
 def inputs(n: int, value: float = 0.0) -> List[Value]:
     """Return ``n`` placeholder Values (leaves) to build a graph over, for :func:`compile`."""
     if n < 0:
         raise ValueError("n must be non-negative")
     return [Value(value) for _ in range(n)]
-
-
-def cache_dir() -> str:
-    """The compiled-library cache: ``$MICROGRAD_C_CACHE_DIR``, else the user cache directory."""
-    env = os.environ.get("MICROGRAD_C_CACHE_DIR")
-    if env:
-        return env
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "micrograd_c")
-
-
-# ---- toolchain ------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Toolchain:
-    """A working C compiler: its command (``$CC`` may carry arguments), path and version."""
-
-    command: List[str]
-    path: str
-    version: str
-
-    @property
-    def name(self) -> str:
-        """Short name of the compiler as invoked (``cc``, ``gcc``, ``clang``, ``tcc``, ...)."""
-        return os.path.basename(self.command[0])
-
-
-_toolchains: Dict[str, Optional[Toolchain]] = {}
-
-
-def _version_of(cmd: List[str]) -> str:
-    for flag in ("--version", "-v"):
-        try:
-            r = subprocess.run(cmd + [flag], capture_output=True, text=True, timeout=30)
-        except (OSError, subprocess.TimeoutExpired):
-            continue
-        text = (r.stdout + r.stderr).strip()
-        if text:
-            return text.splitlines()[0]
-    return "unknown"
-
-
-def _probe(cmd: List[str]) -> Optional[Toolchain]:
-    """The toolchain if `cmd` builds and links a shared library, else None."""
-    key = "\0".join(cmd)
-    if key in _toolchains:
-        return _toolchains[key]
-    path = shutil.which(cmd[0]) if cmd else None
-    tc = None
-    if path:
-        with tempfile.TemporaryDirectory(prefix="micrograd_c-probe-") as d:
-            src, out = os.path.join(d, "probe.c"), os.path.join(d, "probe.so")
-            with open(src, "w") as f:
-                f.write("#include <math.h>\ndouble mg_probe(double x) { return sqrt(x); }\n")
-            try:
-                r = subprocess.run(cmd + ["-shared", "-fPIC", "-o", out, src, "-lm"],
-                                   capture_output=True, text=True, timeout=60)
-                if r.returncode == 0 and os.path.exists(out):
-                    tc = Toolchain(cmd, os.path.realpath(path), _version_of(cmd))
-            except (OSError, subprocess.TimeoutExpired):
-                tc = None
-    _toolchains[key] = tc
-    return tc
-
-
-def find_compiler(cc: Optional[str] = None) -> Toolchain:
-    """The C compiler to use: ``cc`` if given, else ``$CC``, else the first of cc, gcc, clang, tcc
-    that builds a shared library. Raises :class:`CompileError` when none works."""
-    explicit = cc or os.environ.get("CC")
-    if explicit:
-        cmd = shlex.split(explicit)
-        tc = _probe(cmd)
-        if tc is None:
-            raise CompileError(f"the C compiler {explicit!r} (from {'cc=' if cc else '$CC'}) does not work: "
-                               "it is missing or cannot build a shared library")
-        return tc
-    for name in CANDIDATES:
-        tc = _probe([name])
-        if tc is not None:
-            return tc
-    raise CompileError("no working C compiler found (tried cc, gcc, clang, tcc; set $CC); "
-                       "use backend='tape' to run without one")
-
-
-_native: Dict[str, bool] = {}
-
-
-def default_flags(tc: "Toolchain") -> List[str]:
-    """:data:`DEFAULT_FLAGS` plus ``-march=native`` when ``tc`` accepts it.
-
-    Contraction stays off, so vectorised code computes the same values as the scalar program.
-    """
-    if tc.path not in _native:
-        ok = False
-        with tempfile.TemporaryDirectory(prefix="micrograd_c-probe-") as d:
-            src = os.path.join(d, "n.c")
-            with open(src, "w") as f:
-                f.write("int mg_native(void) { return 1; }\n")
-            try:
-                r = subprocess.run(tc.command + ["-march=native", "-c", "-o", os.path.join(d, "n.o"), src],
-                                   capture_output=True, text=True, timeout=60)
-                ok = r.returncode == 0 and not r.stderr.strip()
-            except (OSError, subprocess.TimeoutExpired):
-                ok = False
-        _native[tc.path] = ok
-    return DEFAULT_FLAGS + (["-march=native"] if _native[tc.path] else [])
-
-
-# ---- cache ----------------------------------------------------------------------------------
-
-@contextmanager
-def _locked(path: str) -> Iterator[None]:
-    """An exclusive lock on `path` (a lock file per cache key), across processes."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        try:
-            import fcntl
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        except ImportError:  # not POSIX: rely on the atomic rename alone
-            pass
-        yield
-    finally:
-        os.close(fd)
-
-
-def _cache_key(source: str, tc: Toolchain, flags: Sequence[str]) -> str:
-    h = hashlib.sha256()
-    for part in (source, tc.path, " ".join(tc.command), tc.version, "\0".join(flags),
-                 str(_core.EMITTER_VERSION), platform.machine(), sys.platform):
-        h.update(part.encode("utf-8", "surrogateescape"))
-        h.update(b"\0")
-    return h.hexdigest()[:32]
-
-
-def build_library(source: str, tc: Toolchain, flags: Sequence[str], *, cache: Optional[str] = None,
-                  timeout: float = 600.0) -> Dict[str, Any]:
-    """Compile `source` into a shared library in the cache, unless it is there already.
-
-    Returns ``{"path", "cached", "compile_seconds", "command"}``. Writes go to a temporary file
-    that is renamed into place, under a per-key lock, so concurrent builds of the same source
-    both succeed. Raises :class:`CompileError` on failure or timeout.
-    """
-    root = cache or cache_dir()
-    try:
-        os.makedirs(root, exist_ok=True)
-        probe = tempfile.NamedTemporaryFile(dir=root, prefix=".probe-", delete=True)
-        probe.close()
-    except OSError as e:
-        # a read-only, full or bogus cache directory must not stop a compile: build privately
-        fallback = tempfile.mkdtemp(prefix="micrograd_c-cache-")
-        warnings.warn(f"the cache directory {root} is not usable ({e.strerror or e}); "
-                      f"compiling into {fallback} instead", RuntimeWarning, stacklevel=3)
-        root = fallback
-    key = _cache_key(source, tc, flags)
-    lib = os.path.join(root, f"mg_{key}.so")
-    with _locked(lib + ".lock"):
-        if os.path.exists(lib) and os.path.getsize(lib) > 0:
-            return {"path": lib, "cached": True, "compile_seconds": 0.0, "command": []}
-        try:
-            fd, tmp_src = tempfile.mkstemp(prefix=f"mg_{key}.", suffix=".c", dir=root)
-            with os.fdopen(fd, "w") as f:
-                f.write(source)
-        except OSError as e:
-            raise CompileError(f"could not write the generated source to {root}: {e}") from None
-        tmp_lib = tmp_src[:-2] + ".so.tmp"
-        cmd = tc.command + list(flags) + ["-fPIC", "-shared", "-o", tmp_lib, tmp_src, "-lm"]
-        t0 = time.perf_counter()
-        try:
-            r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-        except subprocess.TimeoutExpired as e:
-            _remove(tmp_lib)
-            out = (e.stdout or "") + (e.stderr or "") if isinstance(e.stdout, str) else ""
-            raise CompileError(f"the C compiler timed out after {timeout:g} s", cmd, out) from None
-        except OSError as e:
-            raise CompileError(f"could not run the C compiler: {e}", cmd) from None
-        finally:
-            if os.path.exists(tmp_src):
-                os.replace(tmp_src, os.path.join(root, f"mg_{key}.c"))
-        seconds = time.perf_counter() - t0
-        if r.returncode != 0 or not os.path.exists(tmp_lib):
-            _remove(tmp_lib)
-            raise CompileError(f"the C compiler failed (exit status {r.returncode})", cmd, r.stdout + r.stderr)
-        try:
-            os.replace(tmp_lib, lib)
-        except OSError as e:
-            _remove(tmp_lib)
-            raise CompileError(f"could not store the compiled library in {root}: {e}", cmd) from None
-        return {"path": lib, "cached": False, "compile_seconds": seconds, "command": cmd}
-
-
-def _remove(path: str) -> None:
-    try:
-        os.remove(path)
-    except OSError:
-        pass
-
-
-def _load(path: str, tape: Any, prefix: str) -> ctypes.CDLL:
-    """Load a compiled library and check that its layout is the tape's; raises OSError if not."""
-    lib = ctypes.CDLL(path)
-    for name, want in (("nslots", tape.nslots), ("nparams", tape.nparams), ("ninputs", tape.ninputs),
-                       ("ntargets", tape.ntargets), ("noutputs", tape.noutputs)):  # npacked follows
-        got = ctypes.c_size_t.in_dll(lib, prefix + name).value
-        if got != want:
-            raise OSError(f"{path}: {name} is {got}, the program needs {want}")
-    if ctypes.c_int.in_dll(lib, prefix + "emitter_version").value != _core.EMITTER_VERSION:
-        raise OSError(f"{path}: built by another emitter version")
-    return lib
 
 
 # ---- programs -------------------------------------------------------------------------------
@@ -403,7 +153,7 @@ def _compile_c(tape: Any, info: Dict[str, Any], cc: Optional[str], flags: Option
         built = build_library(source, tc, fl, cache=cache, timeout=timeout)
         try:
             t1 = time.perf_counter()
-            lib = _load(built["path"], tape, prefix)
+            lib = load_library(built["path"], tape, prefix)
             if ctypes.c_size_t.in_dll(lib, prefix + "real_bytes").value != (4 if float32 else 8):
                 raise OSError(f"{built['path']}: built for another storage type")
             info["load_seconds"] = time.perf_counter() - t1
@@ -512,5 +262,3 @@ class Float32Program(Program):
         return self.tape.write_back()
 
 
-__all__ = ["compile", "inputs", "Program", "Float32Program", "CompileError", "find_compiler", "Toolchain", "cache_dir",
-           "build_library", "DEFAULT_FLAGS", "default_flags"]
