@@ -208,6 +208,18 @@ Array rows_of(py::handle a, size_t width, const char *what, size_t *n, bool allo
     return arr;
 }
 
+// A tape call's status as an exception, with the tape's message.
+void check_tape(mg_tape *t, int st) {
+    if (st == MG_OK) return;
+    std::string msg = mg_tape_last_error(t);
+    if (msg.empty()) msg = mg_strerror(st);
+    if (st == MG_ENOMEM) {
+        PyErr_SetString(PyExc_MemoryError, msg.c_str());
+        throw py::error_already_set();
+    }
+    throw py::value_error(msg);
+}
+
 py::array_t<double> slot_view(py::object owner, double *base, size_t n) {
     return py::array_t<double>({(py::ssize_t)n}, {(py::ssize_t)sizeof(double)}, base, owner);
 }
@@ -387,13 +399,15 @@ PYBIND11_MODULE(_core, m, py::mod_gil_used()) {
                                    in.data(), in.size(), tg.data(), tg.size(),
                                    ps.data(), ps.size(), out.data(), out.size(), raise_loops ? 0 : 1};
                  auto tp = std::make_unique<Tape>();
-                 tp->t.reset(mg_tape_freeze(graph(), &spec));
+                 {
+                     py::gil_scoped_release nogil; // freezing a large graph takes a while
+                     tp->t.reset(mg_tape_freeze(graph(), &spec));
+                 }
                  if (!tp->t) throw_graph_error("freeze");
                  return tp;
              }),
              py::arg("loss"), py::arg("inputs"), py::arg("targets"), py::arg("params"), py::arg("outputs"),
              py::arg("raise_loops") = true)
-        .def_property_readonly("nraised", [](const Tape &tp) { return mg_tape_nraised(tp.t.get()); })
         .def_property_readonly("nslots", [](const Tape &tp) { return mg_tape_nslots(tp.t.get()); })
         .def_property_readonly("ninstr", [](const Tape &tp) { return mg_tape_ninstr(tp.t.get()); })
         .def_property_readonly("nparams", [](const Tape &tp) { return mg_tape_nparams(tp.t.get()); })
@@ -401,6 +415,20 @@ PYBIND11_MODULE(_core, m, py::mod_gil_used()) {
         .def_property_readonly("ntargets", [](const Tape &tp) { return mg_tape_ntargets(tp.t.get()); })
         .def_property_readonly("noutputs", [](const Tape &tp) { return mg_tape_noutputs(tp.t.get()); })
         .def_property_readonly("has_loss", [](const Tape &tp) { return mg_tape_has_loss(tp.t.get()) != 0; })
+        .def_property_readonly("fingerprint", [](const Tape &tp) { return mg_tape_fingerprint(tp.t.get()); })
+        .def("stats", [](const Tape &tp) {
+            mg_tape_stats s;
+            mg_tape_get_stats(tp.t.get(), &s);
+            py::dict d;
+            d["nodes"] = s.nodes;
+            d["statements"] = s.statements;
+            d["forward_nests"] = s.forward_nests;
+            d["backward_nests"] = s.backward_nests;
+            d["loops"] = s.loops;
+            d["packed"] = s.packed;
+            d["rerolled"] = s.rerolled != 0;
+            return d;
+        }, "What freezing made of the graph: nodes, statements, loop nests, sequential loops.")
         .def("data", [](py::object self) {
             Tape &tp = self.cast<Tape &>();
             return slot_view(self, mg_tape_data(tp.t.get()), mg_tape_nslots(tp.t.get()));
@@ -423,12 +451,14 @@ PYBIND11_MODULE(_core, m, py::mod_gil_used()) {
             py::array_t<double> out((py::ssize_t)mg_tape_noutputs(t));
             double *o = out.mutable_data();
             const double *xp = xa.data(), *yp = y.is_none() ? nullptr : ya.data();
+            int st;
             {
                 py::gil_scoped_release nogil;
                 std::lock_guard<std::mutex> lock(tp.run);
-                mg_tape_forward(t, xp, yp);
-                mg_tape_outputs(t, o);
+                st = mg_tape_forward(t, xp, yp);
+                if (st == MG_OK) mg_tape_outputs(t, o);
             }
+            check_tape(t, st);
             return out;
         }, py::arg("x"), py::arg("y") = py::none())
         .def_property_readonly("loss", [](const Tape &tp) { return mg_tape_loss(tp.t.get()); })
@@ -440,18 +470,15 @@ PYBIND11_MODULE(_core, m, py::mod_gil_used()) {
                 std::lock_guard<std::mutex> lock(tp.run);
                 st = mg_tape_backward(tp.t.get());
             }
-            if (st != MG_OK) throw py::value_error("backward: this program has no loss");
+            check_tape(tp.t.get(), st);
         })
         .def("step", [](Tape &tp, double lr, size_t count) {
             std::lock_guard<std::mutex> lock(tp.run);
-            mg_tape_step(tp.t.get(), lr, count);
+            check_tape(tp.t.get(), mg_tape_step(tp.t.get(), lr, count));
         }, py::arg("lr"), py::arg("count") = 1)
         .def("fit_epoch", [](Tape &tp, py::handle X, py::handle Y, size_t batch, double lr, bool shuffle,
                              uint64_t seed, uint64_t epoch, size_t threads) {
             mg_tape *t = tp.t.get();
-            if (!mg_tape_has_loss(t)) throw py::value_error("fit: this program has no loss");
-            if (batch < 1) throw py::value_error("fit: batch_size must be at least 1");
-            if (threads < 1) throw py::value_error("fit: threads must be at least 1");
             size_t n = 0, m = 0;
             Array xa = rows_of(X, mg_tape_ninputs(t), "fit: X", &n, false);
             Array ya;
@@ -463,16 +490,16 @@ PYBIND11_MODULE(_core, m, py::mod_gil_used()) {
                     throw py::value_error("fit: X has " + std::to_string(n) + " rows but Y has " + std::to_string(m));
                 yp = ya.data();
             }
+            mg_fit_options o{batch, lr, shuffle ? 1 : 0, seed, epoch, threads};
             double mean = 0.0;
             int st;
             const double *xp = xa.data();
             {
                 py::gil_scoped_release nogil;
                 std::lock_guard<std::mutex> lock(tp.run);
-                st = mg_tape_fit_threads(t, xp, yp, n, batch, lr, shuffle, seed, epoch, threads, &mean);
+                st = mg_tape_fit(t, xp, yp, n, &o, &mean);
             }
-            if (st == MG_ENOMEM) throw std::bad_alloc();
-            if (st != MG_OK) throw py::value_error("fit: invalid arguments");
+            check_tape(t, st);
             return mean;
         }, py::arg("X"), py::arg("Y"), py::arg("batch_size"), py::arg("lr"), py::arg("shuffle"),
            py::arg("seed"), py::arg("epoch"), py::arg("threads") = 1)
@@ -483,36 +510,38 @@ PYBIND11_MODULE(_core, m, py::mod_gil_used()) {
             py::array_t<double> out({(py::ssize_t)n, (py::ssize_t)mg_tape_noutputs(t)});
             double *o = out.mutable_data();
             const double *xp = xa.data();
+            int st;
             {
                 py::gil_scoped_release nogil;
                 std::lock_guard<std::mutex> lock(tp.run);
-                mg_tape_predict(t, xp, n, o);
+                st = mg_tape_predict(t, xp, n, o);
             }
+            check_tape(t, st);
             return out;
         }, py::arg("X"))
-        .def("emit_c", [](const Tape &tp, const std::string &prefix, bool inference_only, bool float32) {
-            mg_emit_options o{prefix.c_str(), inference_only ? 1 : 0, float32 ? 1 : 0};
+        .def("emit_c", [](Tape &tp, const std::string &prefix, bool inference_only, bool float32, size_t max_kernels) {
+            mg_emit_options o{prefix.c_str(), inference_only ? 1 : 0, float32 ? 1 : 0, max_kernels};
             size_t len = 0;
             char *src = mg_tape_emit_c(tp.t.get(), &o, &len);
-            if (!src) throw py::value_error("emit_c: the prefix must be a C identifier");
+            if (!src) check_tape(tp.t.get(), MG_EINVAL);
             py::str out(src, len);
             mg_tape_free_source(tp.t.get(), src);
             return out;
-        }, py::arg("prefix") = "mgc_", py::arg("inference_only") = false, py::arg("float32") = false)
-        .def("set_kernels", [](Tape &tp, uintptr_t forward, uintptr_t backward, py::object owner, uintptr_t outer) {
+        }, py::arg("prefix") = "mgc_", py::arg("inference_only") = false, py::arg("float32") = false,
+           py::arg("max_kernels") = 0)
+        .def("attach", [](Tape &tp, uintptr_t program, py::object owner) {
             std::lock_guard<std::mutex> lock(tp.run);
-            if (!forward || !backward) {
-                mg_tape_set_kernels(tp.t.get(), nullptr, nullptr);
+            if (!program) {
+                mg_tape_detach(tp.t.get());
                 tp.kernels_owner = py::none();
                 return;
             }
-            mg_tape_set_kernels(tp.t.get(), reinterpret_cast<mg_tape_forward_fn>(forward),
-                                reinterpret_cast<mg_tape_backward_fn>(backward));
-            mg_tape_set_outer_kernel(tp.t.get(), reinterpret_cast<mg_tape_outer_fn>(outer));
+            check_tape(tp.t.get(), mg_tape_attach(tp.t.get(), reinterpret_cast<const mg_compiled *>(program)));
             tp.kernels_owner = owner;
-        }, py::arg("forward"), py::arg("backward"), py::arg("owner") = py::none(), py::arg("outer") = 0,
-           "Use compiled kernels (function addresses from the emitted library); 0, 0 restores the interpreter.")
+        }, py::arg("program"), py::arg("owner") = py::none(),
+           "Run the hot nests with a compiled library's kernels (the address of its <prefix>program); "
+           "0 goes back to the interpreter.")
         .def("write_back", [](const Tape &tp) { return mg_tape_write_back(tp.t.get(), graph()); },
              "Copies the parameters into the Values they were frozen from; returns how many.");
-    m.attr("EMITTER_VERSION") = mg_emitter_version();
+    m.attr("EMITTER_VERSION") = mg_tape_emitter_version();
 }

@@ -43,6 +43,12 @@ static int build_every_op(mg_graph *g, every_op *e, const double *x, double y, c
 
 static const double X0[4] = {0.3, -0.8, 1.2, 0.5}, P0[6] = {0.2, -0.4, 0.9, 0.1, -0.3, 0.7};
 
+static int fit(mg_tape *t, const double *X, const double *Y, size_t n, size_t batch, double lr, int shuffle,
+               uint64_t seed, uint64_t epoch, size_t threads, double *mean) {
+    mg_fit_options o = {batch, lr, shuffle, seed, epoch, threads};
+    return mg_tape_fit(t, X, Y, n, &o, mean);
+}
+
 static void test_tape__every_op_matches_eager(void) {
     mg_graph *g = mg_graph_new();
     every_op e;
@@ -97,7 +103,7 @@ static void test_tape__fit_matches_eager_sgd(void) {
     CHECK(t != NULL);
     double mean = 0;
     for (int epoch = 0; epoch < 3; epoch++)
-        CHECK(mg_tape_fit(t, &X[0][0], Y, 4, 2, 0.3, 0, 0, (uint64_t)epoch, &mean) == MG_OK);
+        CHECK(fit(t, &X[0][0], Y, 4, 2, 0.3, 0, 0, (uint64_t)epoch, 1, &mean) == MG_OK);
     /* eager: batches of 2, gradients averaged */
     mg_graph_checkpoint cp = mg_graph_save(g);
     double eager_total = 0;
@@ -124,11 +130,11 @@ static void test_tape__fit_matches_eager_sgd(void) {
     double before[17];
     memcpy(before, mg_tape_data(t), sizeof before);
     double l1, l2;
-    mg_tape_fit(t, &X[0][0], Y, 4, 1, 0.1, 1, 42, 7, &l1);
+    fit(t, &X[0][0], Y, 4, 1, 0.1, 1, 42, 7, 1, &l1);
     double after1[17];
     memcpy(after1, mg_tape_data(t), sizeof after1);
     memcpy(mg_tape_data(t), before, sizeof before);
-    mg_tape_fit(t, &X[0][0], Y, 4, 1, 0.1, 1, 42, 7, &l2);
+    fit(t, &X[0][0], Y, 4, 1, 0.1, 1, 42, 7, 1, &l2);
     CHECK(memcmp(after1, mg_tape_data(t), sizeof after1) == 0 && l1 == l2);
     /* write-back reaches the model */
     CHECK(mg_tape_write_back(t, g) == 17);
@@ -139,8 +145,9 @@ static void test_tape__fit_matches_eager_sgd(void) {
     mg_value *xi[2] = {mg_scalar(g, X[2][0]), mg_scalar(g, X[2][1])}, *o;
     mg_mlp_call(g, m, xi, &o);
     CHECK(pred[2] == mg_data(o));
-    CHECK(mg_tape_fit(t, NULL, Y, 4, 1, 0.1, 0, 0, 0, NULL) == MG_EINVAL);
-    CHECK(mg_tape_fit(t, &X[0][0], Y, 4, 0, 0.1, 0, 0, 0, NULL) == MG_EINVAL);
+    CHECK(fit(t, NULL, Y, 4, 1, 0.1, 0, 0, 0, 1, NULL) == MG_EINVAL);
+    CHECK(strstr(mg_tape_last_error(t), "NULL inputs") != NULL);
+    CHECK(fit(t, &X[0][0], Y, 4, 1, NAN, 0, 0, 0, 1, NULL) == MG_EINVAL);
     mg_tape_free(t);
     mg_mlp_free(m);
     mg_graph_free(g);
@@ -192,12 +199,13 @@ static void test_tape__emission_is_deterministic_and_self_contained(void) {
         CHECK(strncmp(p, "#include <math.h>", 17) == 0 || strncmp(p, "#include <stddef.h>", 19) == 0);
     }
     CHECK(includes == 2);
-    CHECK(strstr(s1, "void mgc_fit_epoch") == NULL && strstr(s1, "double mgc_fit_epoch(") != NULL);
-    mg_emit_options o = {"model_", 1, 0};
+    CHECK(strstr(s1, "const mg_compiled_t mgc_program = {") != NULL);
+    mg_emit_options o = {"model_", 1, 0, 0};
     char *s3 = mg_tape_emit_c(t1, &o, NULL);
-    CHECK(s3 && strstr(s3, "void model_infer(") != NULL && strstr(s3, "mg_backward") == NULL);
-    mg_emit_options bad = {"9bad", 0, 0};
+    CHECK(s3 && strstr(s3, "void model_infer(") != NULL && strstr(s3, "mgc_program") == NULL);
+    mg_emit_options bad = {"9bad", 0, 0, 0};
     CHECK(mg_tape_emit_c(t1, &bad, NULL) == NULL);
+    CHECK(strstr(mg_tape_last_error(t1), "C identifier") != NULL);
     mg_tape_free_source(t1, s1);
     mg_tape_free_source(t2, s2);
     mg_tape_free_source(t1, s3);
@@ -252,7 +260,7 @@ static void test_tape__allocation_failure_in_freeze_and_emit(void) {
         if (t && src) {
             double before[6];
             memcpy(before, mg_tape_data(t), sizeof before);
-            fit_st = mg_tape_fit_threads(t, X, Y, 8, 3, 0.01, 1, 5, 0, 2, NULL);
+            fit_st = fit(t, X, Y, 8, 3, 0.01, 1, 5, 0, 2, NULL);
             CHECK(fit_st == MG_OK || fit_st == MG_ENOMEM);
             if (fit_st == MG_ENOMEM) CHECK(memcmp(before, mg_tape_data(t), sizeof before) == 0);
         }
@@ -271,7 +279,8 @@ static void test_tape__allocation_failure_in_freeze_and_emit(void) {
 }
 
 /* A 2-layer MLP over 5 inputs, built as chains of mg_add/mg_mul (as micrograd builds it) or with
- * mg_mlp_call; both must raise to two matrix-vector products with the scalar program's values. */
+ * mg_mlp_call; both must reroll to one reduction nest per layer, with the scalar program's
+ * forward values bit for bit and its gradients within 1e-12. */
 static mg_value *chain_mlp(mg_graph *g, mg_mlp *m, mg_value **x, int op_by_op, mg_value **out3) {
     if (!op_by_op) {
         mg_mlp_call(g, m, x, out3);
@@ -294,7 +303,7 @@ static mg_value *chain_mlp(mg_graph *g, mg_mlp *m, mg_value **x, int op_by_op, m
     return mg_cross_entropy(g, out3, 3, x[5]);
 }
 
-static void test_tape__raising_recovers_matvec_with_the_same_values(void) {
+static void test_tape__rerolled_mlp_equals_the_scalar_program(void) {
     mg_graph *g = mg_graph_new();
     mg_rng r;
     mg_rng_seed(&r, 11);
@@ -312,7 +321,10 @@ static void test_tape__raising_recovers_matvec_with_the_same_values(void) {
         mg_tape *t = mg_tape_freeze(g, &spec);
         CHECK(t != NULL);
         if (!t) break;
-        CHECK(mg_tape_nraised(t) == (variant == 0 ? 0u : 2u));
+        mg_tape_stats st;
+        CHECK(mg_tape_get_stats(t, &st) == MG_OK);
+        CHECK(st.rerolled == (variant != 0));
+        if (variant) CHECK(st.forward_nests == 3); /* layer 1, its ReLU, layer 2 */
         double xs[5] = {0.3, -0.1, 0.8, 0.05, -0.6}, y = 1.0;
         mg_tape_forward(t, xs, &y);
         mg_tape_backward(t);
@@ -321,12 +333,107 @@ static void test_tape__raising_recovers_matvec_with_the_same_values(void) {
             memcpy(ref_grad, mg_tape_grad(t), np * sizeof(double));
         } else {
             CHECK(mg_tape_loss(t) == ref_loss);
-            CHECK(memcmp(ref_grad, mg_tape_grad(t), np * sizeof(double)) == 0);
+            for (size_t i = 0; i < np; i++) CHECK_CLOSE(mg_tape_grad(t)[i], ref_grad[i], 1e-12);
         }
         mg_tape_free(t);
     }
     mg_mlp_free(m);
     mg_graph_free(g);
+}
+
+/* A softmax classifier over 2 inputs and a class target, for the fit contract tests. */
+typedef struct {
+    mg_graph *g;
+    mg_value *x[2], *y, *p[6], *logits[2], *loss;
+    mg_tape *t;
+} clf;
+
+static void clf_build(clf *c) {
+    c->g = mg_graph_new();
+    for (int i = 0; i < 2; i++) c->x[i] = mg_scalar(c->g, 0.0);
+    c->y = mg_scalar(c->g, 0.0);
+    for (int i = 0; i < 6; i++) c->p[i] = mg_scalar(c->g, 0.1 * (i + 1) - 0.3);
+    for (int k = 0; k < 2; k++) c->logits[k] = mg_affine(c->g, c->p + 3 * k, c->x, 2, c->p[3 * k + 2]);
+    c->loss = mg_cross_entropy(c->g, c->logits, 2, c->y);
+    mg_tape_spec spec = {c->loss, c->x, 2, &c->y, 1, c->p, 6, c->logits, 2, 0};
+    c->t = mg_tape_freeze(c->g, &spec);
+}
+
+static void clf_free(clf *c) {
+    mg_tape_free(c->t);
+    mg_graph_free(c->g);
+}
+
+static void test_tape__fit_refuses_targets_that_are_not_class_indices(void) {
+    clf c;
+    clf_build(&c);
+    CHECK(c.t != NULL);
+    static const double X[3][2] = {{0.1, 0.2}, {0.3, -0.4}, {0.5, 0.6}};
+    double before[6];
+    memcpy(before, mg_tape_data(c.t), sizeof before);
+    const double bad[3][3] = {{0, 1, 2}, {0, -1, 1}, {0, 1, 0.5}}; /* out of range, negative, fractional */
+    for (int k = 0; k < 3; k++) {
+        CHECK(fit(c.t, &X[0][0], bad[k], 3, 1, 0.1, 0, 0, 0, 1, NULL) == MG_EINVAL);
+        CHECK(strstr(mg_tape_last_error(c.t), k == 1 ? "row 1" : "row 2") != NULL);
+        CHECK(memcmp(before, mg_tape_data(c.t), sizeof before) == 0); /* nothing trained */
+    }
+    double y = 2.0;
+    CHECK(mg_tape_forward(c.t, X[0], &y) == MG_EINVAL);
+    const double good[3] = {0, 1, 1};
+    double mean = NAN;
+    CHECK(fit(c.t, &X[0][0], good, 3, 1, 0.1, 0, 0, 0, 1, &mean) == MG_OK && isfinite(mean));
+    clf_free(&c);
+}
+
+static void test_tape__batches_larger_than_the_data_train(void) {
+    clf c;
+    clf_build(&c);
+    static const double X[3][2] = {{0.1, 0.2}, {0.3, -0.4}, {0.5, 0.6}}, Y[3] = {0, 1, 1};
+    double ref[6], mean1, mean2;
+    memcpy(ref, mg_tape_data(c.t), sizeof ref);
+    CHECK(fit(c.t, &X[0][0], Y, 3, 3, 0.1, 0, 0, 0, 1, &mean1) == MG_OK);
+    double whole[6];
+    memcpy(whole, mg_tape_data(c.t), sizeof whole);
+    memcpy(mg_tape_data(c.t), ref, sizeof ref);
+    /* 2^61 samples per batch: once an overflowing allocation size, now the whole data */
+    CHECK(fit(c.t, &X[0][0], Y, 3, (size_t)1 << 61, 0.1, 0, 0, 0, 2, &mean2) == MG_OK);
+    CHECK(memcmp(whole, mg_tape_data(c.t), sizeof whole) == 0 && mean1 == mean2);
+    CHECK(fit(c.t, &X[0][0], Y, 3, SIZE_MAX, 0.1, 1, 9, 0, SIZE_MAX, NULL) == MG_OK);
+    clf_free(&c);
+}
+
+/* backward() leaves gradients in the tape; fit() starts from zero gradients for every parameter,
+ * whether or not a nest keeps it packed during calls. */
+static void test_tape__fit_starts_from_zero_gradients(void) {
+    clf c;
+    clf_build(&c);
+    static const double X[3][2] = {{0.1, 0.2}, {0.3, -0.4}, {0.5, 0.6}}, Y[3] = {0, 1, 1};
+    double ref[6], clean[6];
+    memcpy(ref, mg_tape_data(c.t), sizeof ref);
+    CHECK(fit(c.t, &X[0][0], Y, 3, 2, 0.1, 0, 0, 0, 1, NULL) == MG_OK);
+    memcpy(clean, mg_tape_data(c.t), sizeof clean);
+    memcpy(mg_tape_data(c.t), ref, sizeof ref);
+    double y = 1.0;
+    CHECK(mg_tape_forward(c.t, X[1], &y) == MG_OK && mg_tape_backward(c.t) == MG_OK);
+    CHECK(mg_tape_grad(c.t)[0] != 0.0);
+    CHECK(fit(c.t, &X[0][0], Y, 3, 2, 0.1, 0, 0, 0, 1, NULL) == MG_OK);
+    CHECK(memcmp(clean, mg_tape_data(c.t), sizeof clean) == 0);
+    for (int i = 0; i < 6; i++) CHECK(mg_tape_grad(c.t)[i] == 0.0);
+    clf_free(&c);
+}
+
+static void test_tape__attach_refuses_code_for_another_program(void) {
+    clf c;
+    clf_build(&c);
+    mg_compiled bad = {MG_COMPILED_ABI, 8, mg_tape_fingerprint(c.t) ^ 1, 0, NULL};
+    CHECK(mg_tape_attach(c.t, &bad) == MG_EINVAL);
+    CHECK(strstr(mg_tape_last_error(c.t), "another program") != NULL);
+    bad.fingerprint ^= 1;
+    bad.abi = MG_COMPILED_ABI + 1;
+    CHECK(mg_tape_attach(c.t, &bad) == MG_EINVAL);
+    CHECK(mg_tape_attach(c.t, NULL) == MG_EINVAL);
+    CHECK(mg_tape_fingerprint(c.t) != 0);
+    clf_free(&c);
 }
 
 int main(void) {
@@ -335,6 +442,10 @@ int main(void) {
     RUN(test_tape__freeze_errors);
     RUN(test_tape__emission_is_deterministic_and_self_contained);
     RUN(test_tape__allocation_failure_in_freeze_and_emit);
-    RUN(test_tape__raising_recovers_matvec_with_the_same_values);
+    RUN(test_tape__rerolled_mlp_equals_the_scalar_program);
+    RUN(test_tape__fit_refuses_targets_that_are_not_class_indices);
+    RUN(test_tape__batches_larger_than_the_data_train);
+    RUN(test_tape__fit_starts_from_zero_gradients);
+    RUN(test_tape__attach_refuses_code_for_another_program);
     TAP_DONE();
 }

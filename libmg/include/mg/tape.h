@@ -1,24 +1,31 @@
 /**
  * @file tape.h
- * @brief Frozen graphs: a flat program over slot arrays, its interpreter and its C emitter.
+ * @brief Frozen graphs: loop programs over slot arrays, their interpreter, training and C emitter.
  *
  * @defgroup tape Tapes
  * @brief Freeze a graph once, then train it without building, sorting or walking a graph.
  *
- * A tape is the graph reachable from a loss (and from extra outputs) in topological order, as
- * instructions over slot indices into two contiguous arrays, `data` and `grad`. Slots have roles:
- * parameters occupy slots `[0, nparams)` in the order given (so the parameters read and write as
- * one array), then the inputs, the targets, the constants (every other leaf, frozen at its
- * current data), then one slot per op node. The tape owns its arrays; it does not refer to the
- * graph after mg_tape_freeze() returns, except to copy parameters back (mg_tape_write_back()).
+ * A tape is the graph reachable from a loss (and from extra outputs), compiled into two
+ * programs (forward and backward) of loop nests over two arrays of slots, `data` and `grad`.
+ * Slots have roles: parameters occupy slots `[0, nparams)` in the order given (so they read and
+ * write as one array), then the constants (every other leaf, frozen at its current value, equal
+ * values sharing a slot), the inputs, the targets, and the values ops compute. The tape owns its
+ * arrays; after mg_tape_freeze() returns it refers to the graph only to copy parameters back
+ * (mg_tape_write_back()).
+ *
+ * Freezing recovers the loops the scalar graph was written with (unless mg_tape_spec::no_raise):
+ * chains of additions become reductions, nodes of one shape that do not depend on each other
+ * become one loop nest whose operands are affine functions of the loop indices (a weight shared
+ * across positions is a stride-0 operand), and repeated runs of nests (the steps of a recurrent
+ * model) become a sequential loop. Forward values keep the order of every sum, so they equal the
+ * scalar program's bit for bit; gradient sums over shared weights are new reductions in a fixed
+ * order (within 1e-12 of the scalar program's, identical on every backend and thread count).
  *
  * The backward pass follows mg_backward(): every non-parameter gradient is recomputed from zero
- * for each sample, and parameter gradients accumulate until mg_tape_step() applies and clears them.
+ * for each sample, and parameter gradients accumulate until mg_tape_step() applies and clears
+ * them. Inputs, targets and constants get no gradient.
  *
- * Freezing raises loops from the scalar graph (unless mg_tape_spec::no_raise): chains of additions
- * of products become dot products, dot products over one input vector with parameters laid out
- * as rows become a matrix-vector product, an activation over them an elementwise loop. Values are
- * unchanged (the order of every sum is kept); inputs of a raised layer get no gradient.
+ * Errors: functions returning a status record a message readable with mg_tape_last_error().
  * @{
  */
 #ifndef MG_TAPE_H
@@ -44,14 +51,8 @@ typedef struct mg_tape_spec {
     size_t nparams;            /**< Number of parameters. */
     mg_value *const *outputs;  /**< Values mg_tape_predict() returns (any values). */
     size_t noutputs;           /**< Number of outputs. */
-    int no_raise;              /**< Nonzero: keep the scalar program (no loops recovered). */
+    int no_raise;              /**< Nonzero: one instruction per node (no loops recovered). */
 } mg_tape_spec;
-
-/** Kernels a compiled program provides in place of the interpreter; `ctx` is the tape's
- * kernel context (its packed weights). */
-typedef void (*mg_tape_forward_fn)(void *ctx, double *data);
-/** Backward kernel: zeroes non-parameter gradients, seeds the loss, accumulates. */
-typedef void (*mg_tape_backward_fn)(void *ctx, const double *data, double *grad);
 
 /**
  * @brief Freezes the graph reachable from the spec's loss and outputs.
@@ -62,12 +63,19 @@ typedef void (*mg_tape_backward_fn)(void *ctx, const double *data, double *grad)
  */
 MG_API mg_tape *mg_tape_freeze(mg_graph *g, const mg_tape_spec *spec);
 
-/** @brief Frees a tape. @param t NULL is a no-op */
+/** @brief Frees a tape. @param t the tape; NULL is a no-op */
 MG_API void mg_tape_free(mg_tape *t);
 
-/** @brief Number of slots. @param t the tape @return the count. */
+/**
+ * @brief The message of the last failed call on this tape.
+ * @param t the tape
+ * @return a string owned by the tape, valid until its next call; "" when nothing failed.
+ */
+MG_API const char *mg_tape_last_error(const mg_tape *t);
+
+/** @brief Number of slots. @param t the tape @return the count (0 for NULL). */
 MG_API size_t mg_tape_nslots(const mg_tape *t);
-/** @brief Number of instructions. @param t the tape @return the count. */
+/** @brief Number of forward instructions (nests, variadic ops, loops). @param t the tape @return the count. */
 MG_API size_t mg_tape_ninstr(const mg_tape *t);
 /** @brief Number of parameters. @param t the tape @return the count. */
 MG_API size_t mg_tape_nparams(const mg_tape *t);
@@ -80,17 +88,36 @@ MG_API size_t mg_tape_noutputs(const mg_tape *t);
 /** @brief Whether the tape has a loss (can train). @param t the tape @return 1 or 0. */
 MG_API int mg_tape_has_loss(const mg_tape *t);
 
+/** What freezing made of a graph (mg_tape_get_stats()). */
+typedef struct mg_tape_stats {
+    size_t nodes;          /**< Graph values frozen. */
+    size_t statements;     /**< Computations after folding chains of additions into reductions. */
+    size_t forward_nests;  /**< Loop nests of the forward program. */
+    size_t backward_nests; /**< Loop nests of the backward program. */
+    size_t loops;          /**< Sequential loops (recovered time steps). */
+    size_t packed;         /**< Parameters kept in packed, vector-friendly order during calls. */
+    int rerolled;          /**< 1 when loops were recovered, 0 for a scalar program. */
+} mg_tape_stats;
+
+/**
+ * @brief Statistics of the frozen program.
+ * @param t the tape
+ * @param[out] out the statistics
+ * @return MG_OK, or MG_EINVAL for NULL arguments.
+ */
+MG_API int mg_tape_get_stats(const mg_tape *t, mg_tape_stats *out);
+
 /**
  * @brief The data slots; parameters are the first mg_tape_nparams() entries.
  * @param t the tape
- * @return the array, owned by the tape (mg_tape_nslots() doubles).
+ * @return the array, owned by the tape (mg_tape_nslots() doubles); NULL for NULL.
  */
 MG_API double *mg_tape_data(mg_tape *t);
 
 /**
  * @brief The gradient slots, laid out as mg_tape_data().
  * @param t the tape
- * @return the array, owned by the tape.
+ * @return the array, owned by the tape; NULL for NULL.
  */
 MG_API double *mg_tape_grad(mg_tape *t);
 
@@ -99,7 +126,7 @@ MG_API double *mg_tape_grad(mg_tape *t);
  * @param t the tape
  * @param x ninputs values, or NULL to keep the input slots as they are
  * @param y ntargets values, or NULL to keep the target slots
- * @return MG_OK.
+ * @return MG_OK, or MG_EINVAL for a NULL tape.
  */
 MG_API int mg_tape_forward(mg_tape *t, const double *x, const double *y);
 
@@ -111,7 +138,7 @@ MG_API int mg_tape_forward(mg_tape *t, const double *x, const double *y);
 MG_API double mg_tape_loss(const mg_tape *t);
 
 /**
- * @brief The slot holding the loss (for code that runs emitted programs itself).
+ * @brief The slot holding the loss.
  * @param t the tape
  * @return the slot index; 0 without a loss.
  */
@@ -136,53 +163,43 @@ MG_API int mg_tape_backward(mg_tape *t);
  * @param t the tape
  * @param lr learning rate
  * @param count samples the gradients were summed over (the batch size; 0 counts as 1)
+ * @return MG_OK, or MG_EINVAL for a NULL tape or a non-finite @p lr.
  */
-MG_API void mg_tape_step(mg_tape *t, double lr, size_t count);
+MG_API int mg_tape_step(mg_tape *t, double lr, size_t count);
+
+/** Options of mg_tape_fit(). Zero-initialise, then set what differs (zeros mean the defaults). */
+typedef struct mg_fit_options {
+    size_t batch_size; /**< Samples per SGD step; 0 means 1. Clamped to the sample count. */
+    double lr;         /**< Learning rate (finite). */
+    int shuffle;       /**< Nonzero: visit the samples in a shuffled order. */
+    uint64_t seed;     /**< Seed of the shuffle. */
+    uint64_t epoch;    /**< Epoch number, mixed into the shuffle's seed. */
+    size_t threads;    /**< Threads sharing each batch (0 means 1). Results do not depend on it. */
+} mg_fit_options;
 
 /**
  * @brief One epoch of training in one call: per sample forward and backward, one SGD step per
  * batch (gradients averaged over the batch).
+ *
+ * Gradients accumulated before the call (by mg_tape_backward()) are discarded first: an epoch
+ * starts from zero gradients, for every parameter. Each batch is cut into the same chunks of
+ * consecutive samples whatever the thread count, and chunk results are added in chunk order, so
+ * parameters are bitwise the same for every thread count. Targets of cross-entropy must be class
+ * indices (integers in `[0, classes)`); any other target fails the call before training.
  * @param t the tape
  * @param X inputs, row-major: n rows of mg_tape_ninputs() values
  * @param Y targets, row-major: n rows of mg_tape_ntargets() values (NULL when ntargets is 0)
  * @param n number of samples
- * @param batch_size samples per step (at least 1)
- * @param lr learning rate
- * @param shuffle nonzero to visit the samples in a shuffled order
- * @param seed seed of the shuffle
- * @param epoch epoch number, mixed into the shuffle's seed
+ * @param opt options (NULL: batch 1, lr 0, no shuffle)
  * @param[out] mean_loss the mean loss over the epoch (may be NULL)
- * @return MG_OK, MG_EINVAL (no loss, bad arguments), MG_ENOMEM (scratch for the order).
+ * @return MG_OK, MG_EINVAL (no loss, bad arguments or targets: see mg_tape_last_error()),
+ *         MG_ENOMEM (working memory; the parameters are then unchanged).
  */
-MG_API int mg_tape_fit(mg_tape *t, const double *X, const double *Y, size_t n, size_t batch_size,
-                       double lr, int shuffle, uint64_t seed, uint64_t epoch, double *mean_loss);
+MG_API int mg_tape_fit(mg_tape *t, const double *X, const double *Y, size_t n, const mg_fit_options *opt,
+                       double *mean_loss);
 
 /**
- * @brief mg_tape_fit() with the samples of each batch spread over @p threads threads.
- *
- * Each batch is cut into at most 4 chunks of consecutive samples, whatever the thread count;
- * each chunk sums its gradients in sample order and the chunks are added in chunk order, so the
- * parameters are bitwise the same for every thread count (mg_tape_fit() takes the same path for
- * batches of more than one sample). Batch size 1 runs on the calling thread.
- * @param t the tape
- * @param X inputs (n rows)
- * @param Y targets (n rows, or NULL without targets)
- * @param n number of samples
- * @param batch_size samples per step
- * @param lr learning rate
- * @param shuffle nonzero to shuffle
- * @param seed shuffle seed
- * @param epoch epoch number
- * @param threads threads to use (at least 1; more than 4 are not used)
- * @param[out] mean_loss the mean loss (may be NULL)
- * @return MG_OK, MG_EINVAL or MG_ENOMEM.
- */
-MG_API int mg_tape_fit_threads(mg_tape *t, const double *X, const double *Y, size_t n,
-                               size_t batch_size, double lr, int shuffle, uint64_t seed,
-                               uint64_t epoch, size_t threads, double *mean_loss);
-
-/**
- * @brief Forward over each row of @p X.
+ * @brief Forward over each row of @p X, computing only what the outputs need.
  * @param t the tape
  * @param X inputs, row-major: n rows of mg_tape_ninputs() values
  * @param n number of samples
@@ -190,37 +207,6 @@ MG_API int mg_tape_fit_threads(mg_tape *t, const double *X, const double *Y, siz
  * @return MG_OK or MG_EINVAL.
  */
 MG_API int mg_tape_predict(mg_tape *t, const double *X, size_t n, double *out);
-
-/**
- * @brief Replaces the interpreter with compiled kernels (from mg_tape_emit_c() output for this
- * same tape), or restores the interpreter.
- * @param t the tape
- * @param forward forward kernel, NULL for the interpreter
- * @param backward backward kernel, NULL for the interpreter
- */
-MG_API void mg_tape_set_kernels(mg_tape *t, mg_tape_forward_fn forward,
-                                mg_tape_backward_fn backward);
-
-/** Batch kernel of raised layers (see mgk_mv_outer_step in the generated code): applies the
- * batch's weight gradients, formed from per-sample records, for input rows [i0, i1). */
-typedef void (*mg_tape_outer_fn)(double *pw, double *pg, size_t m, size_t n, size_t p0,
-                                 const double *rec, size_t nrec, size_t roff, size_t batch,
-                                 double scale, size_t i0, size_t i1);
-
-/**
- * @brief Replaces libmg's batch kernel with a compiled one (`<prefix>outer_step` of the emitted
- * code, built for the machine), or restores libmg's with NULL.
- * @param t the tape
- * @param outer the kernel, or NULL
- */
-MG_API void mg_tape_set_outer_kernel(mg_tape *t, mg_tape_outer_fn outer);
-
-/**
- * @brief Number of matrix-vector products the raising pass recovered.
- * @param t the tape
- * @return the count (0 for a scalar program).
- */
-MG_API size_t mg_tape_nraised(const mg_tape *t);
 
 /**
  * @brief Copies the tape's parameters into the graph values they were frozen from.
@@ -232,30 +218,42 @@ MG_API size_t mg_tape_write_back(const mg_tape *t, mg_graph *g);
 
 /** Options of mg_tape_emit_c(). Zero-initialise, then set what differs. */
 typedef struct mg_emit_options {
-    const char *prefix;  /**< Symbol prefix of the generated functions; NULL means "mgc_". */
+    const char *prefix;  /**< Symbol prefix of the generated code; NULL means "mgc_". */
     int inference_only;  /**< Nonzero: only `<prefix>infer`, parameters inlined as constants. */
-    int float32;         /**< Nonzero: float32 slot arrays (a speed trade; results change).
-                              Such code runs through its own `fit_epoch` and `predict`, not
-                              mg_tape_set_kernels(). Ignored with inference_only. */
+    int float32;         /**< Nonzero: float32 slot arrays (a speed trade; results change). */
+    size_t max_kernels;  /**< Nests to specialise, hottest first (0: the default budget, 32);
+                              the others run libmg's interpreter kernels. */
 } mg_emit_options;
 
+/** A compiled program's kernel: one nest over a `mgk_run` (see the generated code). */
+typedef void (*mg_kernel_fn)(const void *run);
+
+/** Version of the mg_compiled layout; generated code records the one it was written for. */
+#define MG_COMPILED_ABI 1
+
+/** What generated training code exports as `<prefix>program`. */
+typedef struct mg_compiled {
+    unsigned abi;                /**< MG_COMPILED_ABI */
+    unsigned real_bytes;         /**< 8 (double slots) or 4 (float32 storage) */
+    unsigned long long fingerprint; /**< mg_tape_fingerprint() of the tape it was emitted from */
+    size_t nnests;               /**< entries of `kernels` */
+    const mg_kernel_fn *kernels; /**< per nest: a specialised kernel, or NULL */
+} mg_compiled;
+
 /**
- * @brief Writes self-contained C for the tape (it includes only `<math.h>` and `<stddef.h>`).
+ * @brief Writes C for the tape, self-contained: it includes only `<math.h>` and `<stddef.h>`.
  *
- * Training code exports, with the default prefix: `mgc_init(data)` (writes the parameters'
- * current values and the constants), `mgc_forward(ctx, data)`, `mgc_backward(ctx, data, grad)`,
- * `mgc_step(data, grad, scale)`, `mgc_fit_epoch(...)`, `mgc_predict(...)` and the layout
- * constants `mgc_nslots` and friends. Inference-only code exports
- * `mgc_infer(const double *x, double *y, double *work)`. `mgc_real_bytes` tells the slot type
- * (8, or 4 with mg_emit_options::float32). The same tape gives byte-identical
- * source: names derive from slot numbers only.
+ * Training code exports `<prefix>program` (an mg_compiled: hot nests as specialised functions,
+ * to be given to mg_tape_attach()). Inference-only code exports
+ * `<prefix>infer(const double *x, double *y, double *work)` and needs nothing else. The same
+ * tape gives byte-identical source: names derive from nest and slot numbers only.
  * @param t the tape
  * @param opt options; NULL for the defaults
  * @param[out] len length of the source (may be NULL)
  * @return a NUL-terminated string, freed with mg_tape_free_source(); NULL when out of memory
- *         or when the prefix is not a C identifier.
+ *         or when the prefix is not a C identifier (message in mg_tape_last_error()).
  */
-MG_API char *mg_tape_emit_c(const mg_tape *t, const mg_emit_options *opt, size_t *len);
+MG_API char *mg_tape_emit_c(mg_tape *t, const mg_emit_options *opt, size_t *len);
 
 /** @brief Frees a string returned by mg_tape_emit_c(). @param t the tape @param src NULL is a no-op */
 MG_API void mg_tape_free_source(const mg_tape *t, char *src);
@@ -264,7 +262,28 @@ MG_API void mg_tape_free_source(const mg_tape *t, char *src);
  * @brief Version of the code generator; part of compiled-code cache keys.
  * @return a positive integer, raised whenever generated code changes.
  */
-MG_API int mg_emitter_version(void);
+MG_API int mg_tape_emitter_version(void);
+
+/**
+ * @brief A hash of the tape's programs and layout: generated code carries the one it was
+ * emitted from, and mg_tape_attach() refuses code for another program.
+ * @param t the tape
+ * @return the fingerprint (0 for NULL).
+ */
+MG_API unsigned long long mg_tape_fingerprint(const mg_tape *t);
+
+/**
+ * @brief Runs the tape's hot nests with compiled kernels from generated code.
+ * @param t the tape
+ * @param c the `<prefix>program` of code mg_tape_emit_c() wrote for this tape (double slots);
+ *          it must stay loaded until mg_tape_detach() or mg_tape_free()
+ * @return MG_OK, or MG_EINVAL when @p c is NULL or was written for another program, another
+ *         ABI or another slot type (the tape keeps its current kernels).
+ */
+MG_API int mg_tape_attach(mg_tape *t, const mg_compiled *c);
+
+/** @brief Goes back to the interpreter's kernels. @param t the tape; NULL is a no-op */
+MG_API void mg_tape_detach(mg_tape *t);
 
 #ifdef __cplusplus
 }

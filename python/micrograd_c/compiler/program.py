@@ -11,8 +11,17 @@ import numpy as np
 
 from .. import _core
 from ..engine import Value
-from .codecache import _remove, build_library, load_library
+from .codecache import CompiledProgram, _remove, build_library, load_library
 from .toolchain import CompileError, default_flags, find_compiler
+
+def _count(name: str, value: Any, least: int) -> int:
+    """An integer argument of at least ``least``, or a one-line ``TypeError``/``ValueError``."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an integer, not {type(value).__name__} ({value!r})")
+    if value < least:
+        raise ValueError(f"{name} must be at least {least}, got {value}")
+    return int(value)
+
 
 def inputs(n: int, value: float = 0.0) -> List[Value]:
     """Return ``n`` placeholder Values (leaves) to build a graph over, for :func:`compile`."""
@@ -57,7 +66,7 @@ class Program:
 
     def step(self, lr: float, count: int = 1) -> None:
         """SGD: ``param -= lr / count * grad``, then parameter gradients restart at zero."""
-        self.tape.step(lr, count)
+        self.tape.step(float(lr), _count("count", count, 1))
 
     def fit(self, X: Any, Y: Any = None, epochs: int = 1, lr: float = 0.1, batch_size: int = 1,
             shuffle: bool = True, seed: int = 0, progress: bool = False, threads: int = 1) -> List[float]:
@@ -65,11 +74,19 @@ class Program:
 
         ``X`` has shape (n, ninputs) and ``Y`` (n, ntargets) (or (n,) for one target);
         C-contiguous float64 arrays are used without copies. The GIL is released while C runs.
-        ``threads`` spreads each batch's samples over threads; the result does not depend on it
-        (bitwise), since batches are cut into the same chunks, summed in the same order.
+        Each epoch starts from zero gradients for every parameter (gradients left by
+        :meth:`backward` are discarded). ``batch_size`` larger than the data means one batch;
+        ``threads`` spreads each batch's samples over threads, and the result does not depend on
+        it (bitwise), since batches are cut into the same chunks, summed in the same order.
+        Cross-entropy targets must be class indices; a bad row raises ``ValueError`` naming it.
         """
-        if epochs < 0:
-            raise ValueError("epochs must be non-negative")
+        epochs = _count("epochs", epochs, 0)
+        batch_size = _count("batch_size", batch_size, 1)
+        threads = _count("threads", threads, 1)
+        seed = _count("seed", seed, 0)
+        if seed >= 2**64:
+            raise ValueError(f"seed must be below 2**64, got {seed}")
+        lr = float(lr)
         X = np.ascontiguousarray(X, dtype=np.float64)
         Y = None if Y is None else np.ascontiguousarray(Y, dtype=np.float64)
         bar: Any = range(epochs)
@@ -81,7 +98,7 @@ class Program:
                 warnings.warn("progress=True needs tqdm (pip install 'micrograd-c[progress]')", stacklevel=2)
         losses: List[float] = []
         for epoch in bar:
-            losses.append(self.tape.fit_epoch(X, Y, batch_size, lr, shuffle, seed, epoch, threads))
+            losses.append(self.tape.fit_epoch(X, Y, batch_size, lr, bool(shuffle), seed, epoch, threads))
             if progress and hasattr(bar, "set_postfix"):
                 bar.set_postfix(loss=f"{losses[-1]:.4g}")
         return losses
@@ -103,34 +120,37 @@ def compile(loss: Optional[Value], inputs: Sequence[Value], targets: Sequence[Va
             params: Sequence[Value] = (), outputs: Sequence[Value] = (), backend: str = "auto", *,
             cc: Optional[str] = None, flags: Optional[Sequence[str]] = None, cache: Optional[str] = None,
             timeout: float = 600.0, raise_loops: bool = True, fast_math: bool = False,
-            float32: bool = False) -> Program:
+            float32: bool = False, max_kernels: int = 0) -> Program:
     """Freeze the graph of ``loss`` (and ``outputs``) into a program; see the module docstring.
 
     ``inputs`` and ``targets`` are placeholder leaves (:func:`inputs`) loaded from each sample;
     ``params`` are the leaves training updates; every other leaf is frozen as a constant.
     ``backend`` is ``"tape"``, ``"c"`` or ``"auto"``; ``cc`` and ``flags`` override the compiler
     (default ``$CC`` or the first working of cc, gcc, clang, tcc) and :data:`DEFAULT_FLAGS`.
-    ``raise_loops`` (default on) recovers loops from the scalar graph: dot products and
-    matrix-vector products, whose results equal the scalar program's. ``fast_math`` adds
-    ``-ffast-math`` (off by default: it lets the compiler reassociate sums, so results change).
-    ``float32`` (off by default, needs ``backend="c"``) stores the compiled program's slots and
-    weights as float32: half the memory traffic, results no longer equal to float64's; such a
-    program trains through :meth:`Program.fit` on one thread and predicts with
-    :meth:`Program.predict`.
+    ``raise_loops`` (default on) recovers the loops the graph was written with: reductions, loop
+    nests over independent nodes of one shape (weights shared across positions included), and
+    sequential loops over repeated steps. Forward values equal the scalar program's bit for bit;
+    gradients agree within 1e-12 (sums over shared weights run in a fixed order of their own).
+    ``max_kernels`` bounds how many loop nests are compiled (hottest first; 0: libmg's default);
+    the others run libmg's interpreter kernels. ``fast_math`` adds ``-ffast-math`` (off by
+    default: it lets the compiler reassociate sums, so results change). ``float32`` (off by
+    default, needs ``backend="c"``) stores the compiled program's slots as float32.
     Raises :class:`CompileError` when ``backend="c"`` cannot compile.
     """
     if backend not in ("auto", "tape", "c"):
         raise ValueError(f"backend must be 'auto', 'tape' or 'c', not {backend!r}")
     if float32 and backend != "c":
         raise ValueError("float32 storage is a property of compiled code: use backend='c'")
+    if float32:
+        raise ValueError("float32 storage is not available in this build")
     t0 = time.perf_counter()
     tape = _core.Tape(loss, list(inputs), list(targets), list(params), list(outputs), raise_loops)
     info: Dict[str, Any] = {"freeze_seconds": time.perf_counter() - t0, "nslots": tape.nslots,
-                            "ninstr": tape.ninstr, "nraised": tape.nraised}
+                            "ninstr": tape.ninstr, **tape.stats()}
     if backend == "tape":
         return Program(tape, "tape", info)
     try:
-        return _compile_c(tape, info, cc, flags, cache, timeout, fast_math, float32)
+        return _compile_c(tape, info, cc, flags, cache, timeout, fast_math, max_kernels)
     except CompileError as e:
         if backend == "c":
             raise
@@ -139,14 +159,14 @@ def compile(loss: Optional[Value], inputs: Sequence[Value], targets: Sequence[Va
 
 
 def _compile_c(tape: Any, info: Dict[str, Any], cc: Optional[str], flags: Optional[Sequence[str]],
-               cache: Optional[str], timeout: float, fast_math: bool = False, float32: bool = False) -> Program:
+               cache: Optional[str], timeout: float, fast_math: bool = False, max_kernels: int = 0) -> Program:
     tc = find_compiler(cc)
     fl = list(default_flags(tc) if flags is None else flags)
     if fast_math:
         fl.append("-ffast-math")
     prefix = "mgc_"
     t0 = time.perf_counter()
-    source = tape.emit_c(prefix, False, float32)
+    source = tape.emit_c(prefix, False, False, max_kernels)
     info["emit_seconds"] = time.perf_counter() - t0
     info["source_bytes"] = len(source.encode())
     for attempt in range(2):
@@ -154,8 +174,6 @@ def _compile_c(tape: Any, info: Dict[str, Any], cc: Optional[str], flags: Option
         try:
             t1 = time.perf_counter()
             lib = load_library(built["path"], tape, prefix)
-            if ctypes.c_size_t.in_dll(lib, prefix + "real_bytes").value != (4 if float32 else 8):
-                raise OSError(f"{built['path']}: built for another storage type")
             info["load_seconds"] = time.perf_counter() - t1
             break
         except OSError:
@@ -163,13 +181,9 @@ def _compile_c(tape: Any, info: Dict[str, Any], cc: Optional[str], flags: Option
                 raise CompileError(f"the compiled library {built['path']} does not load", built["command"])
             _remove(built["path"])  # a corrupt or foreign cache entry: rebuild it once
     info.update(compiler=tc.name, compiler_version=tc.version, flags=fl, cached=built["cached"],
-                compile_seconds=built["compile_seconds"], library=built["path"], float32=float32)
-    if float32:  # driven through the library's own fit/predict: libmg's driver runs float64 slots
-        return Float32Program(tape, info, lib, prefix)
-    fwd = ctypes.cast(getattr(lib, prefix + "forward"), ctypes.c_void_p).value
-    bwd = ctypes.cast(getattr(lib, prefix + "backward"), ctypes.c_void_p).value
-    outer = ctypes.cast(getattr(lib, prefix + "outer_step"), ctypes.c_void_p).value
-    tape.set_kernels(fwd, bwd, lib, outer)
+                compile_seconds=built["compile_seconds"], library=built["path"], float32=False)
+    program = CompiledProgram.in_dll(lib, prefix + "program")
+    tape.attach(ctypes.addressof(program), lib)
     return Program(tape, "c", info, lib)
 
 

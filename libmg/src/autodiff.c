@@ -1,0 +1,220 @@
+/* Autodiff on the IR: the backward program, derived from the forward one nest by nest.
+ *
+ * For a forward nest F and an operand X that needs a gradient (a parameter or a computed
+ * value), the gradient nest accumulates into grad[X] the product of grad[out] and the local
+ * derivative (the other factor of a product, 1 for a plain term, the op table's dA/dB for an
+ * elementwise op). Its outer dims are the dims along which X moves, in F's order; the dims
+ * along which X is broadcast (stride 0: a weight shared across positions, a bias across a
+ * row) become its reduction dims. So the gradient of a shared weight is one reduction per
+ * weight with a fixed order, whatever the thread count or the backend. Where X's elements may
+ * repeat across outer points (a convolution's input, read by overlapping windows) the nest is
+ * marked `alias` and runs one point after another, reading each sum's start fresh. */
+#include "ir.h"
+
+#include <string.h>
+
+/* Whether a ref names distinct elements at distinct points of the dims it moves along: strides
+ * sorted by size, each larger than the span of all smaller ones (a sufficient condition). */
+int mg_ref__injective(const mgk_ref *X, const mgk_i64 *n, const mgk_idx *ix) {
+    (void)ix;
+    if (X->gather) return 0;
+    mgk_i64 s[MGK_MAXD], m[MGK_MAXD];
+    int k = 0;
+    for (int d = 0; d < MGK_MAXD; d++) {
+        if (n[d] <= 1 || X->s[d] == 0) continue; /* dims it does not move along */
+        s[k] = X->s[d] < 0 ? -X->s[d] : X->s[d];
+        m[k++] = n[d];
+    }
+    for (int i = 1; i < k; i++) /* insertion sort by stride */
+        for (int j = i; j > 0 && s[j] < s[j - 1]; j--) {
+            mgk_i64 a = s[j], b = m[j];
+            s[j] = s[j - 1];
+            m[j] = m[j - 1];
+            s[j - 1] = a;
+            m[j - 1] = b;
+        }
+    mgk_i64 span = 0;
+    for (int i = 0; i < k; i++) {
+        if (s[i] <= span) return 0;
+        span += s[i] * (m[i] - 1);
+    }
+    return 1;
+}
+
+/* The slot class an operand reads (one class per operand: grouping keeps them apart). */
+static int needs_grad(const mg_tape *t, const mgk_ref *X) {
+    mgk_i64 slot = X->gather ? (mgk_i64)t->ix[X->base] : X->base;
+    return slot < (mgk_i64)t->nparams || slot >= (mgk_i64)t->first_op;
+}
+
+static int is_param(const mg_tape *t, const mgk_ref *X) {
+    mgk_i64 slot = X->gather ? (mgk_i64)t->ix[X->base] : X->base;
+    return slot < (mgk_i64)t->nparams;
+}
+
+static mgk_ref as_grad(mgk_ref X) {
+    X.arr = MGK_G;
+    return X;
+}
+
+/* Reorders dims: new position of old dim d is pos[d] (dims of size 1 dropped). */
+static void remap(mgk_ref *X, const int *pos) {
+    mgk_i64 s[MGK_MAXD] = {0};
+    for (int d = 0; d < MGK_MAXD; d++)
+        if (pos[d] >= 0) s[pos[d]] = X->s[d];
+    memcpy(X->s, s, sizeof s);
+}
+
+typedef struct ad {
+    mg_tape *t;
+    size_t nest_cap, bwd_cap;
+} ad;
+
+/* The gradient nest for operand X of F; `term` and the refs x0..x3 are in F's dims. With
+ * `outer_only` (the initial value of a sum, added once per output) F's reduction dims are not
+ * part of it. */
+static int grad_nest(ad *A, size_t f, const mgk_ref *X, int term, const mgk_ref *x, int nx, int outer_only) {
+    mg_tape *t = A->t;
+    mgk_nest F0 = t->nests[f];
+    const mgk_nest *F = &F0;
+    if (outer_only)
+        for (int d = MGK_MAXO; d < MGK_MAXD; d++) F0.n[d] = 1;
+    int pos[MGK_MAXD], no = 0, nr = 0;
+    int vary[MGK_MAXD];
+    for (int d = 0; d < MGK_MAXD; d++) {
+        vary[d] = F->n[d] > 1 && (X->gather || X->s[d] != 0);
+        no += vary[d];
+        nr += F->n[d] > 1 && !vary[d];
+    }
+    mgk_nest G;
+    memset(&G, 0, sizeof G);
+    int scatter = no > MGK_MAXO || nr > MGK_MAXR;
+    if (scatter) {
+        /* more moving dims than outer dims: F's own dims, each term added into its element */
+        for (int d = 0; d < MGK_MAXD; d++) {
+            pos[d] = d;
+            G.n[d] = F->n[d];
+        }
+        G.flags = MGK_F_SCATTER;
+    } else {
+        int io = MGK_MAXO - no, ir = MGK_MAXD - nr;
+        for (int d = 0; d < MGK_MAXD; d++) G.n[d] = 1;
+        for (int d = 0; d < MGK_MAXD; d++) {
+            pos[d] = -1;
+            if (F->n[d] <= 1) continue;
+            pos[d] = vary[d] ? io++ : ir++;
+            G.n[pos[d]] = F->n[d];
+        }
+    }
+    G.mode = MGK_ACC;
+    G.term = term;
+    G.op = F->op;
+    G.k = F->k;
+    G.out = as_grad(*X);
+    remap(&G.out, pos);
+    for (int j = 0; j < nx; j++) {
+        G.x[j] = x[j];
+        remap(&G.x[j], pos);
+    }
+    mg_nest_info info = t->info[f];
+    info.grad = 1;
+    info.alias = scatter || !mg_ref__injective(&G.out, G.n, t->ix);
+    info.has_gather = 0;
+    const mgk_ref *refs[6] = {&G.out, &G.init, &G.x[0], &G.x[1], &G.x[2], &G.x[3]};
+    for (int j = 0; j < 6; j++) info.has_gather |= refs[j]->gather != 0;
+    if (!mg_tape__push_nest(t, &A->nest_cap, &G, &info)) return -1;
+    mg_instr in;
+    memset(&in, 0, sizeof in);
+    in.kind = MG_I_NEST;
+    in.a = (uint32_t)(t->nnests - 1);
+    in.cone = MG_FZ_LOSS_CONE;
+    return mg_tape__push_instr(t, &t->bwd, &t->nbwd, &A->bwd_cap, &in) ? 0 : -1;
+}
+
+/* The gradient nests of forward nest f. */
+static int backward_of_nest(ad *A, size_t f) {
+    mg_tape *t = A->t;
+    const mgk_nest F = t->nests[f]; /* a copy: pushing nests may move the array */
+    mgk_ref gout = as_grad(F.out);
+    if (F.mode == MGK_SUMI && needs_grad(t, &F.init)) {
+        mgk_ref x[1] = {gout};
+        if (grad_nest(A, f, &F.init, MGK_T_ONE, x, 1, 1) < 0) return 0;
+    }
+    if (F.term == MGK_T_ONE) {
+        if (needs_grad(t, &F.x[0])) {
+            mgk_ref x[1] = {gout};
+            if (grad_nest(A, f, &F.x[0], MGK_T_ONE, x, 1, 0) < 0) return 0;
+        }
+    } else if (F.term == MGK_T_MUL) {
+        /* the operand that is not a parameter first: its gradient reads the parameter, whose own
+         * gradient nest may then apply SGD to it (schedule.c's fused step) */
+        int first = is_param(t, &F.x[0]) && !is_param(t, &F.x[1]) ? 1 : 0;
+        for (int jj = 0; jj < 2; jj++) {
+            int j = jj ? 1 - first : first;
+            if (needs_grad(t, &F.x[j])) {
+                mgk_ref x[2] = {gout, F.x[1 - j]};
+                if (grad_nest(A, f, &F.x[j], MGK_T_MUL, x, 2, 0) < 0) return 0;
+            }
+        }
+    } else { /* MGK_T_OP: dA and dB from the op table */
+        int ar = mg_op__arity[F.op];
+        for (int j = 0; j < ar; j++)
+            if (needs_grad(t, &F.x[j])) {
+                mgk_ref x[4] = {F.x[0], F.x[1], F.out, gout};
+                if (grad_nest(A, f, &F.x[j], j == 0 ? MGK_T_DA : MGK_T_DB, x, 4, 0) < 0) return 0;
+            }
+    }
+    return 1;
+}
+
+static int backward_of(ad *A, const mg_instr *in) {
+    mg_tape *t = A->t;
+    if (!(in->cone & MG_FZ_LOSS_CONE)) return 1;
+    if (in->kind == MG_I_NEST) return backward_of_nest(A, in->a);
+    mg_instr b = *in; /* MG_I_NARY: its backward runs the op's gradient over the same operands */
+    b.kind = MG_I_NARY_BWD;
+    return mg_tape__push_instr(t, &t->bwd, &t->nbwd, &A->bwd_cap, &b);
+}
+
+int mg_autodiff(mg_tape *t) {
+    ad A;
+    memset(&A, 0, sizeof A);
+    A.t = t;
+    A.nest_cap = t->nnests;
+    t->nfwd_nests = t->nnests;
+    if (!t->has_loss) return MG_OK;
+    /* items of the forward program (an instruction, or a loop with its body), last first */
+    size_t *items = mg_tape__alloc(t, t->nfwd ? t->nfwd : 1, sizeof(size_t)), nitems = 0;
+    if (!items) return MG_ENOMEM;
+    for (size_t j = 0; j < t->nfwd; j++) {
+        items[nitems++] = j;
+        if (t->fwd[j].kind == MG_I_SEQ) j += t->fwd[j].a;
+    }
+    int st = MG_OK;
+    for (size_t it = nitems; it-- > 0 && st == MG_OK;) {
+        size_t start = items[it];
+        const mg_instr *head = &t->fwd[start];
+        if (head->kind != MG_I_SEQ) {
+            if (!backward_of(&A, head)) st = t->status ? t->status : MG_ENOMEM;
+            continue;
+        }
+        if (!(head->cone & MG_FZ_LOSS_CONE)) continue;
+        size_t at = t->nbwd;
+        mg_instr seq = *head;
+        seq.flags = 1; /* reversed */
+        if (!mg_tape__push_instr(t, &t->bwd, &t->nbwd, &A.bwd_cap, &seq)) {
+            st = t->status;
+            break;
+        }
+        for (size_t q = start + 1 + head->a; q-- > start + 1;)
+            if (!backward_of(&A, &t->fwd[q])) {
+                st = t->status ? t->status : MG_ENOMEM;
+                break;
+            }
+        t->bwd[at].a = (uint32_t)(t->nbwd - at - 1);
+        t->bwd[at].cone = MG_FZ_LOSS_CONE;
+        if (t->bwd[at].a == 0) t->nbwd = at; /* nothing to differentiate in the body */
+    }
+    t->alloc.free_fn(items, t->alloc.ctx);
+    return st;
+}

@@ -1,0 +1,327 @@
+/* Freezing: the graph reachable from the roots becomes a frozen graph (flat arrays the stages
+ * read without touching the graph again), the stages turn it into programs, and the tape gets
+ * its slot arrays. The graph is never modified. */
+#include "ir.h"
+
+#include <string.h>
+
+/* ---- pointer -> index map, open addressing ---------------------------------------------------- */
+
+typedef struct pmap {
+    const mg_value **keys;
+    uint32_t *vals;
+    size_t cap; /* power of two */
+} pmap;
+
+static size_t pmap_slot(const pmap *m, const mg_value *v) {
+    uint64_t h = (uint64_t)(uintptr_t)v * 0x9E3779B97F4A7C15ull;
+    return (size_t)(h >> 32) & (m->cap - 1);
+}
+
+static int pmap_init(mg_tape *t, pmap *m, size_t n) {
+    m->cap = 16;
+    while (m->cap < 2 * n + 2) m->cap *= 2;
+    m->keys = mg_tape__alloc(t, m->cap, sizeof *m->keys);
+    m->vals = mg_tape__alloc(t, m->cap, sizeof *m->vals);
+    if (!m->keys || !m->vals) return 0;
+    memset(m->keys, 0, m->cap * sizeof *m->keys);
+    return 1;
+}
+
+static void pmap_free(mg_tape *t, pmap *m) {
+    if (m->keys) t->alloc.free_fn(m->keys, t->alloc.ctx);
+    if (m->vals) t->alloc.free_fn(m->vals, t->alloc.ctx);
+}
+
+static uint32_t pmap_get(const pmap *m, const mg_value *v) {
+    for (size_t i = pmap_slot(m, v);; i = (i + 1) & (m->cap - 1)) {
+        if (m->keys[i] == v) return m->vals[i];
+        if (!m->keys[i]) return UINT32_MAX;
+    }
+}
+
+/* Inserts; returns 0 when v is present already. */
+static int pmap_put(pmap *m, const mg_value *v, uint32_t x) {
+    for (size_t i = pmap_slot(m, v);; i = (i + 1) & (m->cap - 1)) {
+        if (m->keys[i] == v) return 0;
+        if (!m->keys[i]) {
+            m->keys[i] = v;
+            m->vals[i] = x;
+            return 1;
+        }
+    }
+}
+
+/* ---- constants: equal bit patterns share a slot -------------------------------------------------- */
+
+typedef struct cmap {
+    uint64_t *bits;
+    uint32_t *idx; /* UINT32_MAX: empty */
+    size_t cap;
+} cmap;
+
+static uint64_t bits_of(double x) {
+    uint64_t b;
+    memcpy(&b, &x, sizeof b);
+    return b;
+}
+
+static uint32_t cmap_get_or_put(cmap *m, uint64_t b, uint32_t next) {
+    for (size_t i = (size_t)((b * 0x9E3779B97F4A7C15ull) >> 32) & (m->cap - 1);; i = (i + 1) & (m->cap - 1)) {
+        if (m->idx[i] == UINT32_MAX) {
+            m->bits[i] = b;
+            m->idx[i] = next;
+            return next;
+        }
+        if (m->bits[i] == b) return m->idx[i];
+    }
+}
+
+/* ---- freezing ---------------------------------------------------------------------------------- */
+
+static void fz_free(mg_tape *t, mg_fz *f) {
+    void *bufs[] = {f->op, f->bias, f->cone, f->cls, f->k, f->data, f->serial, f->off, f->opnd, f->uses, f->slot};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        if (bufs[i]) t->alloc.free_fn(bufs[i], t->alloc.ctx);
+}
+
+static int check_roots(mg_graph *g, const mg_tape_spec *spec) {
+    if (!spec) return mg_graph__fail(g, MG_EINVAL, "mg_tape_freeze: NULL spec");
+    if (!spec->loss && spec->noutputs == 0)
+        return mg_graph__fail(g, MG_EINVAL, "mg_tape_freeze: nothing to freeze (no loss and no outputs)");
+    if (spec->noutputs && !spec->outputs) return mg_graph__fail(g, MG_EINVAL, "mg_tape_freeze: NULL outputs array");
+    for (size_t i = 0; i < spec->noutputs; i++)
+        if (!mg_ir__owns(g, spec->outputs[i]))
+            return mg_graph__fail(g, MG_EINVAL, "mg_tape_freeze: output %zu is NULL, released or of another graph", i);
+    if (spec->loss && !mg_ir__owns(g, spec->loss))
+        return mg_graph__fail(g, MG_EINVAL, "mg_tape_freeze: the loss is released or of another graph");
+    size_t listed = spec->nparams + spec->ninputs + spec->ntargets;
+    if (listed < spec->nparams || listed > UINT32_MAX / 4)
+        return mg_graph__fail(g, MG_ERANGE, "mg_tape_freeze: too many parameters, inputs and targets");
+    return MG_OK;
+}
+
+static int check_role(mg_graph *g, pmap *roles, mg_value *const *v, size_t n, const char *role, uint32_t *next) {
+    if (n && !v) return mg_graph__fail(g, MG_EINVAL, "mg_tape_freeze: NULL %s array", role);
+    for (size_t i = 0; i < n; i++) {
+        if (!mg_ir__owns(g, v[i]))
+            return mg_graph__fail(g, MG_EINVAL, "mg_tape_freeze: %s %zu is NULL, released or of another graph", role,
+                                  i);
+        if (v[i]->op != MG_OP_LEAF)
+            return mg_graph__fail(g, MG_EINVAL, "mg_tape_freeze: %s %zu is not a leaf (made by %s)", role, i,
+                                  mg_op_name(v[i]->op));
+        if (!pmap_put(roles, v[i], (*next)++))
+            return mg_graph__fail(g, MG_EINVAL, "mg_tape_freeze: %s %zu is listed twice", role, i);
+    }
+    return MG_OK;
+}
+
+/* Builds the frozen graph from g->order[0..n). Leaves get their slots (roles from `roles`,
+ * constants deduplicated by value). */
+static int build_fz(mg_tape *t, mg_value **order, size_t n, const pmap *index, const pmap *roles,
+                    const mg_tape_spec *spec, mg_fz *f, double **const_values) {
+    size_t nopnd = 0;
+    for (size_t k = 0; k < n; k++) {
+        nopnd += mg_value__nops(order[k]);
+        if (nopnd > UINT32_MAX) return mg_tape__fail(t, MG_ERANGE, "freeze: too many operands");
+    }
+    f->n = n;
+    f->op = mg_tape__alloc(t, n, 1);
+    f->bias = mg_tape__alloc(t, n, 1);
+    f->cone = mg_tape__alloc(t, n, 1);
+    f->cls = mg_tape__alloc(t, n, 1);
+    f->k = mg_tape__alloc(t, n, sizeof(double));
+    f->data = mg_tape__alloc(t, n, sizeof(double));
+    f->serial = mg_tape__alloc(t, n, sizeof(uint64_t));
+    f->off = mg_tape__alloc(t, n + 1, sizeof(uint32_t));
+    f->opnd = mg_tape__alloc(t, nopnd, sizeof(uint32_t));
+    f->uses = mg_tape__alloc(t, n, sizeof(uint32_t));
+    f->slot = mg_tape__alloc(t, n, sizeof(uint32_t));
+    if (!f->op || !f->bias || !f->cone || !f->cls || !f->k || !f->data || !f->serial || !f->off || !f->opnd ||
+        !f->uses || !f->slot)
+        return MG_ENOMEM;
+    memset(f->uses, 0, n * sizeof(uint32_t));
+    memset(f->cone, 0, n);
+    size_t p = 0;
+    for (size_t k = 0; k < n; k++) {
+        const mg_value *v = order[k];
+        f->op[k] = v->op;
+        f->bias[k] = (v->flags & MG_FLAG_BIAS) != 0;
+        f->data[k] = v->data;
+        f->serial[k] = v->serial;
+        int ar = mg_op__arity[v->op];
+        f->k[k] = ar < 0 ? (double)v->a.args->n : ar == 1 ? v->b.k : 0.0;
+        f->off[k] = (uint32_t)p;
+        size_t no = mg_value__nops(v);
+        for (size_t i = 0; i < no; i++) {
+            uint32_t o = pmap_get(index, mg_value__op(v, i));
+            f->opnd[p++] = o;
+            f->uses[o]++;
+        }
+        f->slot[k] = UINT32_MAX;
+        f->cls[k] = MG_C_VALUE;
+    }
+    f->off[n] = (uint32_t)p;
+    /* roots stay visible: never folded into a chain */
+    if (spec->loss) f->uses[pmap_get(index, spec->loss)] += 2;
+    for (size_t i = 0; i < spec->noutputs; i++) f->uses[pmap_get(index, spec->outputs[i])] += 2;
+    /* cones: a reverse sweep of the topological order */
+    if (spec->loss) f->cone[pmap_get(index, spec->loss)] |= MG_FZ_LOSS_CONE | MG_FZ_ROOT;
+    for (size_t i = 0; i < spec->noutputs; i++) f->cone[pmap_get(index, spec->outputs[i])] |= MG_FZ_OUT_CONE | MG_FZ_ROOT;
+    for (size_t k = n; k-- > 0;) {
+        uint8_t c = f->cone[k] & (MG_FZ_LOSS_CONE | MG_FZ_OUT_CONE);
+        if (!c) continue;
+        for (uint32_t j = f->off[k]; j < f->off[k + 1]; j++) f->cone[f->opnd[j]] |= c;
+    }
+
+    /* leaves: roles, then constants by value */
+    size_t nconst = 0, nleaf = 0;
+    for (size_t k = 0; k < n; k++)
+        if (f->op[k] == MG_OP_LEAF && pmap_get(roles, order[k]) == UINT32_MAX) nleaf++;
+    cmap cm = {NULL, NULL, 16};
+    while (cm.cap < 2 * nleaf + 2) cm.cap *= 2;
+    cm.bits = mg_tape__alloc(t, cm.cap, sizeof(uint64_t));
+    cm.idx = mg_tape__alloc(t, cm.cap, sizeof(uint32_t));
+    *const_values = mg_tape__alloc(t, nleaf, sizeof(double));
+    if (!cm.bits || !cm.idx || !*const_values) {
+        if (cm.bits) t->alloc.free_fn(cm.bits, t->alloc.ctx);
+        if (cm.idx) t->alloc.free_fn(cm.idx, t->alloc.ctx);
+        return MG_ENOMEM;
+    }
+    memset(cm.idx, 0xff, cm.cap * sizeof(uint32_t));
+    size_t P = spec->nparams, I = spec->ninputs;
+    for (size_t k = 0; k < n; k++) {
+        if (f->op[k] != MG_OP_LEAF) continue;
+        uint32_t r = pmap_get(roles, order[k]);
+        if (r != UINT32_MAX) {
+            f->slot[k] = r; /* provisional: role order, rebased below */
+            f->cls[k] = r < P ? MG_C_PARAM : r < P + I ? MG_C_INPUT : MG_C_TARGET;
+            continue;
+        }
+        uint32_t c = cmap_get_or_put(&cm, bits_of(f->data[k]), (uint32_t)nconst);
+        if (c == nconst) (*const_values)[nconst++] = f->data[k];
+        f->slot[k] = c;
+        f->cls[k] = MG_C_CONST;
+    }
+    t->alloc.free_fn(cm.bits, t->alloc.ctx);
+    t->alloc.free_fn(cm.idx, t->alloc.ctx);
+    /* the layout: parameters, constants, inputs, targets, then values */
+    t->nconsts = nconst;
+    t->const0 = P;
+    t->input0 = P + nconst;
+    t->target0 = t->input0 + I;
+    t->first_op = t->target0 + spec->ntargets;
+    for (size_t k = 0; k < n; k++) {
+        if (f->op[k] != MG_OP_LEAF) continue;
+        if (f->cls[k] == MG_C_CONST) f->slot[k] += (uint32_t)t->const0;
+        else if (f->cls[k] != MG_C_PARAM) f->slot[k] += (uint32_t)nconst;
+    }
+    return MG_OK;
+}
+
+mg_tape *mg_tape_freeze(mg_graph *g, const mg_tape_spec *spec) {
+    if (!g) return NULL;
+    if (check_roots(g, spec) != MG_OK) return NULL;
+    size_t nroots = (spec->loss ? 1 : 0) + spec->noutputs;
+    mg_value **roots = mg_graph__malloc(g, nroots * sizeof(mg_value *));
+    if (!roots) return NULL;
+    size_t r = 0;
+    if (spec->loss) roots[r++] = spec->loss;
+    for (size_t i = 0; i < spec->noutputs; i++) roots[r++] = spec->outputs[i];
+
+    mg_tape *t = mg_graph__malloc(g, sizeof *t);
+    if (!t) {
+        mg_graph__free(g, roots);
+        return NULL;
+    }
+    memset(t, 0, sizeof *t);
+    t->alloc = g->alloc;
+    t->graph_id = mg_ir__graph_id(g);
+    mg_fz f;
+    memset(&f, 0, sizeof f);
+    pmap index = {0}, roles = {0};
+    double *const_values = NULL;
+    int st = MG_OK, g_set = 0; /* g_set: the graph's error already says what failed */
+
+    size_t n = mg_graph__topo(g, roots, nroots);
+    if (n == (size_t)-1) {
+        st = MG_ENOMEM;
+        g_set = 1;
+        goto done;
+    }
+    mg_graph__clear_marks(g, n);
+    mg_value **order = g->order; /* nothing below sorts the graph again */
+    if (n > UINT32_MAX / 4) {
+        st = mg_graph__fail(g, MG_ERANGE, "mg_tape_freeze: graph too large (%zu values)", n);
+        g_set = 1;
+        goto done;
+    }
+    t->nodes = n;
+    t->nparams = spec->nparams;
+    t->ninputs = spec->ninputs;
+    t->ntargets = spec->ntargets;
+    t->noutputs = spec->noutputs;
+    t->has_loss = spec->loss != NULL;
+    if (!pmap_init(t, &index, n) || !pmap_init(t, &roles, spec->nparams + spec->ninputs + spec->ntargets)) {
+        st = MG_ENOMEM;
+        goto done;
+    }
+    for (size_t k = 0; k < n; k++) pmap_put(&index, order[k], (uint32_t)k);
+    uint32_t next = 0;
+    if ((st = check_role(g, &roles, spec->params, spec->nparams, "parameter", &next)) != MG_OK ||
+        (st = check_role(g, &roles, spec->inputs, spec->ninputs, "input", &next)) != MG_OK ||
+        (st = check_role(g, &roles, spec->targets, spec->ntargets, "target", &next)) != MG_OK) {
+        g_set = 1;
+        goto done;
+    }
+    if ((st = build_fz(t, order, n, &index, &roles, spec, &f, &const_values)) != MG_OK) goto done;
+
+    /* the stages */
+    if ((st = mg_reroll(t, &f, spec->no_raise != 0)) != MG_OK) goto done;
+    if (!spec->no_raise && (st = mg_roll(t)) != MG_OK) goto done;
+    if ((st = mg_autodiff(t)) != MG_OK) goto done;
+    if ((st = mg_schedule(t)) != MG_OK) goto done;
+
+    /* the slot arrays */
+    t->data = mg_tape__alloc(t, t->nslots, sizeof(double));
+    t->grad = mg_tape__alloc(t, t->nslots, sizeof(double));
+    t->outputs = mg_tape__alloc(t, spec->noutputs, sizeof(mgk_idx));
+    t->param_values = mg_tape__alloc(t, spec->nparams, sizeof(mg_value *));
+    t->param_serials = mg_tape__alloc(t, spec->nparams, sizeof(uint64_t));
+    if (!t->data || !t->grad || !t->outputs || !t->param_values || !t->param_serials) {
+        st = MG_ENOMEM;
+        goto done;
+    }
+    memset(t->data, 0, t->nslots * sizeof(double));
+    memset(t->grad, 0, t->nslots * sizeof(double));
+    for (size_t k = 0; k < n; k++)
+        if (f.slot[k] != UINT32_MAX) t->data[f.slot[k]] = f.data[k];
+    for (size_t i = 0; i < spec->nparams; i++) {
+        t->data[i] = spec->params[i]->data;
+        t->param_values[i] = spec->params[i];
+        t->param_serials[i] = spec->params[i]->serial;
+    }
+    for (size_t i = 0; i < t->nconsts; i++) t->data[t->const0 + i] = const_values[i];
+    for (size_t i = 0; i < spec->ninputs; i++) t->data[t->input0 + i] = spec->inputs[i]->data;
+    for (size_t i = 0; i < spec->ntargets; i++) t->data[t->target0 + i] = spec->targets[i]->data;
+    for (size_t i = 0; i < spec->noutputs; i++) t->outputs[i] = f.slot[pmap_get(&index, spec->outputs[i])];
+    t->has_loss = spec->loss != NULL;
+    t->loss = spec->loss ? f.slot[pmap_get(&index, spec->loss)] : 0;
+    t->fingerprint = mg_ir__fingerprint(t);
+    t->err[0] = '\0';
+    t->status = MG_OK;
+
+done:
+    if (st != MG_OK && !g_set)
+        mg_graph__fail(g, st, "mg_tape_freeze: %s", t->err[0] ? t->err : mg_strerror(st));
+    if (const_values) t->alloc.free_fn(const_values, t->alloc.ctx);
+    fz_free(t, &f);
+    pmap_free(t, &index);
+    pmap_free(t, &roles);
+    mg_graph__free(g, roots);
+    if (st != MG_OK) {
+        mg_tape_free(t);
+        return NULL;
+    }
+    return t;
+}

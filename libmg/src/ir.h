@@ -1,0 +1,180 @@
+/* The compiler's IR: frozen graphs (the passes' input), loop nests and programs (their output),
+ * and the tape that owns them. Shared by the stages, one file each:
+ *   freeze.c     graph -> frozen graph (nodes, roles, constants), then drives the stages
+ *   reroll.c     frozen graph -> statements -> loop nests (grouping, affine fit, slot layout)
+ *   roll.c       repeated runs of nests -> sequential loops (a recurrent model's time steps)
+ *   autodiff.c   forward program -> backward program (gradient nests)
+ *   schedule.c   how each nest runs: vector blocks, split reductions, packed weights, fused SGD
+ *   interpret.c  runs programs (nest kernels from nest_kernels.h, or compiled ones)
+ *   emit.c       programs -> C
+ *   fit.c        training: samples, batches, threads, SGD
+ *   tape.c       the public accessors */
+#ifndef MG_IR_H
+#define MG_IR_H
+
+#include "graph_impl.h"
+#include "mg/tape.h"
+
+/* Graph identity and ownership (live, of this graph). */
+static inline uint64_t mg_ir__graph_id(const mg_graph *g) { return g->tag; }
+static inline int mg_ir__owns(const mg_graph *g, const mg_value *v) {
+    return v && v->serial != 0 && v->tag == g->tag;
+}
+
+/* The op table's formulas for the nest kernels (the generated code gets the same functions
+ * written out as text by the emitter). */
+static inline double mgk_op_fwd(int op, double A, double B, double K) { return mg_op__forward(op, A, B, K); }
+static inline double mgk_op_da(int op, double A, double B, double K, double Y) {
+    double dA, dB;
+    mg_op__derivs(op, A, B, K, Y, &dA, &dB);
+    return dA;
+}
+static inline double mgk_op_db(int op, double A, double B, double K, double Y) {
+    double dA, dB;
+    mg_op__derivs(op, A, B, K, Y, &dA, &dB);
+    return dB;
+}
+#include "nest_kernels.h"
+
+/* ---- frozen graphs ---------------------------------------------------------------------------
+ * The graph reachable from the roots in topological order, as flat arrays the passes read
+ * without touching the graph again. Node k's operands are opnd[off[k] .. off[k+1]). */
+
+/* Classes of values: what a slot holds. Part of every grouping signature, so one loop never
+ * mixes, say, parameters and computed values in one operand. */
+enum { MG_C_PARAM = 0, MG_C_CONST = 1, MG_C_INPUT = 2, MG_C_TARGET = 3, MG_C_VALUE = 4 };
+
+enum { MG_FZ_LOSS_CONE = 1, MG_FZ_OUT_CONE = 2, MG_FZ_ROOT = 4 };
+
+typedef struct mg_fz {
+    size_t n;           /* nodes */
+    uint8_t *op;        /* op per node */
+    uint8_t *bias;      /* DOT nodes: 1 when the last operand is a bias */
+    uint8_t *cone;      /* MG_FZ_* flags */
+    uint8_t *cls;       /* leaves: their class; ops: MG_C_VALUE */
+    double *k;          /* elementwise: the op's constant; variadic: the term count */
+    double *data;       /* current value */
+    uint64_t *serial;   /* creation order */
+    uint32_t *off;      /* n + 1 */
+    uint32_t *opnd;
+    uint32_t *uses;     /* operand uses (+2 for roots) */
+    uint32_t *slot;     /* leaves: fixed slots; ops: assigned by the passes (UINT32_MAX: none) */
+} mg_fz;
+
+/* ---- programs --------------------------------------------------------------------------------
+ * A program is a list of instructions: a nest, a variadic op (the losses) over an operand list,
+ * or a sequential loop running the next `a` instructions `b` times, t = 0, 1, ... (reversed in
+ * backward programs: t = b-1 down to 0, its body already in backward order). */
+enum { MG_I_NEST = 0, MG_I_NARY = 1, MG_I_SEQ = 2, MG_I_NARY_BWD = 3 };
+
+typedef struct mg_instr {
+    uint8_t kind;
+    uint8_t op;     /* NARY: the op */
+    uint8_t flags;  /* NARY: MG_FLAG_BIAS; SEQ: 1 when reversed */
+    uint8_t cone;   /* MG_FZ_LOSS_CONE / MG_FZ_OUT_CONE of what it computes */
+    uint32_t a;     /* NEST: the nest; NARY: first operand entry in ix; SEQ: body length */
+    uint32_t b;     /* NARY: operand count; SEQ: iterations */
+    uint32_t n;     /* NARY: the op's term count */
+    uint32_t out;   /* NARY: the result's slot */
+} mg_instr;
+
+/* A nest plus what the passes know about it. */
+typedef struct mg_nest_info {
+    uint8_t loss_cone, out_cone;
+    uint8_t grad;      /* 1 for a gradient nest */
+    uint8_t alias;     /* outputs may repeat across outer points */
+    uint8_t has_gather;
+    uint32_t seq;      /* iterations of the sequential loop it runs in (1: none) */
+    double work;       /* estimated terms per sample, for the emitter's budget */
+} mg_nest_info;
+
+/* A packed parameter block: elements elem(i) = base + sum_k s[k]*i_k over dims n (row-major
+ * in packed order), living at pw[p0 + i] while a call runs. */
+typedef struct mg_pack {
+    int64_t base;
+    int64_t s[MGK_MAXD];
+    int64_t n[MGK_MAXD];
+    int nd;
+    size_t p0, len;
+} mg_pack;
+
+struct mg_tape {
+    mg_allocator alloc;
+    int status;
+    char err[256];
+    uint64_t graph_id;
+    /* slot layout: parameters [0, nparams), constants [const0, input0), inputs, targets, values */
+    size_t nslots, nparams, nconsts, ninputs, ntargets, noutputs;
+    size_t const0, input0, target0, first_op;
+    int has_loss;
+    uint32_t loss;
+    mgk_idx *outputs;
+    double *data, *grad;
+    /* the programs */
+    mgk_nest *nests;
+    mg_nest_info *info;
+    size_t nnests, nfwd_nests; /* forward nests come first */
+    mg_instr *fwd, *bwd;
+    size_t nfwd, nbwd;
+    mgk_idx *ix;               /* variadic operand lists and gather tables */
+    size_t nix;
+    /* packed parameters (scheduling) */
+    mg_pack *packs;
+    size_t npacks, npacked;
+    double *pw, *pg;
+    uint8_t *packed;           /* per parameter: 1 when it lives in a pack during calls */
+    uint8_t *fused, *fused_p;  /* per parameter / packed element: its gradient nest applies SGD
+                                  itself at batch size 1 (MGK_F_STEP) */
+    /* statistics */
+    size_t nstatements, ngroups, nseq, nfolded;
+    int rerolled;
+    /* write-back */
+    mg_value **param_values;
+    uint64_t *param_serials;
+    /* compiled kernels, per nest (NULL: the interpreter's) */
+    const mg_kernel_fn *kern;
+    uint64_t fingerprint;
+    size_t nodes;
+};
+
+/* ---- stage entry points (internal) ------------------------------------------------------------ */
+
+/* Records an error on the tape (printf-style) and returns `status`. */
+int mg_tape__fail(mg_tape *t, int status, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+
+void *mg_tape__alloc(mg_tape *t, size_t count, size_t size); /* NULL on overflow or ENOMEM */
+int mg_tape__grow(mg_tape *t, void **buf, size_t *cap, size_t elem, size_t need);
+int mg_tape__push_nest(mg_tape *t, size_t *cap, const mgk_nest *nest, const mg_nest_info *info);
+int mg_tape__push_instr(mg_tape *t, mg_instr **prog, size_t *len, size_t *cap, const mg_instr *in);
+
+/* reroll.c: statements, groups and slots -> forward nests and program (t->nests, t->fwd). With
+ * `scalar`, one instruction per node (no folding, no grouping). Returns MG_OK or an error. */
+int mg_reroll(mg_tape *t, const mg_fz *fz, int scalar);
+/* roll.c: compresses repeated runs of the forward program into sequential loops. */
+int mg_roll(mg_tape *t);
+/* autodiff.c: the backward program. */
+int mg_autodiff(mg_tape *t);
+/* schedule.c: block/split flags, packing, fused SGD. */
+int mg_schedule(mg_tape *t);
+
+/* interpret.c */
+void mg_ir__run_nest(const mg_tape *t, size_t nest, const mgk_run *R);
+/* Runs a program; with `cone` nonzero, only instructions with one of those cone flags. */
+void mg_ir__run(const mg_tape *t, const mg_instr *prog, size_t len, mgk_run *R, int cone);
+uint64_t mg_ir__fingerprint(const mg_tape *t);
+
+/* fit.c: packing in and out of calls */
+void mg_tape__pack(mg_tape *t);
+void mg_tape__unpack(mg_tape *t);
+void mg_tape__unpack_grad(mg_tape *t);
+
+/* Canonical form of a nest's dims: outer dims right-aligned at 3, reduction dims at 7. */
+void mg_nest__canon(mgk_nest *N, int no, int nr);
+/* Whether ref X is injective over dims with nonzero stride (1), or may repeat elements (0). */
+int mg_ref__injective(const mgk_ref *X, const mgk_i64 *n, const mgk_idx *ix);
+
+#endif /* MG_IR_H */

@@ -1,0 +1,270 @@
+/* Loop nests: the one implementation of every loop the compiler recovers from a scalar graph.
+ *
+ * This text is compiled into libmg's interpreter (descriptors read at run time, one instance per
+ * term kind and op) and pasted verbatim into generated C (each hot nest a function calling
+ * mgk_nest_run with a `static const` descriptor, which the C compiler folds into loops with
+ * constant bounds and strides). Both run the same statements in the same order, so they compute
+ * the same bits. The includer defines mgk_real (kernels.h) and the op table's formulas,
+ * mgk_op_fwd/mgk_op_da/mgk_op_db, first.
+ *
+ * A nest has up to four outer dims (0..3) and four reduction dims (4..7); unused dims have size 1.
+ * Dim 3 is the vector dim: MGK_F_BLOCK computes MGK_LANES outputs along it at once (each
+ * output's terms still added in order, so blocking never changes a value). Per output point
+ * (i0..i3):
+ *   MGK_SET   out = term(i)                                   (no reduction dims)
+ *   MGK_SUM0  out = 0 + term(i, r0) + term(i, r1) + ...       (r in row-major order)
+ *   MGK_SUMI  out = init(i) + term(i, r0) + ...
+ *   MGK_ACC   out = out + term(i, r0) + ...
+ * MGK_F_STEP (the batch-1 backward, SGD fused into a parameter's only gradient nest): when the
+ * run's lr is nonzero, init -= lr * (0 + term(i, r0) + ...) with init naming the parameter, and
+ * out (its gradient) untouched; with lr zero the nest is the plain MGK_ACC one.
+ * Terms: ONE x0, MUL x0*x1, OP op(x0, x1, k), DA dA(x0, x1, k, x2)*x3, DB dB(...)*x3. An operand
+ * is element base + t*ts + sum_k s[k]*i_k of array `arr` (t: the enclosing sequential loop's
+ * iteration), or, with `gather`, the element that position of the index table names.
+ * MGK_F_SPLIT (gradient sums over shared weights, never forward values) adds the innermost
+ * reduction dim in MGK_LANES interleaved partial sums, combined in a fixed order: the same bits
+ * on every backend and thread count. MGK_F_SCATTER (gradients whose target moves along more
+ * dims than a nest has outer dims) adds every term straight into its own output element,
+ * out(i, r) += term(i, r), visiting the points in row-major order. */
+#ifndef MGK_NEST_KERNELS_H
+#define MGK_NEST_KERNELS_H
+
+#define MGK_MAXO 4
+#define MGK_MAXR 4
+#define MGK_MAXD 8
+#define MGK_LANES 8
+
+typedef long long mgk_i64;
+
+enum { MGK_SET = 0, MGK_SUM0 = 1, MGK_SUMI = 2, MGK_ACC = 3 };
+enum { MGK_T_ONE = 0, MGK_T_MUL = 1, MGK_T_OP = 2, MGK_T_DA = 3, MGK_T_DB = 4, MGK_NTERMS = 5 };
+enum { MGK_D = 0, MGK_G = 1, MGK_PW = 2, MGK_PG = 3, MGK_NARR = 4 };
+enum { MGK_F_BLOCK = 1, MGK_F_SPLIT = 2, MGK_F_STEP = 4, MGK_F_SCATTER = 8 };
+
+typedef struct mgk_ref {
+    mgk_i64 base;        /* element at index 0 and t = 0 */
+    mgk_i64 ts;          /* added per iteration of the enclosing sequential loop */
+    mgk_i64 s[MGK_MAXD]; /* stride per dim */
+    int arr;             /* MGK_D, MGK_G, MGK_PW or MGK_PG */
+    int gather;          /* nonzero: the position is an entry of mgk_run::ix, holding the element */
+} mgk_ref;
+
+typedef struct mgk_nest {
+    int mode, term, op, flags;
+    double k;            /* the op's constant (POW's exponent) */
+    mgk_i64 n[MGK_MAXD]; /* sizes: outer dims 0..3, reduction dims 4..7 */
+    mgk_ref out, init, x[4];
+} mgk_nest;
+
+/* What a nest runs over: the arrays, the gather tables, the sequential loop's iteration, and the
+ * learning rate of nests that apply SGD as they go (MGK_F_STEP). */
+typedef struct mgk_run {
+    mgk_real *a[MGK_NARR];
+    const mgk_idx *ix;
+    mgk_i64 t;
+    mgk_real lr; /* nonzero: MGK_F_STEP nests apply SGD */
+} mgk_run;
+
+#if defined(__GNUC__) || defined(__clang__)
+#define MGK_HOT static inline __attribute__((always_inline))
+#else
+#define MGK_HOT static inline
+#endif
+
+/* Element pointer of ref X at position `pos` (base and strides applied). */
+#define MGK_AT(R, X, pos) ((X)->gather ? (R)->a[(X)->arr] + (R)->ix[pos] : (R)->a[(X)->arr] + (pos))
+
+MGK_HOT mgk_real mgk_term(const int term, const int op, const double k, const mgk_real *p0,
+                          const mgk_real *p1, const mgk_real *p2, const mgk_real *p3) {
+    switch (term) {
+    case MGK_T_ONE: return *p0;
+    case MGK_T_MUL: return *p0 * *p1;
+    case MGK_T_OP: return (mgk_real)mgk_op_fwd(op, *p0, *p1, k);
+    case MGK_T_DA: return (mgk_real)mgk_op_da(op, *p0, *p1, k, *p2) * *p3;
+    default: return (mgk_real)mgk_op_db(op, *p0, *p1, k, *p2) * *p3;
+    }
+}
+
+/* Number of term operands a term kind reads. */
+MGK_HOT int mgk_term_arity(const int term, const int op_arity) {
+    return term == MGK_T_ONE ? 1 : term == MGK_T_MUL ? 2 : term == MGK_T_OP ? op_arity : 4;
+}
+
+/* The positions of a ref at the reduction point (r4..r7) relative to an outer point. */
+#define MGK_RPOS(X, r4, r5, r6, r7) ((r4) * (X)->s[4] + (r5) * (X)->s[5] + (r6) * (X)->s[6] + (r7) * (X)->s[7])
+
+/* One output point, scalar (also the remainder of blocked nests): positions at the outer point
+ * are po (out), pi (init), px[4]. */
+MGK_HOT void mgk_point(const mgk_nest *N, const mgk_run *R, const int term, const int op, mgk_i64 po,
+                       mgk_i64 pi, const mgk_i64 *px) {
+    const mgk_i64 *n = N->n;
+    const mgk_ref *X = N->x;
+    mgk_real acc;
+    mgk_i64 r4, r5, r6, r7;
+    if (N->mode == MGK_SET) {
+        *MGK_AT(R, &N->out, po) = mgk_term(term, op, N->k, MGK_AT(R, &X[0], px[0]), MGK_AT(R, &X[1], px[1]),
+                                           MGK_AT(R, &X[2], px[2]), MGK_AT(R, &X[3], px[3]));
+        return;
+    }
+    if (N->flags & MGK_F_SCATTER) {
+        for (r4 = 0; r4 < n[4]; r4++)
+            for (r5 = 0; r5 < n[5]; r5++)
+                for (r6 = 0; r6 < n[6]; r6++)
+                    for (r7 = 0; r7 < n[7]; r7++)
+                        *MGK_AT(R, &N->out, po + MGK_RPOS(&N->out, r4, r5, r6, r7)) +=
+                            mgk_term(term, op, N->k, MGK_AT(R, &X[0], px[0] + MGK_RPOS(&X[0], r4, r5, r6, r7)),
+                                     MGK_AT(R, &X[1], px[1] + MGK_RPOS(&X[1], r4, r5, r6, r7)),
+                                     MGK_AT(R, &X[2], px[2] + MGK_RPOS(&X[2], r4, r5, r6, r7)),
+                                     MGK_AT(R, &X[3], px[3] + MGK_RPOS(&X[3], r4, r5, r6, r7)));
+        return;
+    }
+    const int step = (N->flags & MGK_F_STEP) && R->lr != (mgk_real)0;
+    acc = N->mode == MGK_SUM0 || step ? (mgk_real)0
+          : N->mode == MGK_SUMI       ? *MGK_AT(R, &N->init, pi)
+                                      : *MGK_AT(R, &N->out, po);
+    for (r4 = 0; r4 < n[4]; r4++)
+        for (r5 = 0; r5 < n[5]; r5++)
+            for (r6 = 0; r6 < n[6]; r6++) {
+                mgk_i64 q0 = px[0] + MGK_RPOS(&X[0], r4, r5, r6, 0), q1 = px[1] + MGK_RPOS(&X[1], r4, r5, r6, 0);
+                mgk_i64 q2 = px[2] + MGK_RPOS(&X[2], r4, r5, r6, 0), q3 = px[3] + MGK_RPOS(&X[3], r4, r5, r6, 0);
+                r7 = 0;
+                if (N->flags & MGK_F_SPLIT) {
+                    mgk_real part[MGK_LANES], s;
+                    int l;
+                    for (l = 0; l < MGK_LANES; l++) part[l] = (mgk_real)0;
+                    for (; r7 + MGK_LANES <= n[7]; r7 += MGK_LANES)
+                        for (l = 0; l < MGK_LANES; l++)
+                            part[l] += mgk_term(term, op, N->k, MGK_AT(R, &X[0], q0 + (r7 + l) * X[0].s[7]),
+                                                MGK_AT(R, &X[1], q1 + (r7 + l) * X[1].s[7]),
+                                                MGK_AT(R, &X[2], q2 + (r7 + l) * X[2].s[7]),
+                                                MGK_AT(R, &X[3], q3 + (r7 + l) * X[3].s[7]));
+                    s = ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
+                    for (; r7 < n[7]; r7++)
+                        s += mgk_term(term, op, N->k, MGK_AT(R, &X[0], q0 + r7 * X[0].s[7]),
+                                      MGK_AT(R, &X[1], q1 + r7 * X[1].s[7]), MGK_AT(R, &X[2], q2 + r7 * X[2].s[7]),
+                                      MGK_AT(R, &X[3], q3 + r7 * X[3].s[7]));
+                    acc += s;
+                } else {
+                    for (; r7 < n[7]; r7++)
+                        acc += mgk_term(term, op, N->k, MGK_AT(R, &X[0], q0 + r7 * X[0].s[7]),
+                                        MGK_AT(R, &X[1], q1 + r7 * X[1].s[7]), MGK_AT(R, &X[2], q2 + r7 * X[2].s[7]),
+                                        MGK_AT(R, &X[3], q3 + r7 * X[3].s[7]));
+                }
+            }
+    if (step) {
+        mgk_real *w = MGK_AT(R, &N->init, pi);
+        *w -= R->lr * acc;
+    } else {
+        *MGK_AT(R, &N->out, po) = acc;
+    }
+}
+
+/* MGK_LANES consecutive points along the vector dim (no gather refs): lane l of operand j is at
+ * p_j + l * s_j. The lane loops are what the C compiler vectorises; each lane's terms are added
+ * in the order the scalar path adds them. */
+MGK_HOT void mgk_block(const mgk_nest *N, const mgk_run *R, const int term, const int op, mgk_i64 po,
+                       mgk_i64 pi, const mgk_i64 *px) {
+    const mgk_i64 *n = N->n;
+    const mgk_ref *X = N->x;
+    mgk_real *o = R->a[N->out.arr] + po;
+    const mgk_i64 so = N->out.s[3];
+    const mgk_real *x0 = R->a[X[0].arr] + px[0], *x1 = R->a[X[1].arr] + px[1];
+    const mgk_real *x2 = R->a[X[2].arr] + px[2], *x3 = R->a[X[3].arr] + px[3];
+    const mgk_i64 s0 = X[0].s[3], s1 = X[1].s[3], s2 = X[2].s[3], s3 = X[3].s[3];
+    mgk_real acc[MGK_LANES];
+    mgk_i64 r4, r5, r6, r7;
+    int l;
+    if (N->mode == MGK_SET) {
+        for (l = 0; l < MGK_LANES; l++)
+            acc[l] = mgk_term(term, op, N->k, x0 + l * s0, x1 + l * s1, x2 + l * s2, x3 + l * s3);
+        for (l = 0; l < MGK_LANES; l++) o[l * so] = acc[l];
+        return;
+    }
+    const int step = (N->flags & MGK_F_STEP) && R->lr != (mgk_real)0;
+    if (N->mode == MGK_SUM0 || step) {
+        for (l = 0; l < MGK_LANES; l++) acc[l] = (mgk_real)0;
+    } else if (N->mode == MGK_SUMI) {
+        const mgk_real *in = R->a[N->init.arr] + pi;
+        const mgk_i64 si = N->init.s[3];
+        if (si == 1)
+            for (l = 0; l < MGK_LANES; l++) acc[l] = in[l];
+        else
+            for (l = 0; l < MGK_LANES; l++) acc[l] = in[l * si];
+    } else if (so == 1) {
+        for (l = 0; l < MGK_LANES; l++) acc[l] = o[l];
+    } else {
+        for (l = 0; l < MGK_LANES; l++) acc[l] = o[l * so];
+    }
+    for (r4 = 0; r4 < n[4]; r4++)
+        for (r5 = 0; r5 < n[5]; r5++)
+            for (r6 = 0; r6 < n[6]; r6++)
+                for (r7 = 0; r7 < n[7]; r7++) {
+                    const mgk_real *y0 = x0 + MGK_RPOS(&X[0], r4, r5, r6, r7);
+                    const mgk_real *y1 = x1 + MGK_RPOS(&X[1], r4, r5, r6, r7);
+                    const mgk_real *y2 = x2 + MGK_RPOS(&X[2], r4, r5, r6, r7);
+                    const mgk_real *y3 = x3 + MGK_RPOS(&X[3], r4, r5, r6, r7);
+                    /* the common stride patterns spelled out, so that run-time descriptors
+                     * vectorise too; a constant descriptor keeps only the branch it takes */
+                    if (term == MGK_T_MUL && s0 == 0 && s1 == 1) {
+                        const mgk_real a = *y0;
+                        for (l = 0; l < MGK_LANES; l++) acc[l] += a * y1[l];
+                    } else if (term == MGK_T_MUL && s0 == 1 && s1 == 0) {
+                        const mgk_real b = *y1;
+                        for (l = 0; l < MGK_LANES; l++) acc[l] += y0[l] * b;
+                    } else if (term == MGK_T_MUL && s0 == 1 && s1 == 1) {
+                        for (l = 0; l < MGK_LANES; l++) acc[l] += y0[l] * y1[l];
+                    } else if (term == MGK_T_ONE && s0 == 1) {
+                        for (l = 0; l < MGK_LANES; l++) acc[l] += y0[l];
+                    } else {
+                        for (l = 0; l < MGK_LANES; l++)
+                            acc[l] += mgk_term(term, op, N->k, y0 + l * s0, y1 + l * s1, y2 + l * s2, y3 + l * s3);
+                    }
+                }
+    if (step) {
+        const mgk_real lr = R->lr;
+        mgk_real *w = R->a[N->init.arr] + pi;
+        const mgk_i64 sw = N->init.s[3];
+        if (sw == 1)
+            for (l = 0; l < MGK_LANES; l++) w[l] -= lr * acc[l];
+        else
+            for (l = 0; l < MGK_LANES; l++) w[l * sw] -= lr * acc[l];
+    } else if (so == 1) {
+        for (l = 0; l < MGK_LANES; l++) o[l] = acc[l];
+    } else {
+        for (l = 0; l < MGK_LANES; l++) o[l * so] = acc[l];
+    }
+}
+
+/* Runs a nest. `term` and `op` repeat N->term and N->op as constants, so that each call site
+ * (an interpreter instance, or a generated function) keeps only its own term's code. */
+MGK_HOT void mgk_nest_run(const mgk_nest *N, const mgk_run *R, const int term, const int op) {
+    const mgk_i64 *n = N->n;
+    const mgk_ref *O = &N->out, *I = &N->init, *X = N->x;
+    const mgk_i64 t = R->t;
+    mgk_i64 i0, i1, i2, i3;
+    for (i0 = 0; i0 < n[0]; i0++)
+        for (i1 = 0; i1 < n[1]; i1++)
+            for (i2 = 0; i2 < n[2]; i2++) {
+                mgk_i64 po = O->base + t * O->ts + i0 * O->s[0] + i1 * O->s[1] + i2 * O->s[2];
+                mgk_i64 pi = I->base + t * I->ts + i0 * I->s[0] + i1 * I->s[1] + i2 * I->s[2];
+                mgk_i64 px[4];
+                int j;
+                for (j = 0; j < 4; j++)
+                    px[j] = X[j].base + t * X[j].ts + i0 * X[j].s[0] + i1 * X[j].s[1] + i2 * X[j].s[2];
+                i3 = 0;
+                if (N->flags & MGK_F_BLOCK) {
+                    for (; i3 + MGK_LANES <= n[3]; i3 += MGK_LANES) {
+                        mgk_i64 qx[4];
+                        for (j = 0; j < 4; j++) qx[j] = px[j] + i3 * X[j].s[3];
+                        mgk_block(N, R, term, op, po + i3 * O->s[3], pi + i3 * I->s[3], qx);
+                    }
+                }
+                for (; i3 < n[3]; i3++) {
+                    mgk_i64 qx[4];
+                    for (j = 0; j < 4; j++) qx[j] = px[j] + i3 * X[j].s[3];
+                    mgk_point(N, R, term, op, po + i3 * O->s[3], pi + i3 * I->s[3], qx);
+                }
+            }
+}
+
+#endif /* MGK_NEST_KERNELS_H */

@@ -1,0 +1,832 @@
+/* Rerolling: the loops a scalar graph was written with, recovered as loop nests.
+ *
+ * 1. Statements. A left-leaning chain of additions whose inner nodes have one use,
+ *    `((b + w0*x0) + w1*x1) + ...`, becomes one reduction `b + sum_r term_r` (a single-use
+ *    product is absorbed into its term); libmg's DOT and SUM nodes are reductions already. Every
+ *    other op node is an elementwise statement; the losses (variadic ops) stay as they are.
+ * 2. Levels. A statement's level is one more than its operands' highest, so statements of one
+ *    level never depend on each other.
+ * 3. Segments and signatures. A reduction's terms split into runs of one shape (term kind and
+ *    operand classes); each run's operand slots are fitted as an affine function of a row-major
+ *    multi-index (a 3x3 convolution's input is (i+a)*W + (j+b): dims (3, 3), strides (W, 1)).
+ *    The signature is everything but the slots' bases.
+ * 4. Layout and groups. A level's statements get consecutive slots in creation order (so the
+ *    next level reads them in the order the user's loops wrote them); statements of one level
+ *    and one signature form a group, whose operand bases are fitted as an affine function of
+ *    the group's own multi-index. Operands that are not affine are read through an index table
+ *    (gather), never one instruction per scalar.
+ * Forward values are unchanged: every reduction adds its terms in the chain's order. */
+#include "ir.h"
+
+#include <string.h>
+
+enum { S_ELEM = 0, S_RED = 1, S_NARY = 2 };
+#define MAXSEG 8  /* segments per statement before the rest of a run is read through tables */
+#define MAXRUNS 4 /* runs of one term shape per chain; a longer chain is cut in two */
+
+typedef struct term {
+    uint8_t kind; /* MGK_T_ONE or MGK_T_MUL */
+    uint32_t a, b;
+} term;
+
+typedef struct seg {
+    uint32_t r0, len;
+    int nd;                /* reduction dims */
+    int gather_a, gather_b;
+    int mixed;             /* operand classes vary within the segment (all read through tables) */
+    int64_t n[MGK_MAXR], sa[MGK_MAXR], sb[MGK_MAXR];
+} seg;
+
+typedef struct stmt {
+    uint32_t node;  /* the node it computes */
+    uint32_t level;
+    uint8_t kind, op, mode, cone;
+    uint32_t init;  /* SUMI: the initial value's node */
+    uint32_t t0, nt;
+    uint32_t s0, ns; /* segments */
+    uint32_t sig, siglen;
+    uint64_t hash;
+} stmt;
+
+typedef struct rr {
+    mg_tape *t;
+    const mg_fz *f;
+    stmt *st;
+    size_t nst, capst;
+    term *terms;
+    size_t nterms, capterms;
+    seg *segs;
+    size_t nsegs, capsegs;
+    uint64_t *sigbuf;
+    size_t nsig, capsig;
+    uint32_t *stmt_of; /* node -> statement, UINT32_MAX */
+    uint8_t *absorbed;
+    uint32_t *level;   /* node -> level */
+    size_t next_slot;
+    size_t nest_cap;
+    size_t fwd_cap;
+    size_t ix_cap;
+    /* per-group scratch */
+    int64_t *seqbuf;
+    size_t capseq;
+} rr;
+
+static void rr_free(rr *R) {
+    mg_tape *t = R->t;
+    void *bufs[] = {R->st, R->terms, R->segs, R->sigbuf, R->stmt_of, R->absorbed, R->level, R->seqbuf};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        if (bufs[i]) t->alloc.free_fn(bufs[i], t->alloc.ctx);
+}
+
+#define GROW(R, buf, cap, n) mg_tape__grow((R)->t, (void **)&(R)->buf, &(R)->cap, sizeof *(R)->buf, (n))
+
+static uint32_t slot_of(const rr *R, uint32_t node) { return R->f->slot[node]; }
+static int cls_of(const rr *R, uint32_t node) { return R->f->cls[node]; }
+
+/* ---- affine fitting ------------------------------------------------------------------------------
+ * Row-major dims (outermost first) and per-sequence strides such that element i of every
+ * sequence is base + sum_k s[k] * idx_k(i). Element i of sequence j is seqs[j][i * step]. */
+
+typedef struct fitres {
+    int nd;
+    int64_t n[MGK_MAXD];
+} fitres;
+
+static int fit_rec(int64_t *const *seqs, const int *use, int ns, size_t len, size_t step, int maxd, fitres *fr,
+                   int64_t *strides /* [ns][MGK_MAXD] */) {
+    if (len == 1) {
+        fr->nd = 0;
+        return 1;
+    }
+    if (maxd == 0) return 0;
+    size_t L = 1;
+    for (; L < len; L++) {
+        int same = 1;
+        for (int j = 0; j < ns && same; j++)
+            if (use[j]) same = seqs[j][L * step] - seqs[j][(L - 1) * step] == seqs[j][step] - seqs[j][0];
+        if (!same) break;
+    }
+    int tries = 0;
+    for (size_t Lc = L; Lc >= 2 && tries < 8; Lc--) {
+        if (len % Lc) continue;
+        tries++;
+        int ok = 1;
+        for (size_t b = 1; b < len / Lc && ok; b++)
+            for (int j = 0; j < ns && ok; j++) {
+                if (!use[j]) continue;
+                const int64_t d = seqs[j][step] - seqs[j][0];
+                for (size_t i = 1; i < Lc && ok; i++)
+                    ok = seqs[j][(b * Lc + i) * step] - seqs[j][(b * Lc + i - 1) * step] == d;
+            }
+        if (!ok) continue;
+        if (Lc == len) {
+            fr->nd = 1;
+            fr->n[0] = (int64_t)len;
+            for (int j = 0; j < ns; j++) strides[j * MGK_MAXD] = use[j] ? seqs[j][step] - seqs[j][0] : 0;
+            return 1;
+        }
+        if (!fit_rec(seqs, use, ns, len / Lc, step * Lc, maxd - 1, fr, strides)) continue;
+        int k = fr->nd;
+        fr->n[k] = (int64_t)Lc;
+        for (int j = 0; j < ns; j++) strides[j * MGK_MAXD + k] = use[j] ? seqs[j][step] - seqs[j][0] : 0;
+        fr->nd = k + 1;
+        return 1;
+    }
+    return 0;
+}
+
+/* Fits the sequences flagged in `use`; with `greedy`, the first sequence that fits on its own
+ * anchors the dims and each other one is kept only if the fit still holds (use[j] = 0 for
+ * those dropped). Returns 1 on success (with `greedy`, when any sequence fits; with greedy == 2,
+ * only when the first wanted sequence fits: the outputs of a group must be affine). */
+static int fit(int64_t *const *seqs, int *use, int ns, size_t len, int maxd, int greedy, fitres *fr,
+               int64_t *strides) {
+    if (!greedy) return fit_rec(seqs, use, ns, len, 1, maxd, fr, strides);
+    int first = -1;
+    for (int j = 0; j < ns && first < 0; j++)
+        if (use[j]) first = j;
+    int want[4 + 2 * MAXSEG];
+    for (int j = 0; j < ns; j++) {
+        want[j] = use[j];
+        use[j] = 0;
+    }
+    int any = 0;
+    for (int j = 0; j < ns; j++) {
+        if (!want[j]) continue;
+        use[j] = 1;
+        if (!fit_rec(seqs, use, ns, len, 1, maxd, fr, strides)) {
+            use[j] = 0;
+            if (greedy == 2 && j == first) return 0;
+        } else {
+            any = 1;
+        }
+    }
+    return any && fit_rec(seqs, use, ns, len, 1, maxd, fr, strides);
+}
+
+/* ---- statements ------------------------------------------------------------------------------- */
+
+static int add_term(rr *R, int kind, uint32_t a, uint32_t b) {
+    if (!GROW(R, terms, capterms, R->nterms + 1)) return 0;
+    /* weights first: a parameter times anything else (products commute exactly) */
+    if (kind == MGK_T_MUL && cls_of(R, b) == MG_C_PARAM && cls_of(R, a) != MG_C_PARAM) {
+        uint32_t tmp = a;
+        a = b;
+        b = tmp;
+    }
+    R->terms[R->nterms].kind = (uint8_t)kind;
+    R->terms[R->nterms].a = a;
+    R->terms[R->nterms].b = b;
+    R->nterms++;
+    return 1;
+}
+
+static stmt *new_stmt(rr *R, uint32_t node, int kind) {
+    if (!GROW(R, st, capst, R->nst + 1)) return NULL;
+    stmt *s = &R->st[R->nst];
+    memset(s, 0, sizeof *s);
+    s->node = node;
+    s->kind = (uint8_t)kind;
+    s->op = R->f->op[node];
+    s->cone = R->f->cone[node] & (MG_FZ_LOSS_CONE | MG_FZ_OUT_CONE);
+    s->init = UINT32_MAX;
+    s->t0 = (uint32_t)R->nterms;
+    R->stmt_of[node] = (uint32_t)R->nst++;
+    return s;
+}
+
+/* The shape of the term a chain's right operand makes: kind and operand classes (weights first). */
+static int term_shape_of(const rr *R, uint32_t rgt) {
+    const mg_fz *f = R->f;
+    if (f->op[rgt] != MG_OP_MUL || f->uses[rgt] != 1) return MGK_T_ONE | cls_of(R, rgt) << 4;
+    int a = cls_of(R, f->opnd[f->off[rgt]]), b = cls_of(R, f->opnd[f->off[rgt] + 1]);
+    if (b == MG_C_PARAM && a != MG_C_PARAM) {
+        int tmp = a;
+        a = b;
+        b = tmp;
+    }
+    return MGK_T_MUL | a << 4 | b << 8;
+}
+
+/* Top-down over the nodes: chains fold into the reduction at their top. */
+static int make_statements(rr *R, int scalar) {
+    const mg_fz *f = R->f;
+    for (size_t kk = f->n; kk-- > 0;) {
+        uint32_t k = (uint32_t)kk;
+        int op = f->op[k];
+        if (op == MG_OP_LEAF || R->absorbed[k]) continue;
+        const uint32_t *o = f->opnd + f->off[k];
+        uint32_t no = f->off[k + 1] - f->off[k];
+        if (!scalar && op == MG_OP_ADD) {
+            /* the chain: the left spine while its nodes are additions used once */
+            size_t nt = 0, nmul = 0, runs = 0;
+            int prev = -1;
+            uint32_t cur = k;
+            while (f->op[cur] == MG_OP_ADD && (cur == k || (f->uses[cur] == 1 && !R->absorbed[cur]))) {
+                uint32_t rgt = f->opnd[f->off[cur] + 1];
+                int shape = term_shape_of(R, rgt);
+                if (shape != prev) {
+                    if (runs == MAXRUNS) break; /* the rest is a chain of its own, this one's init */
+                    runs++;
+                    prev = shape;
+                }
+                nmul += f->op[rgt] == MG_OP_MUL && f->uses[rgt] == 1;
+                nt++;
+                cur = f->opnd[f->off[cur]];
+            }
+            if (nt >= 2 || nmul) {
+                stmt *s = new_stmt(R, k, S_RED);
+                if (!s) return 0;
+                s->mode = MGK_SUMI;
+                s->init = cur;
+                /* terms in chain order: the walk went from the top down */
+                size_t t0 = R->nterms;
+                if (!GROW(R, terms, capterms, R->nterms + nt)) return 0;
+                uint32_t c = k;
+                for (size_t i = 0; i < nt; i++) {
+                    uint32_t rgt = f->opnd[f->off[c] + 1];
+                    if (c != k) R->absorbed[c] = 1;
+                    if (f->op[rgt] == MG_OP_MUL && f->uses[rgt] == 1) {
+                        R->absorbed[rgt] = 1;
+                        if (!add_term(R, MGK_T_MUL, f->opnd[f->off[rgt]], f->opnd[f->off[rgt] + 1])) return 0;
+                    } else if (!add_term(R, MGK_T_ONE, rgt, UINT32_MAX)) {
+                        return 0;
+                    }
+                    c = f->opnd[f->off[c]];
+                }
+                for (size_t i = 0, j = nt - 1; i < j; i++, j--) {
+                    term tmp = R->terms[t0 + i];
+                    R->terms[t0 + i] = R->terms[t0 + j];
+                    R->terms[t0 + j] = tmp;
+                }
+                s = &R->st[R->stmt_of[k]];
+                s->nt = (uint32_t)nt;
+                continue;
+            }
+        }
+        if (!scalar && (op == MG_OP_DOT || op == MG_OP_SUM) && f->k[k] > 0 && no > 0) {
+            stmt *s = new_stmt(R, k, S_RED);
+            if (!s) return 0;
+            if (op == MG_OP_DOT) {
+                uint32_t m = (uint32_t)f->k[k];
+                s->mode = f->bias[k] ? MGK_SUMI : MGK_SUM0;
+                if (f->bias[k]) s->init = o[2 * m];
+                for (uint32_t i = 0; i < m; i++)
+                    if (!add_term(R, MGK_T_MUL, o[i], o[m + i])) return 0;
+                s = &R->st[R->stmt_of[k]];
+                s->nt = m;
+            } else {
+                s->mode = MGK_SUM0;
+                for (uint32_t i = 0; i < no; i++)
+                    if (!add_term(R, MGK_T_ONE, o[i], UINT32_MAX)) return 0;
+                s = &R->st[R->stmt_of[k]];
+                s->nt = no;
+            }
+            continue;
+        }
+        if (!new_stmt(R, k, mg_op__arity[op] < 0 ? S_NARY : S_ELEM)) return 0;
+    }
+    /* creation order == topological order of the statements */
+    for (size_t i = 0, j = R->nst ? R->nst - 1 : 0; i < j; i++, j--) {
+        stmt tmp = R->st[i];
+        R->st[i] = R->st[j];
+        R->st[j] = tmp;
+    }
+    for (size_t i = 0; i < R->nst; i++) R->stmt_of[R->st[i].node] = (uint32_t)i;
+    return 1;
+}
+
+/* Nodes a statement reads. */
+static uint32_t stmt_level(const rr *R, const stmt *s) {
+    const mg_fz *f = R->f;
+    uint32_t lv = 0;
+#define SEE(node) do { uint32_t l_ = R->level[node]; if (l_ > lv) lv = l_; } while (0)
+    if (s->kind == S_RED) {
+        if (s->init != UINT32_MAX) SEE(s->init);
+        for (uint32_t i = 0; i < s->nt; i++) {
+            const term *tm = &R->terms[s->t0 + i];
+            SEE(tm->a);
+            if (tm->kind == MGK_T_MUL) SEE(tm->b);
+        }
+    } else {
+        for (uint32_t j = f->off[s->node]; j < f->off[s->node + 1]; j++) SEE(f->opnd[j]);
+    }
+#undef SEE
+    return lv + 1;
+}
+
+/* ---- segments and signatures -------------------------------------------------------------------- */
+
+static int term_shape_eq(const rr *R, const term *x, const term *y) {
+    if (x->kind != y->kind || cls_of(R, x->a) != cls_of(R, y->a)) return 0;
+    return x->kind != MGK_T_MUL || cls_of(R, x->b) == cls_of(R, y->b);
+}
+
+static int push_seg(rr *R, stmt *s, const seg *g) {
+    if (!GROW(R, segs, capsegs, R->nsegs + 1)) return 0;
+    R->segs[R->nsegs++] = *g;
+    s->ns++;
+    return 1;
+}
+
+/* The longest prefix of two sequences with constant differences. */
+static uint32_t prefix_len(const int64_t *sa, const int64_t *sb, uint32_t len) {
+    uint32_t L = 1;
+    while (L < len && sa[L] - sa[L - 1] == sa[1] - sa[0] && sb[L] - sb[L - 1] == sb[1] - sb[0]) L++;
+    return L;
+}
+
+/* How many such prefixes cover the sequences (counting stops past `cap`). */
+static uint32_t prefix_pieces(const int64_t *sa, const int64_t *sb, uint32_t len, uint32_t cap) {
+    uint32_t pieces = 0;
+    while (len && pieces <= cap) {
+        uint32_t L = prefix_len(sa, sb, len);
+        sa += L;
+        sb += L;
+        len -= L;
+        pieces++;
+    }
+    return pieces;
+}
+
+/* Splits a statement's terms into segments with fitted reduction dims: one per run of one term
+ * shape, split further where the slots are not affine, at most MAXSEG in all (the last piece of
+ * a run reads what is not affine through tables). */
+static int make_segments(rr *R, stmt *s) {
+    s->s0 = (uint32_t)R->nsegs;
+    s->ns = 0;
+    if (s->kind != S_RED) return 1;
+    uint32_t runs[MAXSEG + 1][2];
+    uint32_t nruns = 0, r = 0;
+    while (r < s->nt && nruns <= MAXSEG) {
+        uint32_t e = r + 1;
+        while (e < s->nt && term_shape_eq(R, &R->terms[s->t0 + r], &R->terms[s->t0 + e])) e++;
+        runs[nruns][0] = r;
+        runs[nruns][1] = e;
+        nruns++;
+        r = e;
+    }
+    int mixed = 0;
+    if (r < s->nt || nruns > MAXSEG) { /* a variadic node mixing many classes: one table-read segment */
+        nruns = 1;
+        runs[0][0] = 0;
+        runs[0][1] = s->nt;
+        mixed = 1;
+    }
+    for (uint32_t q = 0; q < nruns; q++) {
+        const term *tr = &R->terms[s->t0 + runs[q][0]];
+        uint32_t e = runs[q][1];
+        r = runs[q][0];
+        while (r < e) {
+            uint32_t len = e - r;
+            if (!GROW(R, seqbuf, capseq, 2 * (size_t)len)) return 0;
+            int64_t *sa = R->seqbuf, *sb = R->seqbuf + len;
+            int mul = tr->kind == MGK_T_MUL;
+            for (uint32_t i = 0; i < len; i++) {
+                sa[i] = slot_of(R, R->terms[s->t0 + r + i].a);
+                sb[i] = mul ? slot_of(R, R->terms[s->t0 + r + i].b) : 0;
+            }
+            int64_t *seqs[2] = {sa, sb};
+            int use[2] = {1, mul};
+            int64_t str[2 * MGK_MAXD];
+            memset(str, 0, sizeof str);
+            fitres fr;
+            seg g;
+            memset(&g, 0, sizeof g);
+            g.r0 = r;
+            g.mixed = mixed;
+            int budget = MAXSEG - (int)s->ns - (int)(nruns - 1 - q);
+            if (!mixed && fit(seqs, use, 2, len, MGK_MAXR, 0, &fr, str)) {
+                g.len = len;
+            } else if (!mixed && budget > 1 && prefix_pieces(sa, sb, len, 3) <= 3) {
+                /* a few runs of constant differences (a 2x2 window written as a + b + c + d):
+                 * the first as its own segment */
+                uint32_t L = prefix_len(sa, sb, len);
+                g.len = L;
+                fit(seqs, use, 2, L, MGK_MAXR, 0, &fr, str);
+            } else {
+                /* out of pieces: one segment, what is not affine read through tables */
+                g.len = len;
+                if (mixed || !fit(seqs, use, 2, len, MGK_MAXR, 1, &fr, str)) {
+                    use[0] = use[1] = 0;
+                    fr.nd = 1;
+                    fr.n[0] = len;
+                }
+                g.gather_a = !use[0];
+                g.gather_b = mul && !use[1];
+            }
+            g.nd = fr.nd;
+            for (int d = 0; d < fr.nd; d++) {
+                g.n[d] = fr.n[d];
+                g.sa[d] = g.gather_a ? 0 : str[d];
+                g.sb[d] = g.gather_b ? 0 : str[MGK_MAXD + d];
+            }
+            if (!push_seg(R, s, &g)) return 0;
+            r += g.len;
+        }
+    }
+    return 1;
+}
+
+static uint64_t mix(uint64_t h, uint64_t x) {
+    h ^= x + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2);
+    return h * 0xBF58476D1CE4E5B9ull;
+}
+
+static uint64_t dbits(double x) {
+    uint64_t b;
+    memcpy(&b, &x, sizeof b);
+    return b;
+}
+
+/* The signature: everything that must be equal for statements to share one loop nest. */
+static int make_signature(rr *R, stmt *s) {
+    const mg_fz *f = R->f;
+    size_t cap0 = R->nsig;
+    uint64_t w[16];
+    size_t nw = 0;
+    w[nw++] = s->kind | (uint64_t)s->op << 8 | (uint64_t)s->mode << 16 | (uint64_t)s->cone << 24;
+    if (s->kind == S_NARY) {
+        w[nw++] = s->node; /* never grouped */
+    } else if (s->kind == S_ELEM) {
+        w[nw++] = dbits(f->k[s->node]);
+        for (uint32_t j = f->off[s->node]; j < f->off[s->node + 1]; j++) w[nw++] = (uint64_t)cls_of(R, f->opnd[j]);
+    } else {
+        w[nw++] = s->init != UINT32_MAX ? (uint64_t)cls_of(R, s->init) : 99;
+        w[nw++] = s->ns;
+    }
+    if (!GROW(R, sigbuf, capsig, R->nsig + nw)) return 0;
+    memcpy(R->sigbuf + R->nsig, w, nw * sizeof(uint64_t));
+    R->nsig += nw;
+    for (uint32_t q = 0; q < s->ns && s->kind == S_RED; q++) {
+        const seg *g = &R->segs[s->s0 + q];
+        const term *tm = &R->terms[s->t0 + g->r0];
+        if (!GROW(R, sigbuf, capsig, R->nsig + 4 + 3 * MGK_MAXR)) return 0;
+        uint64_t *p = R->sigbuf + R->nsig;
+        size_t k = 0;
+        p[k++] = tm->kind | (uint64_t)(g->mixed ? 7 : cls_of(R, tm->a)) << 8 |
+                 (uint64_t)(tm->kind == MGK_T_MUL && !g->mixed ? cls_of(R, tm->b) : 7) << 16 | (uint64_t)g->nd << 24 |
+                 (uint64_t)g->gather_a << 32 | (uint64_t)g->gather_b << 33;
+        p[k++] = g->len;
+        for (int d = 0; d < g->nd; d++) {
+            p[k++] = (uint64_t)g->n[d];
+            p[k++] = (uint64_t)g->sa[d];
+            p[k++] = (uint64_t)g->sb[d];
+        }
+        R->nsig += k;
+    }
+    s->sig = (uint32_t)cap0;
+    s->siglen = (uint32_t)(R->nsig - cap0);
+    uint64_t h = 0x51ED270B27Aull;
+    for (size_t i = cap0; i < R->nsig; i++) h = mix(h, R->sigbuf[i]);
+    s->hash = h;
+    return 1;
+}
+
+static int same_signature(const rr *R, const stmt *x, const stmt *y) {
+    return x->hash == y->hash && x->siglen == y->siglen &&
+           memcmp(R->sigbuf + x->sig, R->sigbuf + y->sig, x->siglen * sizeof(uint64_t)) == 0;
+}
+
+/* ---- nests ------------------------------------------------------------------------------------ */
+
+void mg_nest__canon(mgk_nest *N, int no, int nr) {
+    /* callers fill dims 0..no-1 and MGK_MAXO..MGK_MAXO+nr-1; move them to the right ends */
+    mgk_ref *refs[6] = {&N->out, &N->init, &N->x[0], &N->x[1], &N->x[2], &N->x[3]};
+    int64_t n[MGK_MAXD];
+    for (int d = 0; d < MGK_MAXD; d++) n[d] = 1;
+    for (int d = 0; d < no; d++) n[MGK_MAXO - no + d] = N->n[d];
+    for (int d = 0; d < nr; d++) n[MGK_MAXD - nr + d] = N->n[MGK_MAXO + d];
+    for (int j = 0; j < 6; j++) {
+        int64_t s[MGK_MAXD] = {0};
+        for (int d = 0; d < no; d++) s[MGK_MAXO - no + d] = refs[j]->s[d];
+        for (int d = 0; d < nr; d++) s[MGK_MAXD - nr + d] = refs[j]->s[MGK_MAXO + d];
+        memcpy(refs[j]->s, s, sizeof s);
+    }
+    memcpy(N->n, n, sizeof n);
+}
+
+/* Appends an index table: for every point of the nest (row-major over its canonical dims),
+ * the slot that `slot_at(point)` names; makes `X` a gather ref over it. */
+typedef struct gather_src {
+    const rr *R;
+    const uint32_t *members; /* statements of the group, in the group's order */
+    size_t nouter;           /* points of the outer dims */
+    const stmt *s0;
+    uint32_t segi;           /* segment */
+    int which;               /* 0: init, 1: term operand a, 2: term operand b, 3: elementwise operand 0, 4: 1 */
+} gather_src;
+
+static uint32_t gather_slot(const gather_src *G, size_t point, size_t rlen) {
+    const rr *R = G->R;
+    size_t outer = point / rlen, r = point % rlen;
+    const stmt *s = &R->st[G->members[outer]];
+    if (G->which == 0) return slot_of(R, s->init);
+    if (G->which >= 3) return slot_of(R, R->f->opnd[R->f->off[s->node] + (uint32_t)(G->which - 3)]);
+    const seg *g = &R->segs[s->s0 + G->segi];
+    const term *tm = &R->terms[s->t0 + g->r0 + r];
+    return slot_of(R, G->which == 1 ? tm->a : tm->b);
+}
+
+static int add_gather(rr *R, mgk_nest *N, mgk_ref *X, const gather_src *G, size_t rlen) {
+    mg_tape *t = R->t;
+    size_t npoints = G->nouter * rlen;
+    if (!mg_tape__grow(t, (void **)&t->ix, &R->ix_cap, sizeof(mgk_idx), t->nix + npoints)) return 0;
+    for (size_t p = 0; p < npoints; p++) t->ix[t->nix + p] = (mgk_idx)gather_slot(G, p, rlen);
+    X->gather = 1;
+    X->base = (mgk_i64)t->nix;
+    /* positions row-major over the canonical dims */
+    mgk_i64 step = 1;
+    for (int d = MGK_MAXD; d-- > 0;) {
+        X->s[d] = N->n[d] == 1 ? 0 : step;
+        step *= N->n[d];
+    }
+    t->nix += npoints;
+    return 1;
+}
+
+static int push_fwd_nest(rr *R, const mgk_nest *N, const stmt *s0, size_t npoints, size_t rlen) {
+    mg_tape *t = R->t;
+    mg_nest_info info;
+    memset(&info, 0, sizeof info);
+    info.loss_cone = (s0->cone & MG_FZ_LOSS_CONE) != 0;
+    info.out_cone = (s0->cone & MG_FZ_OUT_CONE) != 0;
+    info.seq = 1;
+    info.work = (double)npoints * (double)(rlen ? rlen : 1);
+    const mgk_ref *refs[6] = {&N->out, &N->init, &N->x[0], &N->x[1], &N->x[2], &N->x[3]};
+    for (int j = 0; j < 6; j++) info.has_gather |= refs[j]->gather != 0;
+    if (!mg_tape__push_nest(t, &R->nest_cap, N, &info)) return 0;
+    mg_instr in;
+    memset(&in, 0, sizeof in);
+    in.kind = MG_I_NEST;
+    in.a = (uint32_t)(t->nnests - 1);
+    in.cone = s0->cone;
+    return mg_tape__push_instr(t, &t->fwd, &t->nfwd, &R->fwd_cap, &in);
+}
+
+/* Emits the nests of one group: `members` are statement indices in creation order. */
+static int emit_group(rr *R, const uint32_t *members, size_t N) {
+    mg_tape *t = R->t;
+    const mg_fz *f = R->f;
+    const stmt *s0 = &R->st[members[0]];
+    if (s0->kind == S_NARY) {
+        for (size_t i = 0; i < N; i++) {
+            const stmt *s = &R->st[members[i]];
+            uint32_t no = f->off[s->node + 1] - f->off[s->node];
+            if (!mg_tape__grow(t, (void **)&t->ix, &R->ix_cap, sizeof(mgk_idx), t->nix + no)) return 0;
+            for (uint32_t j = 0; j < no; j++) t->ix[t->nix + j] = slot_of(R, f->opnd[f->off[s->node] + j]);
+            mg_instr in;
+            memset(&in, 0, sizeof in);
+            in.kind = MG_I_NARY;
+            in.op = s->op;
+            in.flags = f->bias[s->node] ? MG_FLAG_BIAS : 0;
+            in.cone = s->cone;
+            in.a = (uint32_t)t->nix;
+            in.b = no;
+            in.n = (uint32_t)f->k[s->node];
+            in.out = slot_of(R, s->node);
+            t->nix += no;
+            if (!mg_tape__push_instr(t, &t->fwd, &t->nfwd, &R->fwd_cap, &in)) return 0;
+        }
+        return 1;
+    }
+    /* the sequences whose bases must be affine over the group: out, init / elementwise operands,
+     * and per segment its term operands' first slots */
+    int nseg = s0->kind == S_RED ? (int)s0->ns : 0;
+    int ns = 2 + (s0->kind == S_RED ? 2 * nseg : 1);
+    if (!GROW(R, seqbuf, capseq, (size_t)ns * N)) return 0;
+    int64_t *seqs[2 + 2 * MAXSEG];
+    int use[2 + 2 * MAXSEG];
+    for (int j = 0; j < ns; j++) {
+        seqs[j] = R->seqbuf + (size_t)j * N;
+        use[j] = 0;
+    }
+    uint32_t nops = s0->kind == S_ELEM ? f->off[s0->node + 1] - f->off[s0->node] : 0;
+    for (size_t i = 0; i < N; i++) {
+        const stmt *s = &R->st[members[i]];
+        seqs[0][i] = slot_of(R, s->node);
+        if (s0->kind == S_ELEM) {
+            seqs[1][i] = nops > 0 ? slot_of(R, f->opnd[f->off[s->node]]) : 0;
+            seqs[2][i] = nops > 1 ? slot_of(R, f->opnd[f->off[s->node] + 1]) : 0;
+        } else {
+            seqs[1][i] = s->init != UINT32_MAX ? slot_of(R, s->init) : 0;
+            for (int q = 0; q < nseg; q++) {
+                const seg *g = &R->segs[s->s0 + q];
+                const term *tm = &R->terms[s->t0 + g->r0];
+                seqs[2 + 2 * q][i] = slot_of(R, tm->a);
+                seqs[3 + 2 * q][i] = tm->kind == MGK_T_MUL ? slot_of(R, tm->b) : 0;
+            }
+        }
+    }
+    use[0] = 1;
+    if (s0->kind == S_ELEM) {
+        use[1] = nops > 0;
+        use[2] = nops > 1;
+    } else {
+        use[1] = s0->mode == MGK_SUMI;
+        for (int q = 0; q < nseg; q++) {
+            const seg *g = &R->segs[s0->s0 + q];
+            use[2 + 2 * q] = !g->gather_a;
+            use[3 + 2 * q] = R->terms[s0->t0 + g->r0].kind == MGK_T_MUL && !g->gather_b;
+        }
+    }
+    int want[2 + 2 * MAXSEG];
+    memcpy(want, use, sizeof want);
+    int64_t str[(2 + 2 * MAXSEG) * MGK_MAXD];
+    memset(str, 0, sizeof str);
+    fitres fr;
+    if (!fit(seqs, use, ns, N, MGK_MAXO, 2, &fr, str)) return -1; /* the outputs are not affine */
+
+    /* the nests: one per segment (one for an elementwise group) */
+    int nnest = s0->kind == S_RED ? nseg : 1;
+    for (int q = 0; q < nnest; q++) {
+        mgk_nest nest;
+        memset(&nest, 0, sizeof nest);
+        int no = fr.nd, nr = 0;
+        for (int d = 0; d < no; d++) nest.n[d] = fr.n[d];
+        for (int d = 0; d < MGK_MAXD; d++) nest.out.s[d] = d < no ? str[d] : 0;
+        nest.out.base = seqs[0][0];
+        nest.out.arr = MGK_D;
+        const seg *g = NULL;
+        size_t rlen = 1;
+        if (s0->kind == S_ELEM) {
+            nest.mode = MGK_SET;
+            nest.term = MGK_T_OP;
+            nest.op = s0->op;
+            nest.k = f->k[s0->node];
+            for (uint32_t j = 0; j < nops; j++) {
+                mgk_ref *X = &nest.x[j];
+                X->base = seqs[1 + j][0];
+                for (int d = 0; d < no; d++) X->s[d] = str[(1 + j) * MGK_MAXD + d];
+            }
+        } else {
+            g = &R->segs[s0->s0 + q];
+            const term *tm = &R->terms[s0->t0 + g->r0];
+            nest.mode = q == 0 ? s0->mode : MGK_ACC;
+            nest.term = tm->kind;
+            nr = g->nd;
+            for (int d = 0; d < nr; d++) {
+                nest.n[MGK_MAXO + d] = g->n[d];
+                rlen *= (size_t)g->n[d];
+            }
+            if (q == 0 && s0->mode == MGK_SUMI) {
+                nest.init.base = seqs[1][0];
+                for (int d = 0; d < no; d++) nest.init.s[d] = str[MGK_MAXD + d];
+            }
+            nest.x[0].base = seqs[2 + 2 * q][0];
+            nest.x[1].base = seqs[3 + 2 * q][0];
+            for (int d = 0; d < no; d++) {
+                nest.x[0].s[d] = str[(2 + 2 * q) * MGK_MAXD + d];
+                nest.x[1].s[d] = str[(3 + 2 * q) * MGK_MAXD + d];
+            }
+            for (int d = 0; d < nr; d++) {
+                nest.x[0].s[MGK_MAXO + d] = g->sa[d];
+                nest.x[1].s[MGK_MAXO + d] = g->sb[d];
+            }
+        }
+        mg_nest__canon(&nest, no, nr);
+        /* operands that are not affine: index tables over the nest's points */
+        gather_src G = {R, members, N, s0, (uint32_t)q, 0};
+        if (s0->kind == S_ELEM) {
+            for (uint32_t j = 0; j < nops; j++)
+                if (want[1 + j] && !use[1 + j]) {
+                    G.which = 3 + (int)j;
+                    if (!add_gather(R, &nest, &nest.x[j], &G, 1)) return 0;
+                }
+        } else {
+            if (q == 0 && want[1] && !use[1]) {
+                G.which = 0;
+                if (!add_gather(R, &nest, &nest.init, &G, 1)) return 0;
+            }
+            int ga = (want[2 + 2 * q] && !use[2 + 2 * q]) || g->gather_a;
+            int gb = R->terms[s0->t0 + g->r0].kind == MGK_T_MUL && ((want[3 + 2 * q] && !use[3 + 2 * q]) || g->gather_b);
+            if (ga) {
+                G.which = 1;
+                if (!add_gather(R, &nest, &nest.x[0], &G, rlen)) return 0;
+            }
+            if (gb) {
+                G.which = 2;
+                if (!add_gather(R, &nest, &nest.x[1], &G, rlen)) return 0;
+            }
+        }
+        if (!push_fwd_nest(R, &nest, s0, N, rlen)) return 0;
+    }
+    t->ngroups++;
+    return 1;
+}
+
+/* ---- the pass --------------------------------------------------------------------------------- */
+
+static int by_level_serial(const rr *R, uint32_t a, uint32_t b) {
+    const stmt *x = &R->st[a], *y = &R->st[b];
+    if (x->level != y->level) return x->level < y->level ? -1 : 1;
+    uint64_t sx = R->f->serial[x->node], sy = R->f->serial[y->node];
+    return sx < sy ? -1 : sx > sy;
+}
+
+static int by_sig_serial(const rr *R, uint32_t a, uint32_t b) {
+    const stmt *x = &R->st[a], *y = &R->st[b];
+    if (x->hash != y->hash) return x->hash < y->hash ? -1 : 1;
+    uint64_t sx = R->f->serial[x->node], sy = R->f->serial[y->node];
+    return sx < sy ? -1 : sx > sy;
+}
+
+/* Merge sort of statement indices (stable, no recursion over the data's size). */
+static int sort_idx(rr *R, uint32_t *v, size_t n, int (*cmp)(const rr *, uint32_t, uint32_t)) {
+    if (n < 2) return 1;
+    uint32_t *tmp = mg_tape__alloc(R->t, n, sizeof(uint32_t));
+    if (!tmp) return 0;
+    for (size_t w = 1; w < n; w *= 2) {
+        for (size_t lo = 0; lo < n; lo += 2 * w) {
+            size_t mid = lo + w < n ? lo + w : n, hi = lo + 2 * w < n ? lo + 2 * w : n;
+            size_t i = lo, j = mid, k = lo;
+            while (i < mid && j < hi) tmp[k++] = cmp(R, v[j], v[i]) < 0 ? v[j++] : v[i++];
+            while (i < mid) tmp[k++] = v[i++];
+            while (j < hi) tmp[k++] = v[j++];
+        }
+        memcpy(v, tmp, n * sizeof(uint32_t));
+    }
+    R->t->alloc.free_fn(tmp, R->t->alloc.ctx);
+    return 1;
+}
+
+int mg_reroll(mg_tape *t, const mg_fz *f, int scalar) {
+    rr R;
+    memset(&R, 0, sizeof R);
+    R.t = t;
+    R.f = f;
+    int st = MG_ENOMEM;
+    uint32_t *order = NULL;
+    R.stmt_of = mg_tape__alloc(t, f->n, sizeof(uint32_t));
+    R.absorbed = mg_tape__alloc(t, f->n, 1);
+    R.level = mg_tape__alloc(t, f->n, sizeof(uint32_t));
+    if (!R.stmt_of || !R.absorbed || !R.level) goto done;
+    memset(R.stmt_of, 0xff, f->n * sizeof(uint32_t));
+    memset(R.absorbed, 0, f->n);
+    memset(R.level, 0, f->n * sizeof(uint32_t));
+    if (!make_statements(&R, scalar)) goto done;
+    t->nstatements = R.nst;
+    t->rerolled = !scalar;
+    R.next_slot = t->first_op;
+    for (size_t k = 0; k < f->n; k++)
+        if (R.absorbed[k]) t->nfolded++;
+
+    order = mg_tape__alloc(t, R.nst, sizeof(uint32_t));
+    if (!order) goto done;
+    if (scalar) {
+        /* one nest per node, slots in topological order */
+        for (size_t i = 0; i < R.nst; i++) f->slot[R.st[i].node] = (uint32_t)R.next_slot++;
+        for (size_t i = 0; i < R.nst; i++) {
+            R.st[i].ns = 0;
+            uint32_t one = (uint32_t)i;
+            int e = emit_group(&R, &one, 1);
+            if (e <= 0) goto done;
+        }
+    } else {
+        for (size_t i = 0; i < R.nst; i++) {
+            stmt *s = &R.st[i];
+            s->level = stmt_level(&R, s);
+            R.level[s->node] = s->level;
+            order[i] = (uint32_t)i;
+        }
+        if (!sort_idx(&R, order, R.nst, by_level_serial)) goto done;
+        for (size_t lo = 0; lo < R.nst;) {
+            size_t hi = lo;
+            while (hi < R.nst && R.st[order[hi]].level == R.st[order[lo]].level) hi++;
+            /* slots for the level, in creation order */
+            for (size_t i = lo; i < hi; i++) f->slot[R.st[order[i]].node] = (uint32_t)(R.next_slot + (i - lo));
+            R.next_slot += hi - lo;
+            for (size_t i = lo; i < hi; i++) {
+                stmt *s = &R.st[order[i]];
+                if (!make_segments(&R, s) || !make_signature(&R, s)) goto done;
+            }
+            if (!sort_idx(&R, order + lo, hi - lo, by_sig_serial)) goto done;
+            for (size_t g0 = lo; g0 < hi;) {
+                size_t g1 = g0 + 1;
+                while (g1 < hi && same_signature(&R, &R.st[order[g0]], &R.st[order[g1]])) g1++;
+                int e = emit_group(&R, order + g0, g1 - g0);
+                if (e < 0) {
+                    /* the group's outputs are not affine in the level's layout: fresh slots */
+                    for (size_t i = g0; i < g1; i++) f->slot[R.st[order[i]].node] = (uint32_t)R.next_slot++;
+                    e = emit_group(&R, order + g0, g1 - g0);
+                }
+                if (e <= 0) goto done;
+                g0 = g1;
+            }
+            R.nsig = 0; /* signatures of this level are done with */
+            lo = hi;
+        }
+    }
+    if (R.next_slot > UINT32_MAX / 2) {
+        st = mg_tape__fail(t, MG_ERANGE, "freeze: too many slots (%zu)", R.next_slot);
+        goto done;
+    }
+    t->nslots = R.next_slot;
+    t->nfwd_nests = t->nnests;
+    st = MG_OK;
+done:
+    if (order) t->alloc.free_fn(order, t->alloc.ctx);
+    rr_free(&R);
+    if (st == MG_ENOMEM && t->status == MG_OK) mg_tape__fail(t, MG_ENOMEM, "freeze: out of memory");
+    return st == MG_OK ? MG_OK : (t->status != MG_OK ? t->status : st);
+}

@@ -1,0 +1,435 @@
+/* Scheduling: how each nest runs, decided once in the IR, so that the interpreter and the
+ * generated code follow one plan and compute the same bits. What a nest computes is fixed by
+ * the earlier stages; this stage only chooses:
+ *  1. the vector dim: among a nest's outer dims (independent outputs), the one whose operands
+ *     read consecutive or broadcast elements goes innermost (dim 3);
+ *  2. packed parameters: a weight read with a non-unit stride along a hot nest's vector dim (a
+ *     layer's W[j][i] vectorised over outputs j) lives, during a call, in a packed copy whose
+ *     order makes that stride 1; every nest reading or writing those parameters reads the copy;
+ *  3. merged dims: adjacent dims that are contiguous for every operand become one;
+ *  4. MGK_F_BLOCK (vector blocks) and MGK_F_SPLIT (split gradient sums), see nest_kernels.h;
+ *  5. fused SGD: at batch size 1, a parameter's only gradient nest can apply the step itself
+ *     when nothing after it in the backward program reads the parameter (MGK_F_STEP). */
+#include "ir.h"
+
+#include <string.h>
+
+/* ---- refs ------------------------------------------------------------------------------------- */
+
+static int term_nx(const mgk_nest *N) {
+    switch (N->term) {
+    case MGK_T_ONE: return 1;
+    case MGK_T_MUL: return 2;
+    case MGK_T_OP: return mg_op__arity[N->op] > 0 ? mg_op__arity[N->op] : 0;
+    default: return 4;
+    }
+}
+
+/* The refs a nest reads or writes; returns their count. */
+static int active_refs(mgk_nest *N, mgk_ref **refs) {
+    int k = 0;
+    refs[k++] = &N->out;
+    if (N->mode == MGK_SUMI || (N->flags & MGK_F_STEP)) refs[k++] = &N->init;
+    for (int j = 0; j < term_nx(N); j++) refs[k++] = &N->x[j];
+    return k;
+}
+
+static int is_param_ref(const mg_tape *t, const mgk_ref *X) {
+    return !X->gather && X->ts == 0 && (X->arr == MGK_D || X->arr == MGK_G) && X->base >= 0 &&
+           X->base < (mgk_i64)t->nparams;
+}
+
+static void swap_dims(mgk_nest *N, int a, int b) {
+    if (a == b) return;
+    mgk_i64 tmp = N->n[a];
+    N->n[a] = N->n[b];
+    N->n[b] = tmp;
+    mgk_ref *refs[6] = {&N->out, &N->init, &N->x[0], &N->x[1], &N->x[2], &N->x[3]};
+    for (int j = 0; j < 6; j++) {
+        tmp = refs[j]->s[a];
+        refs[j]->s[a] = refs[j]->s[b];
+        refs[j]->s[b] = tmp;
+    }
+}
+
+/* ---- 1. vector dims ------------------------------------------------------------------------------ */
+
+static int dim_score(const mg_tape *t, mgk_nest *N, int d) {
+    mgk_ref *refs[6];
+    int nr = active_refs(N, refs), sc = 0;
+    if (N->n[d] < MGK_LANES) sc -= 1000;
+    for (int j = 0; j < nr; j++) {
+        mgk_i64 s = refs[j]->s[d];
+        if (j == 0) sc += s == 1 || s == -1 ? 8 : 0;
+        else sc += s == 0 || s == 1 ? 2 : is_param_ref(t, refs[j]) ? 1 : 0;
+    }
+    return sc;
+}
+
+static void choose_vector_dim(const mg_tape *t, mgk_nest *N, const mg_nest_info *I) {
+    if (I->alias || I->has_gather || (N->flags & MGK_F_SCATTER)) return; /* order matters there */
+    int best = -1, bs = 0;
+    for (int d = 0; d < MGK_MAXO; d++) {
+        if (N->n[d] <= 1) continue;
+        int sc = dim_score(t, N, d);
+        if (best < 0 || sc > bs || (sc == bs && N->n[d] > N->n[best])) {
+            best = d;
+            bs = sc;
+        }
+    }
+    if (best >= 0) swap_dims(N, best, MGK_MAXO - 1);
+}
+
+/* ---- 2. packed parameters ------------------------------------------------------------------------ */
+
+/* Calls fn(slot) for every element a ref touches over the nest's dims (moving dims only). */
+typedef struct walker {
+    const mg_tape *t;
+    const uint8_t *mark;
+    int hit;
+} walker;
+
+static void walk(const mg_tape *t, const mgk_nest *N, const mgk_ref *X, walker *w) {
+    int dims[MGK_MAXD], nd = 0;
+    for (int d = 0; d < MGK_MAXD; d++)
+        if (N->n[d] > 1 && (X->gather || X->s[d] != 0)) dims[nd++] = d;
+    mgk_i64 idx[MGK_MAXD] = {0};
+    for (;;) {
+        mgk_i64 pos = X->base;
+        for (int k = 0; k < nd; k++) pos += idx[k] * X->s[dims[k]];
+        mgk_i64 slot = X->gather ? (mgk_i64)t->ix[pos] : pos;
+        if (slot >= 0 && slot < (mgk_i64)t->nparams && w->mark[slot]) {
+            w->hit = 1;
+            return;
+        }
+        int k = nd - 1;
+        while (k >= 0 && ++idx[k] == N->n[dims[k]]) idx[k--] = 0;
+        if (k < 0) return;
+    }
+}
+
+typedef struct pack_dims {
+    int nd;
+    mgk_i64 n[MGK_MAXD], s[MGK_MAXD]; /* packed order, the last dim innermost */
+} pack_dims;
+
+/* The moving dims of X in nest N as (n, s) pairs, `last` moved to the end. */
+static void dims_of(const mgk_nest *N, const mgk_ref *X, int last, pack_dims *p) {
+    p->nd = 0;
+    for (int d = 0; d < MGK_MAXD; d++)
+        if (d != last && N->n[d] > 1 && X->s[d] != 0) {
+            p->n[p->nd] = N->n[d];
+            p->s[p->nd++] = X->s[d];
+        }
+    if (last >= 0 && N->n[last] > 1 && X->s[last] != 0) {
+        p->n[p->nd] = N->n[last];
+        p->s[p->nd++] = X->s[last];
+    }
+}
+
+/* Same elements in the same multi-index structure (as sets of (n, s) pairs)? */
+static int same_view(const mgk_nest *N, const mgk_ref *X, const mg_pack *P) {
+    if (X->gather || X->ts != 0 || X->base != P->base) return 0;
+    pack_dims p;
+    dims_of(N, X, -1, &p);
+    if (p.nd != P->nd) return 0;
+    int used[MGK_MAXD] = {0};
+    for (int i = 0; i < p.nd; i++) {
+        int found = 0;
+        for (int j = 0; j < P->nd && !found; j++)
+            if (!used[j] && P->n[j] == p.n[i] && P->s[j] == p.s[i]) used[j] = found = 1;
+        if (!found) return 0;
+    }
+    return 1;
+}
+
+static void mark_pack(const mg_pack *P, uint8_t *mark, uint8_t v) {
+    mgk_i64 idx[MGK_MAXD] = {0};
+    for (;;) {
+        mgk_i64 slot = P->base;
+        for (int k = 0; k < P->nd; k++) slot += idx[k] * P->s[k];
+        mark[slot] = v;
+        int k = P->nd - 1;
+        while (k >= 0 && ++idx[k] == P->n[k]) idx[k--] = 0;
+        if (k < 0) return;
+    }
+}
+
+static void rewrite(mgk_nest *N, mgk_ref *X, const mg_pack *P) {
+    mgk_i64 stride[MGK_MAXD];
+    mgk_i64 acc = 1;
+    for (int j = P->nd; j-- > 0;) {
+        stride[j] = acc;
+        acc *= P->n[j];
+    }
+    int used[MGK_MAXD] = {0};
+    for (int d = 0; d < MGK_MAXD; d++) {
+        if (N->n[d] <= 1 || X->s[d] == 0) continue;
+        for (int j = 0; j < P->nd; j++)
+            if (!used[j] && P->n[j] == N->n[d] && P->s[j] == X->s[d]) {
+                used[j] = 1;
+                X->s[d] = stride[j];
+                break;
+            }
+    }
+    X->arr = X->arr == MGK_G ? MGK_PG : MGK_PW;
+    X->base = (mgk_i64)P->p0;
+}
+
+static int plan_packs(mg_tape *t) {
+    if (!t->nparams || !t->rerolled) return MG_OK;
+    uint8_t *owned = mg_tape__alloc(t, t->nparams, 1), *cand = mg_tape__alloc(t, t->nparams, 1);
+    size_t cap = 0;
+    int st = MG_ENOMEM;
+    if (!owned || !cand) goto done;
+    memset(owned, 0, t->nparams);
+    memset(cand, 0, t->nparams);
+    for (size_t k = 0; k < t->nfwd_nests; k++) {
+        mgk_nest *N = &t->nests[k];
+        const mg_nest_info *I = &t->info[k];
+        if (I->alias || I->has_gather || N->n[3] < MGK_LANES || (N->flags & MGK_F_SCATTER)) continue;
+        mgk_ref *refs[6];
+        int nr = active_refs(N, refs);
+        for (int j = 1; j < nr; j++) {
+            mgk_ref *X = refs[j];
+            if (X->arr != MGK_D || !is_param_ref(t, X) || X->s[3] == 0 || X->s[3] == 1) continue;
+            if (!mg_ref__injective(X, N->n, t->ix)) continue;
+            mg_pack P;
+            memset(&P, 0, sizeof P);
+            pack_dims pd;
+            dims_of(N, X, 3, &pd);
+            P.base = X->base;
+            P.nd = pd.nd;
+            P.len = 1;
+            for (int d = 0; d < pd.nd; d++) {
+                P.n[d] = pd.n[d];
+                P.s[d] = pd.s[d];
+                P.len *= (size_t)pd.n[d];
+            }
+            /* the pack's elements are parameters nobody packed yet */
+            int ok = 1;
+            {
+                mgk_i64 idx[MGK_MAXD] = {0};
+                for (;;) {
+                    mgk_i64 slot = P.base;
+                    for (int q = 0; q < P.nd; q++) slot += idx[q] * P.s[q];
+                    if (slot < 0 || slot >= (mgk_i64)t->nparams || owned[slot]) {
+                        ok = 0;
+                        break;
+                    }
+                    int q = P.nd - 1;
+                    while (q >= 0 && ++idx[q] == P.n[q]) idx[q--] = 0;
+                    if (q < 0) break;
+                }
+            }
+            if (!ok) continue;
+            mark_pack(&P, cand, 1);
+            /* every ref touching them must see them the same way */
+            for (size_t m = 0; m < t->nnests && ok; m++) {
+                mgk_nest *M = &t->nests[m];
+                mgk_ref *rs[6];
+                int nrs = active_refs(M, rs);
+                for (int q = 0; q < nrs && ok; q++) {
+                    if (rs[q]->arr == MGK_PW || rs[q]->arr == MGK_PG) continue;
+                    walker w = {t, cand, 0};
+                    walk(t, M, rs[q], &w);
+                    if (w.hit && !same_view(M, rs[q], &P)) ok = 0;
+                }
+            }
+            for (size_t i = 0; i < t->nfwd && ok; i++) /* the losses read their operands directly */
+                if (t->fwd[i].kind == MG_I_NARY)
+                    for (uint32_t q = 0; q < t->fwd[i].b && ok; q++)
+                        ok = !(t->ix[t->fwd[i].a + q] < t->nparams && cand[t->ix[t->fwd[i].a + q]]);
+            if (ok) {
+                P.p0 = t->npacked;
+                t->npacked += P.len;
+                if (!mg_tape__grow(t, (void **)&t->packs, &cap, sizeof(mg_pack), t->npacks + 1)) goto done;
+                t->packs[t->npacks++] = P;
+                mark_pack(&P, owned, 1);
+                for (size_t m = 0; m < t->nnests; m++) {
+                    mgk_nest *M = &t->nests[m];
+                    mgk_ref *rs[6];
+                    int nrs = active_refs(M, rs);
+                    for (int q = 0; q < nrs; q++) {
+                        if (rs[q]->arr == MGK_PW || rs[q]->arr == MGK_PG) continue;
+                        walker w = {t, cand, 0};
+                        walk(t, M, rs[q], &w);
+                        if (w.hit) rewrite(M, rs[q], &P);
+                    }
+                }
+            }
+            mark_pack(&P, cand, 0);
+        }
+    }
+    t->packed = owned;
+    owned = NULL;
+    if (t->npacked) {
+        t->pw = mg_tape__alloc(t, t->npacked, sizeof(double));
+        t->pg = mg_tape__alloc(t, t->npacked, sizeof(double));
+        if (!t->pw || !t->pg) goto done;
+        memset(t->pg, 0, t->npacked * sizeof(double));
+    }
+    st = MG_OK;
+done:
+    if (owned) t->alloc.free_fn(owned, t->alloc.ctx);
+    if (cand) t->alloc.free_fn(cand, t->alloc.ctx);
+    return st;
+}
+
+/* ---- 3. merged dims -------------------------------------------------------------------------- */
+
+static void merge_range(mgk_nest *N, int lo, int hi) {
+    mgk_ref *refs[6];
+    int nr = active_refs(N, refs);
+    for (int changed = 1; changed;) {
+        changed = 0;
+        for (int d = hi - 1; d > lo; d--) {
+            int a = d - 1, b = d; /* merge a (outer) into b (inner) */
+            if (N->n[a] <= 1 || N->n[b] <= 1) continue;
+            int ok = 1;
+            for (int j = 0; j < nr && ok; j++) ok = refs[j]->s[a] == refs[j]->s[b] * N->n[b];
+            if (!ok) continue;
+            N->n[b] *= N->n[a];
+            N->n[a] = 1;
+            for (int j = 0; j < 6; j++) {
+                mgk_ref *all[6] = {&N->out, &N->init, &N->x[0], &N->x[1], &N->x[2], &N->x[3]};
+                all[j]->s[a] = 0;
+            }
+            changed = 1;
+        }
+        /* keep dims right-aligned: sizes of 1 to the left */
+        for (int d = hi - 1; d > lo; d--)
+            if (N->n[d] == 1 && N->n[d - 1] > 1) {
+                swap_dims(N, d, d - 1);
+                changed = 1;
+            }
+    }
+}
+
+/* ---- 5. fused SGD ------------------------------------------------------------------------------ */
+
+static int touches(const mg_tape *t, const mgk_nest *N, const mgk_ref *X, const uint8_t *mark) {
+    walker w = {t, mark, 0};
+    mgk_ref Y = *X;
+    if (Y.arr == MGK_PW || Y.arr == MGK_PG) return 0; /* packed refs are compared by pack below */
+    walk(t, N, &Y, &w);
+    return w.hit;
+}
+
+/* Elements of the packed arrays a ref touches, as a mark over [0, npacked). */
+static int touches_packed(const mgk_nest *N, const mgk_ref *X, const uint8_t *pmark) {
+    if (X->arr != MGK_PW && X->arr != MGK_PG) return 0;
+    int dims[MGK_MAXD], nd = 0;
+    for (int d = 0; d < MGK_MAXD; d++)
+        if (N->n[d] > 1 && X->s[d] != 0) dims[nd++] = d;
+    mgk_i64 idx[MGK_MAXD] = {0};
+    for (;;) {
+        mgk_i64 pos = X->base;
+        for (int k = 0; k < nd; k++) pos += idx[k] * X->s[dims[k]];
+        if (pmark[pos]) return 1;
+        int k = nd - 1;
+        while (k >= 0 && ++idx[k] == N->n[dims[k]]) idx[k--] = 0;
+        if (k < 0) return 0;
+    }
+}
+
+static void mark_ref(const mgk_nest *N, const mgk_ref *X, uint8_t *mark, uint8_t v) {
+    int dims[MGK_MAXD], nd = 0;
+    for (int d = 0; d < MGK_MAXD; d++)
+        if (N->n[d] > 1 && X->s[d] != 0) dims[nd++] = d;
+    mgk_i64 idx[MGK_MAXD] = {0};
+    for (;;) {
+        mgk_i64 pos = X->base;
+        for (int k = 0; k < nd; k++) pos += idx[k] * X->s[dims[k]];
+        mark[pos] = v;
+        int k = nd - 1;
+        while (k >= 0 && ++idx[k] == N->n[dims[k]]) idx[k--] = 0;
+        if (k < 0) return;
+    }
+}
+
+static int fuse_steps(mg_tape *t) {
+    if (!t->has_loss || !t->rerolled || t->nnests > 4096) return MG_OK;
+    uint8_t *pm = mg_tape__alloc(t, t->nparams ? t->nparams : 1, 1);
+    uint8_t *qm = mg_tape__alloc(t, t->npacked ? t->npacked : 1, 1);
+    uint8_t *fused = mg_tape__alloc(t, t->nparams ? t->nparams : 1, 1);
+    uint8_t *fused_p = mg_tape__alloc(t, t->npacked ? t->npacked : 1, 1);
+    int st = MG_ENOMEM;
+    if (!pm || !qm || !fused || !fused_p) goto done;
+    memset(fused, 0, t->nparams ? t->nparams : 1);
+    memset(fused_p, 0, t->npacked ? t->npacked : 1);
+    for (size_t i = 0; i < t->nbwd; i++) {
+        const mg_instr *in = &t->bwd[i];
+        if (in->kind == MG_I_SEQ) {
+            i += in->a;
+            continue;
+        }
+        if (in->kind != MG_I_NEST) continue;
+        mgk_nest *N = &t->nests[in->a];
+        const mg_nest_info *I = &t->info[in->a];
+        mgk_ref *O = &N->out;
+        int packed = O->arr == MGK_PG;
+        if (N->mode != MGK_ACC || I->alias || I->has_gather || (N->flags & MGK_F_SCATTER) || O->gather || O->ts)
+            continue;
+        if (!packed && !(O->arr == MGK_G && O->base >= 0 && O->base < (mgk_i64)t->nparams)) continue;
+        /* the elements it writes */
+        memset(pm, 0, t->nparams ? t->nparams : 1);
+        memset(qm, 0, t->npacked ? t->npacked : 1);
+        mark_ref(N, O, packed ? qm : pm, 1);
+        int ok = 1;
+        /* no other nest writes them; nothing after this one reads them */
+        for (size_t j = 0; j < t->nbwd && ok; j++) {
+            const mg_instr *b = &t->bwd[j];
+            if (b->kind == MG_I_SEQ || j == i) continue;
+            if (b->kind == MG_I_NARY_BWD) {
+                for (uint32_t q = 0; q < b->b && ok; q++) {
+                    mgk_idx s = t->ix[b->a + q];
+                    ok = !(s < t->nparams && pm[s]);
+                }
+                continue;
+            }
+            if (b->kind != MG_I_NEST) continue;
+            mgk_nest *M = &t->nests[b->a];
+            mgk_ref *rs[6];
+            int nrs = active_refs(M, rs);
+            for (int q = 0; q < nrs && ok; q++) {
+                int writes = q == 0 && (rs[q]->arr == MGK_G || rs[q]->arr == MGK_PG);
+                int reads_param = rs[q]->arr == MGK_D || rs[q]->arr == MGK_PW;
+                if (!writes && !(reads_param && j > i)) continue;
+                ok = !(packed ? touches_packed(M, rs[q], qm) : touches(t, M, rs[q], pm));
+            }
+        }
+        if (!ok) continue;
+        N->flags |= MGK_F_STEP;
+        N->init = *O;
+        N->init.arr = packed ? MGK_PW : MGK_D;
+        mark_ref(N, O, packed ? fused_p : fused, 1);
+    }
+    t->fused = fused;
+    t->fused_p = fused_p;
+    fused = fused_p = NULL;
+    st = MG_OK;
+done:;
+    void *bufs[] = {pm, qm, fused, fused_p};
+    for (size_t i = 0; i < 4; i++)
+        if (bufs[i]) t->alloc.free_fn(bufs[i], t->alloc.ctx);
+    return st;
+}
+
+int mg_schedule(mg_tape *t) {
+    for (size_t k = 0; k < t->nnests; k++) choose_vector_dim(t, &t->nests[k], &t->info[k]);
+    int st = plan_packs(t);
+    if (st != MG_OK) return st;
+    for (size_t k = 0; k < t->nnests; k++) {
+        mgk_nest *N = &t->nests[k];
+        const mg_nest_info *I = &t->info[k];
+        choose_vector_dim(t, N, I); /* packing changed strides */
+        merge_range(N, 0, MGK_MAXO);
+        merge_range(N, MGK_MAXO, MGK_MAXD);
+        N->flags &= ~(MGK_F_BLOCK | MGK_F_SPLIT);
+        if (N->flags & MGK_F_SCATTER) continue;
+        if (!I->has_gather && !I->alias && N->n[3] >= MGK_LANES) N->flags |= MGK_F_BLOCK;
+        else if (I->grad && !I->has_gather && N->mode != MGK_SET && N->n[7] >= 2 * MGK_LANES) N->flags |= MGK_F_SPLIT;
+    }
+    return fuse_steps(t);
+}

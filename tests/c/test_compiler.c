@@ -1,0 +1,315 @@
+/* The compiler's stages, inspected through the IR (libmg/src/ir.h): what rerolling, rolling,
+ * autodiff and scheduling make of a convolution, a recurrent net, a layer and a scrambled
+ * graph; and, for each, that the program computes what the scalar program computes. */
+#include "tap.h"
+
+#include "ir.h"
+
+#include <string.h>
+
+static double scale(void) {
+    const char *s = getenv("MG_TEST_SCALE");
+    return s ? atof(s) : 1.0;
+}
+
+/* Runs forward + backward on one sample with rerolling on and off: forward values must be
+ * bitwise equal, parameter gradients within `tol` (sums over shared weights are reordered). */
+static void check_against_scalar(mg_graph *g, mg_tape_spec spec, const double *x, const double *y, double tol) {
+    double loss[2], grads[2][512], outs[2][16];
+    size_t np = spec.nparams < 512 ? spec.nparams : 512;
+    for (int raise = 0; raise < 2; raise++) {
+        spec.no_raise = !raise;
+        mg_tape *t = mg_tape_freeze(g, &spec);
+        CHECK(t != NULL);
+        if (!t) {
+            printf("#   %s\n", mg_graph_last_error(g));
+            return;
+        }
+        CHECK(mg_tape_forward(t, x, y) == MG_OK);
+        CHECK(mg_tape_backward(t) == MG_OK);
+        loss[raise] = mg_tape_loss(t);
+        memcpy(grads[raise], mg_tape_grad(t), np * sizeof(double));
+        mg_tape_outputs(t, outs[raise]);
+        mg_tape_free(t);
+    }
+    CHECK(memcmp(&loss[0], &loss[1], sizeof(double)) == 0);
+    CHECK(memcmp(outs[0], outs[1], spec.noutputs * sizeof(double)) == 0);
+    for (size_t i = 0; i < np; i++) CHECK_CLOSE(grads[1][i], grads[0][i], tol);
+}
+
+/* ---- a convolution written op by op ------------------------------------------------------------- */
+
+enum { H = 10, C = 3, K = 3, O = H - K + 1 };
+
+typedef struct conv_net {
+    mg_value *x[H * H], *y, *w[C * K * K], *b[C], *W[2 * C * O * O], *B[2], *logits[2], *loss;
+} conv_net;
+
+static void build_conv(mg_graph *g, conv_net *n) {
+    for (int i = 0; i < H * H; i++) n->x[i] = mg_scalar(g, 0.01 * (i % 17));
+    n->y = mg_scalar(g, 1.0);
+    for (int i = 0; i < C * K * K; i++) n->w[i] = mg_scalar(g, 0.05 * ((i * 7) % 11) - 0.25);
+    for (int c = 0; c < C; c++) n->b[c] = mg_scalar(g, 0.1 * c);
+    for (int i = 0; i < 2 * C * O * O; i++) n->W[i] = mg_scalar(g, 0.02 * ((i * 5) % 13) - 0.12);
+    for (int k = 0; k < 2; k++) n->B[k] = mg_scalar(g, 0.0);
+    mg_value *feat[C * O * O];
+    for (int c = 0; c < C; c++)
+        for (int i = 0; i < O; i++)
+            for (int j = 0; j < O; j++) {
+                mg_value *s = n->b[c];
+                for (int a = 0; a < K; a++)
+                    for (int bb = 0; bb < K; bb++)
+                        s = mg_add(g, s, mg_mul(g, n->w[(c * K + a) * K + bb], n->x[(i + a) * H + j + bb]));
+                feat[(c * O + i) * O + j] = mg_relu(g, s);
+            }
+    for (int k = 0; k < 2; k++) {
+        mg_value *s = n->B[k];
+        for (int f = 0; f < C * O * O; f++) s = mg_add(g, s, mg_mul(g, n->W[k * C * O * O + f], feat[f]));
+        n->logits[k] = s;
+    }
+    n->loss = mg_cross_entropy(g, n->logits, 2, n->y);
+}
+
+static mg_tape_spec conv_spec(conv_net *n, mg_value **params) {
+    memcpy(params, n->w, sizeof n->w);
+    memcpy(params + C * K * K, n->b, sizeof n->b);
+    memcpy(params + C * K * K + C, n->W, sizeof n->W);
+    memcpy(params + C * K * K + C + 2 * C * O * O, n->B, sizeof n->B);
+    mg_tape_spec spec = {n->loss, n->x, H * H, &n->y, 1, params, C * K * K + C + 2 * C * O * O + 2, n->logits, 2, 0};
+    return spec;
+}
+
+static const mgk_nest *first_nest(const mg_tape *t, int mode, int term) {
+    for (size_t k = 0; k < t->nfwd_nests; k++)
+        if (t->nests[k].mode == mode && t->nests[k].term == term) return &t->nests[k];
+    return NULL;
+}
+
+static void test_compiler__reroll_finds_the_convolution(void) {
+    mg_graph *g = mg_graph_new();
+    conv_net n;
+    build_conv(g, &n);
+    mg_value *params[C * K * K + C + 2 * C * O * O + 2];
+    mg_tape_spec spec = conv_spec(&n, params);
+    mg_tape *t = mg_tape_freeze(g, &spec);
+    CHECK(t != NULL);
+    if (!t) return;
+    /* statements: C*O*O conv sums, their ReLUs, 2 dense sums, the loss */
+    CHECK(t->nstatements == (size_t)(2 * C * O * O + 2 + 1));
+    /* forward: conv, relu, dense, the loss */
+    CHECK(t->nfwd_nests == 3 && t->nfwd == 4);
+    const mgk_nest *conv = first_nest(t, MGK_SUMI, MGK_T_MUL);
+    CHECK(conv != NULL);
+    if (conv) {
+        /* outer (c, i, j), reduction (a, b); dims contiguous for every operand are merged */
+        CHECK(conv->n[1] == C && conv->n[2] == O && conv->n[3] == O);
+        CHECK(conv->n[6] == K && conv->n[7] == K);
+        /* weight w[c][a][b]: a broadcast over (i, j) */
+        CHECK(conv->x[0].s[1] == K * K && conv->x[0].s[2] == 0 && conv->x[0].s[3] == 0);
+        CHECK(conv->x[0].s[6] == K && conv->x[0].s[7] == 1 && conv->x[0].arr == MGK_D);
+        /* input x[(i + a) * H + (j + b)]: the same for every channel */
+        CHECK(conv->x[1].s[1] == 0 && conv->x[1].s[2] == H && conv->x[1].s[3] == 1);
+        CHECK(conv->x[1].s[6] == H && conv->x[1].s[7] == 1 && conv->x[1].base == (mgk_i64)t->input0);
+        /* bias b[c] */
+        CHECK(conv->init.s[1] == 1 && conv->init.s[2] == 0 && conv->init.s[3] == 0);
+        CHECK(conv->flags & MGK_F_BLOCK);
+    }
+    /* backward: the weight's gradient reduces over the positions it is shared by */
+    int found = 0;
+    for (size_t k = t->nfwd_nests; k < t->nnests; k++) {
+        const mgk_nest *G = &t->nests[k];
+        if (G->out.arr != MGK_G || G->out.base != 0 || G->mode != MGK_ACC) continue;
+        found = 1;
+        mgk_i64 red = 1, outer = 1;
+        for (int d = 0; d < MGK_MAXO; d++) outer *= G->n[d];
+        for (int d = MGK_MAXO; d < MGK_MAXD; d++) red *= G->n[d];
+        CHECK(outer == C * K * K && red == O * O);
+    }
+    CHECK(found);
+    mg_tape_free(t);
+    double y = 1.0, x[H * H];
+    for (int i = 0; i < H * H; i++) x[i] = 0.03 * ((i * 3) % 7) - 0.05;
+    check_against_scalar(g, spec, x, &y, 1e-12);
+    mg_graph_free(g);
+}
+
+/* ---- a recurrent net: one shared cell over T steps ----------------------------------------------- */
+
+enum { T = 12, NI = 4, NH = 8 };
+
+static void test_compiler__roll_finds_the_time_steps(void) {
+    mg_graph *g = mg_graph_new();
+    mg_value *x[T * NI], *y = mg_scalar(g, 0.0), *p[NH * NI + NH * NH + NH + NH + 1];
+    size_t np = 0;
+    for (int i = 0; i < T * NI; i++) x[i] = mg_scalar(g, 0.0);
+    for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) p[np++] = mg_scalar(g, 0.07 * (double)((i * 5) % 9) - 0.3);
+    mg_value **Wx = p, **Wh = p + NH * NI, **bh = Wh + NH * NH, **wy = bh + NH, *by = wy[NH];
+    mg_value *h[NH], *nh[NH];
+    for (int t = 0; t < T; t++) {
+        for (int j = 0; j < NH; j++) {
+            mg_value *s = bh[j];
+            for (int i = 0; i < NI; i++) s = mg_add(g, s, mg_mul(g, Wx[j * NI + i], x[t * NI + i]));
+            if (t > 0)
+                for (int k = 0; k < NH; k++) s = mg_add(g, s, mg_mul(g, Wh[j * NH + k], h[k]));
+            nh[j] = mg_tanh(g, s);
+        }
+        memcpy(h, nh, sizeof h);
+    }
+    mg_value *out = by;
+    for (int j = 0; j < NH; j++) out = mg_add(g, out, mg_mul(g, wy[j], h[j]));
+    mg_value *loss = mg_mse(g, &out, &y, 1);
+    mg_tape_spec spec = {loss, x, T * NI, &y, 1, p, np, &out, 1, 0};
+    mg_tape *t = mg_tape_freeze(g, &spec);
+    CHECK(t != NULL);
+    if (!t) return;
+    /* steps 1..T-1 are one sequential loop; step 0 (no recurrent term) stays outside */
+    size_t seqs = 0;
+    for (size_t i = 0; i < t->nfwd; i++)
+        if (t->fwd[i].kind == MG_I_SEQ) {
+            seqs++;
+            CHECK(t->fwd[i].b == T - 1);
+            /* the input term moves by one row per step, the weights do not move */
+            const mgk_nest *N = &t->nests[t->fwd[i + 1].a];
+            for (size_t q = 1; q <= t->fwd[i].a; q++) {
+                const mgk_nest *M = &t->nests[t->fwd[i + q].a];
+                if (M->term == MGK_T_MUL && M->mode == MGK_SUMI) N = M;
+            }
+            CHECK(N->x[1].ts == NI && N->x[0].ts == 0);
+        }
+    CHECK(seqs == 1 && t->nseq == 1);
+    /* the backward program runs the same loop in reverse */
+    size_t rseqs = 0;
+    for (size_t i = 0; i < t->nbwd; i++)
+        if (t->bwd[i].kind == MG_I_SEQ) rseqs += t->bwd[i].flags == 1 && t->bwd[i].b == T - 1;
+    CHECK(rseqs == 1);
+    mg_tape_free(t);
+    double xs[T * NI], yv = 0.5;
+    for (int i = 0; i < T * NI; i++) xs[i] = 0.1 * ((i * 7) % 5) - 0.2;
+    check_against_scalar(g, spec, xs, &yv, 1e-12);
+    mg_graph_free(g);
+}
+
+/* ---- scheduling: packed weights and fused SGD ------------------------------------------------------ */
+
+static void test_compiler__schedule_packs_and_fuses_a_layer(void) {
+    enum { NIN = 20, NOUT = 12 };
+    mg_graph *g = mg_graph_new();
+    mg_value *x[NIN], *y = mg_scalar(g, 3.0), *p[NOUT * (NIN + 1)], *out[NOUT];
+    for (int i = 0; i < NIN; i++) x[i] = mg_scalar(g, 0.0);
+    for (int i = 0; i < NOUT * (NIN + 1); i++) p[i] = mg_scalar(g, 0.01 * ((i * 13) % 17) - 0.08);
+    for (int j = 0; j < NOUT; j++) { /* micrograd's parameter order: w..., b per neuron */
+        mg_value *s = p[j * (NIN + 1) + NIN];
+        for (int i = 0; i < NIN; i++) s = mg_add(g, s, mg_mul(g, p[j * (NIN + 1) + i], x[i]));
+        out[j] = s;
+    }
+    mg_value *loss = mg_cross_entropy(g, out, NOUT, y);
+    mg_tape_spec spec = {loss, x, NIN, &y, 1, p, NOUT * (NIN + 1), out, NOUT, 0};
+    mg_tape *t = mg_tape_freeze(g, &spec);
+    CHECK(t != NULL);
+    if (!t) return;
+    /* W[j][i] is read along j with stride NIN+1: packed so that j is contiguous; so is b[j] */
+    CHECK(t->npacks == 2 && t->npacked == NOUT * (NIN + 1));
+    const mgk_nest *L = &t->nests[0];
+    CHECK(L->x[0].arr == MGK_PW && L->x[0].s[3] == 1 && L->init.arr == MGK_PW && L->init.s[3] == 1);
+    /* at batch size 1 the weights' and biases' gradient nests apply SGD themselves */
+    size_t steps = 0;
+    for (size_t k = t->nfwd_nests; k < t->nnests; k++) steps += (t->nests[k].flags & MGK_F_STEP) != 0;
+    CHECK(steps == 2);
+    /* training through packs and fused steps equals the scalar program's training */
+    enum { N = 6 };
+    double X[N * NIN], Y[N], ref[NOUT * (NIN + 1)];
+    for (int i = 0; i < N * NIN; i++) X[i] = 0.05 * ((i * 11) % 9) - 0.2;
+    for (int s = 0; s < N; s++) Y[s] = (double)((s * 5) % NOUT);
+    spec.no_raise = 1;
+    mg_tape *u = mg_tape_freeze(g, &spec);
+    for (size_t batch = 1; batch <= 2; batch++) {
+        memcpy(mg_tape_data(t), mg_tape_data(u), sizeof ref);
+        mg_fit_options o = {batch, 0.2, 1, 5, 0, 1};
+        double l1, l2;
+        CHECK(mg_tape_fit(t, X, Y, N, &o, &l1) == MG_OK);
+        memcpy(ref, mg_tape_data(u), sizeof ref);
+        CHECK(mg_tape_fit(u, X, Y, N, &o, &l2) == MG_OK);
+        CHECK_CLOSE(l1, l2, 1e-14);
+        for (int i = 0; i < NOUT * (NIN + 1); i++) CHECK_CLOSE(mg_tape_data(t)[i], mg_tape_data(u)[i], 1e-13);
+        memcpy(mg_tape_data(u), ref, sizeof ref);
+    }
+    mg_tape_free(u);
+    mg_tape_free(t);
+    mg_graph_free(g);
+}
+
+/* ---- what is not affine: index tables --------------------------------------------------------------- */
+
+static void test_compiler__scrambled_operands_read_through_tables(void) {
+    enum { M = 16, NT = 24 };
+    mg_graph *g = mg_graph_new();
+    mg_value *x[NT], *p[M * NT], *y = mg_scalar(g, 0.0), *out[M];
+    for (int i = 0; i < NT; i++) x[i] = mg_scalar(g, 0.0);
+    for (int i = 0; i < M * NT; i++) p[i] = mg_scalar(g, 0.01 * ((i * 37) % 23) - 0.1);
+    for (int j = 0; j < M; j++) {
+        mg_value *s = mg_scalar(g, 0.5);
+        for (int r = 0; r < NT; r++) {
+            /* weights in a scrambled order: no affine function of (j, r) */
+            int q = (j * 97 + r * 31 + (r * r) % 7) % (M * NT);
+            s = mg_add(g, s, mg_mul(g, p[q], x[(r * 5) % NT]));
+        }
+        out[j] = mg_tanh(g, s);
+    }
+    mg_value *loss = mg_sum(g, out, M);
+    mg_tape_spec spec = {loss, x, NT, &y, 1, p, M * NT, out, M, 0};
+    mg_tape *t = mg_tape_freeze(g, &spec);
+    CHECK(t != NULL);
+    if (!t) return;
+    int gathers = 0;
+    for (size_t k = 0; k < t->nfwd_nests; k++) gathers += t->nests[k].x[0].gather || t->nests[k].x[1].gather;
+    CHECK(gathers > 0 && t->nix > 0);
+    CHECK(t->nfwd_nests <= 4); /* never one instruction per scalar */
+    mg_tape_free(t);
+    double xs[NT], yv = 0.0;
+    for (int i = 0; i < NT; i++) xs[i] = 0.1 * i - 1.0;
+    check_against_scalar(g, spec, xs, &yv, 1e-12);
+    mg_graph_free(g);
+}
+
+/* ---- big graphs: freezing is linear ---------------------------------------------------------------- */
+
+static void test_compiler__million_value_conv_freezes_to_a_few_nests(void) {
+    /* conv 3x3 with 16 channels over a 64x64 image, as chains: 64*62*62*... values */
+    int hsz = scale() < 1.0 ? 16 : 64, ch = scale() < 1.0 ? 2 : 16, o = hsz - 2;
+    mg_graph *g = mg_graph_new();
+    size_t nx = (size_t)hsz * hsz, nw = (size_t)ch * 9;
+    mg_value **x = malloc(nx * sizeof *x), **w = malloc(nw * sizeof *w), **f = malloc((size_t)ch * o * o * sizeof *f);
+    for (size_t i = 0; i < nx; i++) x[i] = mg_scalar(g, 0.0);
+    for (size_t i = 0; i < nw; i++) w[i] = mg_scalar(g, 0.01 * (double)(i % 7));
+    for (int c = 0; c < ch; c++)
+        for (int i = 0; i < o; i++)
+            for (int j = 0; j < o; j++) {
+                mg_value *s = mg_scalar(g, 0.0);
+                for (int a = 0; a < 3; a++)
+                    for (int b = 0; b < 3; b++) s = mg_add(g, s, mg_mul(g, w[c * 9 + a * 3 + b], x[(i + a) * hsz + j + b]));
+                f[(c * o + i) * o + j] = mg_relu(g, s);
+            }
+    mg_value *loss = mg_sum(g, f, (size_t)ch * o * o);
+    mg_tape_spec spec = {loss, x, nx, NULL, 0, w, nw, NULL, 0, 0};
+    mg_tape *t = mg_tape_freeze(g, &spec);
+    CHECK(t != NULL);
+    if (t) {
+        printf("# %zu values -> %zu forward and %zu backward nests\n", t->nodes, t->nfwd_nests, t->nnests - t->nfwd_nests);
+        CHECK(t->nfwd_nests <= 3);
+        CHECK(t->nodes > (size_t)ch * o * o * 19);
+    }
+    mg_tape_free(t);
+    free(x);
+    free(w);
+    free(f);
+    mg_graph_free(g);
+}
+
+int main(void) {
+    RUN(test_compiler__reroll_finds_the_convolution);
+    RUN(test_compiler__roll_finds_the_time_steps);
+    RUN(test_compiler__schedule_packs_and_fuses_a_layer);
+    RUN(test_compiler__scrambled_operands_read_through_tables);
+    RUN(test_compiler__million_value_conv_freezes_to_a_few_nests);
+    TAP_DONE();
+}
