@@ -34,8 +34,11 @@ static void load(const mg_tape *t, double *d, const double *x, const double *y) 
 /* Backward of one sample: fresh gradients for every computed value, the loss seeded. */
 static void backward(const mg_tape *t, mgk_run *R) {
     double *g = R->a[MGK_G];
-    memset(g + t->first_op, 0, (t->nslots - t->first_op) * sizeof(double));
-    g[t->loss] += 1.0;
+    if (t->rerolled) /* only what is not written first by a nest (schedule.c) */
+        for (size_t i = 0; i < t->nzero; i += 2) memset(g + t->zero[i], 0, (t->zero[i + 1] - t->zero[i]) * sizeof(double));
+    else
+        memset(g + t->first_op, 0, (t->nslots - t->first_op) * sizeof(double));
+    g[t->loss] = 1.0;
     mg_ir__run(t, t->bwd, t->nbwd, R, 0);
 }
 
@@ -144,15 +147,24 @@ void mg_tape__unpack_grad(mg_tape *t) { pack_walk(t, UNPACK_GRAD); }
  * stepped itself (fused) when `fused` is set. */
 static void step_all(mg_tape *t, double *g, double *pg, double scale, int fused) {
     double *d = t->data, *pw = t->pw;
-    for (size_t p = 0; p < t->nparams; p++) {
-        if ((t->packed && t->packed[p]) || (fused && t->fused && t->fused[p])) continue;
+    const mgk_idx *sd = fused ? t->step_d1 : t->step_d;
+    size_t nd = fused ? t->nstep_d1 : t->nstep_d;
+    for (size_t i = 0; i < nd; i++) {
+        mgk_idx p = sd[i];
         d[p] -= scale * g[p];
         g[p] = 0.0;
     }
-    for (size_t q = 0; q < t->npacked; q++) {
-        if (fused && t->fused_p && t->fused_p[q]) continue;
-        pw[q] -= scale * pg[q];
-        pg[q] = 0.0;
+    if (fused) {
+        for (size_t i = 0; i < t->nstep_p1; i++) {
+            mgk_idx q = t->step_p1[i];
+            pw[q] -= scale * pg[q];
+            pg[q] = 0.0;
+        }
+    } else {
+        for (size_t q = 0; q < t->npacked; q++) {
+            pw[q] -= scale * pg[q];
+            pg[q] = 0.0;
+        }
     }
 }
 

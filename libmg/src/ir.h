@@ -125,6 +125,12 @@ struct mg_tape {
     uint8_t *packed;           /* per parameter: 1 when it lives in a pack during calls */
     uint8_t *fused, *fused_p;  /* per parameter / packed element: its gradient nest applies SGD
                                   itself at batch size 1 (MGK_F_STEP) */
+    /* SGD: parameters outside packs (all / not fused), pack positions not fused */
+    mgk_idx *step_d, *step_d1, *step_p1;
+    size_t nstep_d, nstep_d1, nstep_p1;
+    /* gradient slots backward must zero first: ranges [zero[2i], zero[2i+1]) */
+    mgk_idx *zero;
+    size_t nzero;
     /* statistics */
     size_t nstatements, ngroups, nseq, nfolded;
     int rerolled;

@@ -92,18 +92,20 @@ MGK_HOT int mgk_term_arity(const int term, const int op_arity) {
 
 /* The positions of a ref at the reduction point (r4..r7) relative to an outer point. */
 #define MGK_RPOS(X, r4, r5, r6, r7) ((r4) * (X)->s[4] + (r5) * (X)->s[5] + (r6) * (X)->s[6] + (r7) * (X)->s[7])
+#define MGK_TERM_AT(N, R, term, op, q0, q1, q2, q3)                                                  \
+    mgk_term(term, op, (N)->k, MGK_AT(R, &(N)->x[0], q0), MGK_AT(R, &(N)->x[1], q1), MGK_AT(R, &(N)->x[2], q2), \
+             MGK_AT(R, &(N)->x[3], q3))
 
 /* One output point, scalar (also the remainder of blocked nests): positions at the outer point
- * are po (out), pi (init), px[4]. */
-MGK_HOT void mgk_point(const mgk_nest *N, const mgk_run *R, const int term, const int op, mgk_i64 po,
-                       mgk_i64 pi, const mgk_i64 *px) {
+ * are po (out), pi (init), p0..p3 (term operands). `step`: the run applies SGD (MGK_F_STEP). */
+MGK_HOT void mgk_point(const mgk_nest *N, const mgk_run *R, const int term, const int op, const int step,
+                       mgk_i64 po, mgk_i64 pi, mgk_i64 p0, mgk_i64 p1, mgk_i64 p2, mgk_i64 p3) {
     const mgk_i64 *n = N->n;
     const mgk_ref *X = N->x;
     mgk_real acc;
     mgk_i64 r4, r5, r6, r7;
     if (N->mode == MGK_SET) {
-        *MGK_AT(R, &N->out, po) = mgk_term(term, op, N->k, MGK_AT(R, &X[0], px[0]), MGK_AT(R, &X[1], px[1]),
-                                           MGK_AT(R, &X[2], px[2]), MGK_AT(R, &X[3], px[3]));
+        *MGK_AT(R, &N->out, po) = MGK_TERM_AT(N, R, term, op, p0, p1, p2, p3);
         return;
     }
     if (N->flags & MGK_F_SCATTER) {
@@ -112,21 +114,19 @@ MGK_HOT void mgk_point(const mgk_nest *N, const mgk_run *R, const int term, cons
                 for (r6 = 0; r6 < n[6]; r6++)
                     for (r7 = 0; r7 < n[7]; r7++)
                         *MGK_AT(R, &N->out, po + MGK_RPOS(&N->out, r4, r5, r6, r7)) +=
-                            mgk_term(term, op, N->k, MGK_AT(R, &X[0], px[0] + MGK_RPOS(&X[0], r4, r5, r6, r7)),
-                                     MGK_AT(R, &X[1], px[1] + MGK_RPOS(&X[1], r4, r5, r6, r7)),
-                                     MGK_AT(R, &X[2], px[2] + MGK_RPOS(&X[2], r4, r5, r6, r7)),
-                                     MGK_AT(R, &X[3], px[3] + MGK_RPOS(&X[3], r4, r5, r6, r7)));
+                            MGK_TERM_AT(N, R, term, op, p0 + MGK_RPOS(&X[0], r4, r5, r6, r7),
+                                        p1 + MGK_RPOS(&X[1], r4, r5, r6, r7), p2 + MGK_RPOS(&X[2], r4, r5, r6, r7),
+                                        p3 + MGK_RPOS(&X[3], r4, r5, r6, r7));
         return;
     }
-    const int step = (N->flags & MGK_F_STEP) && R->lr != (mgk_real)0;
     acc = N->mode == MGK_SUM0 || step ? (mgk_real)0
           : N->mode == MGK_SUMI       ? *MGK_AT(R, &N->init, pi)
                                       : *MGK_AT(R, &N->out, po);
     for (r4 = 0; r4 < n[4]; r4++)
         for (r5 = 0; r5 < n[5]; r5++)
             for (r6 = 0; r6 < n[6]; r6++) {
-                mgk_i64 q0 = px[0] + MGK_RPOS(&X[0], r4, r5, r6, 0), q1 = px[1] + MGK_RPOS(&X[1], r4, r5, r6, 0);
-                mgk_i64 q2 = px[2] + MGK_RPOS(&X[2], r4, r5, r6, 0), q3 = px[3] + MGK_RPOS(&X[3], r4, r5, r6, 0);
+                const mgk_i64 q0 = p0 + MGK_RPOS(&X[0], r4, r5, r6, 0), q1 = p1 + MGK_RPOS(&X[1], r4, r5, r6, 0);
+                const mgk_i64 q2 = p2 + MGK_RPOS(&X[2], r4, r5, r6, 0), q3 = p3 + MGK_RPOS(&X[3], r4, r5, r6, 0);
                 r7 = 0;
                 if (N->flags & MGK_F_SPLIT) {
                     mgk_real part[MGK_LANES], s;
@@ -134,21 +134,17 @@ MGK_HOT void mgk_point(const mgk_nest *N, const mgk_run *R, const int term, cons
                     for (l = 0; l < MGK_LANES; l++) part[l] = (mgk_real)0;
                     for (; r7 + MGK_LANES <= n[7]; r7 += MGK_LANES)
                         for (l = 0; l < MGK_LANES; l++)
-                            part[l] += mgk_term(term, op, N->k, MGK_AT(R, &X[0], q0 + (r7 + l) * X[0].s[7]),
-                                                MGK_AT(R, &X[1], q1 + (r7 + l) * X[1].s[7]),
-                                                MGK_AT(R, &X[2], q2 + (r7 + l) * X[2].s[7]),
-                                                MGK_AT(R, &X[3], q3 + (r7 + l) * X[3].s[7]));
+                            part[l] += MGK_TERM_AT(N, R, term, op, q0 + (r7 + l) * X[0].s[7], q1 + (r7 + l) * X[1].s[7],
+                                                   q2 + (r7 + l) * X[2].s[7], q3 + (r7 + l) * X[3].s[7]);
                     s = ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
                     for (; r7 < n[7]; r7++)
-                        s += mgk_term(term, op, N->k, MGK_AT(R, &X[0], q0 + r7 * X[0].s[7]),
-                                      MGK_AT(R, &X[1], q1 + r7 * X[1].s[7]), MGK_AT(R, &X[2], q2 + r7 * X[2].s[7]),
-                                      MGK_AT(R, &X[3], q3 + r7 * X[3].s[7]));
+                        s += MGK_TERM_AT(N, R, term, op, q0 + r7 * X[0].s[7], q1 + r7 * X[1].s[7], q2 + r7 * X[2].s[7],
+                                         q3 + r7 * X[3].s[7]);
                     acc += s;
                 } else {
                     for (; r7 < n[7]; r7++)
-                        acc += mgk_term(term, op, N->k, MGK_AT(R, &X[0], q0 + r7 * X[0].s[7]),
-                                        MGK_AT(R, &X[1], q1 + r7 * X[1].s[7]), MGK_AT(R, &X[2], q2 + r7 * X[2].s[7]),
-                                        MGK_AT(R, &X[3], q3 + r7 * X[3].s[7]));
+                        acc += MGK_TERM_AT(N, R, term, op, q0 + r7 * X[0].s[7], q1 + r7 * X[1].s[7], q2 + r7 * X[2].s[7],
+                                           q3 + r7 * X[3].s[7]);
                 }
             }
     if (step) {
@@ -162,14 +158,14 @@ MGK_HOT void mgk_point(const mgk_nest *N, const mgk_run *R, const int term, cons
 /* MGK_LANES consecutive points along the vector dim (no gather refs): lane l of operand j is at
  * p_j + l * s_j. The lane loops are what the C compiler vectorises; each lane's terms are added
  * in the order the scalar path adds them. */
-MGK_HOT void mgk_block(const mgk_nest *N, const mgk_run *R, const int term, const int op, mgk_i64 po,
-                       mgk_i64 pi, const mgk_i64 *px) {
+MGK_HOT void mgk_block(const mgk_nest *N, const mgk_run *R, const int term, const int op, const int step,
+                       mgk_i64 po, mgk_i64 pi, mgk_i64 p0, mgk_i64 p1, mgk_i64 p2, mgk_i64 p3) {
     const mgk_i64 *n = N->n;
     const mgk_ref *X = N->x;
     mgk_real *o = R->a[N->out.arr] + po;
     const mgk_i64 so = N->out.s[3];
-    const mgk_real *x0 = R->a[X[0].arr] + px[0], *x1 = R->a[X[1].arr] + px[1];
-    const mgk_real *x2 = R->a[X[2].arr] + px[2], *x3 = R->a[X[3].arr] + px[3];
+    const mgk_real *x0 = R->a[X[0].arr] + p0, *x1 = R->a[X[1].arr] + p1;
+    const mgk_real *x2 = R->a[X[2].arr] + p2, *x3 = R->a[X[3].arr] + p3;
     const mgk_i64 s0 = X[0].s[3], s1 = X[1].s[3], s2 = X[2].s[3], s3 = X[3].s[3];
     mgk_real acc[MGK_LANES];
     mgk_i64 r4, r5, r6, r7;
@@ -180,18 +176,12 @@ MGK_HOT void mgk_block(const mgk_nest *N, const mgk_run *R, const int term, cons
         for (l = 0; l < MGK_LANES; l++) o[l * so] = acc[l];
         return;
     }
-    const int step = (N->flags & MGK_F_STEP) && R->lr != (mgk_real)0;
     if (N->mode == MGK_SUM0 || step) {
         for (l = 0; l < MGK_LANES; l++) acc[l] = (mgk_real)0;
     } else if (N->mode == MGK_SUMI) {
         const mgk_real *in = R->a[N->init.arr] + pi;
         const mgk_i64 si = N->init.s[3];
-        if (si == 1)
-            for (l = 0; l < MGK_LANES; l++) acc[l] = in[l];
-        else
-            for (l = 0; l < MGK_LANES; l++) acc[l] = in[l * si];
-    } else if (so == 1) {
-        for (l = 0; l < MGK_LANES; l++) acc[l] = o[l];
+        for (l = 0; l < MGK_LANES; l++) acc[l] = in[l * si];
     } else {
         for (l = 0; l < MGK_LANES; l++) acc[l] = o[l * so];
     }
@@ -221,19 +211,18 @@ MGK_HOT void mgk_block(const mgk_nest *N, const mgk_run *R, const int term, cons
                     }
                 }
     if (step) {
-        const mgk_real lr = R->lr;
         mgk_real *w = R->a[N->init.arr] + pi;
         const mgk_i64 sw = N->init.s[3];
-        if (sw == 1)
-            for (l = 0; l < MGK_LANES; l++) w[l] -= lr * acc[l];
-        else
-            for (l = 0; l < MGK_LANES; l++) w[l * sw] -= lr * acc[l];
-    } else if (so == 1) {
-        for (l = 0; l < MGK_LANES; l++) o[l] = acc[l];
+        const mgk_real lr = R->lr;
+        for (l = 0; l < MGK_LANES; l++) w[l * sw] -= lr * acc[l];
     } else {
         for (l = 0; l < MGK_LANES; l++) o[l * so] = acc[l];
     }
 }
+
+/* The position of ref X at outer point (i0, i1, i2, i3) of sequential iteration t. */
+#define MGK_OPOS(X, t, i0, i1, i2, i3) \
+    ((X)->base + (t) * (X)->ts + (i0) * (X)->s[0] + (i1) * (X)->s[1] + (i2) * (X)->s[2] + (i3) * (X)->s[3])
 
 /* Runs a nest. `term` and `op` repeat N->term and N->op as constants, so that each call site
  * (an interpreter instance, or a generated function) keeps only its own term's code. */
@@ -241,29 +230,21 @@ MGK_HOT void mgk_nest_run(const mgk_nest *N, const mgk_run *R, const int term, c
     const mgk_i64 *n = N->n;
     const mgk_ref *O = &N->out, *I = &N->init, *X = N->x;
     const mgk_i64 t = R->t;
+    const int step = (N->flags & MGK_F_STEP) && R->lr != (mgk_real)0;
     mgk_i64 i0, i1, i2, i3;
     for (i0 = 0; i0 < n[0]; i0++)
         for (i1 = 0; i1 < n[1]; i1++)
             for (i2 = 0; i2 < n[2]; i2++) {
-                mgk_i64 po = O->base + t * O->ts + i0 * O->s[0] + i1 * O->s[1] + i2 * O->s[2];
-                mgk_i64 pi = I->base + t * I->ts + i0 * I->s[0] + i1 * I->s[1] + i2 * I->s[2];
-                mgk_i64 px[4];
-                int j;
-                for (j = 0; j < 4; j++)
-                    px[j] = X[j].base + t * X[j].ts + i0 * X[j].s[0] + i1 * X[j].s[1] + i2 * X[j].s[2];
                 i3 = 0;
-                if (N->flags & MGK_F_BLOCK) {
-                    for (; i3 + MGK_LANES <= n[3]; i3 += MGK_LANES) {
-                        mgk_i64 qx[4];
-                        for (j = 0; j < 4; j++) qx[j] = px[j] + i3 * X[j].s[3];
-                        mgk_block(N, R, term, op, po + i3 * O->s[3], pi + i3 * I->s[3], qx);
-                    }
-                }
-                for (; i3 < n[3]; i3++) {
-                    mgk_i64 qx[4];
-                    for (j = 0; j < 4; j++) qx[j] = px[j] + i3 * X[j].s[3];
-                    mgk_point(N, R, term, op, po + i3 * O->s[3], pi + i3 * I->s[3], qx);
-                }
+                if (N->flags & MGK_F_BLOCK)
+                    for (; i3 + MGK_LANES <= n[3]; i3 += MGK_LANES)
+                        mgk_block(N, R, term, op, step, MGK_OPOS(O, t, i0, i1, i2, i3), MGK_OPOS(I, t, i0, i1, i2, i3),
+                                  MGK_OPOS(&X[0], t, i0, i1, i2, i3), MGK_OPOS(&X[1], t, i0, i1, i2, i3),
+                                  MGK_OPOS(&X[2], t, i0, i1, i2, i3), MGK_OPOS(&X[3], t, i0, i1, i2, i3));
+                for (; i3 < n[3]; i3++)
+                    mgk_point(N, R, term, op, step, MGK_OPOS(O, t, i0, i1, i2, i3), MGK_OPOS(I, t, i0, i1, i2, i3),
+                              MGK_OPOS(&X[0], t, i0, i1, i2, i3), MGK_OPOS(&X[1], t, i0, i1, i2, i3),
+                              MGK_OPOS(&X[2], t, i0, i1, i2, i3), MGK_OPOS(&X[3], t, i0, i1, i2, i3));
             }
 }
 

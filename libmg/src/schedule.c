@@ -16,12 +16,14 @@
 
 /* ---- refs ------------------------------------------------------------------------------------- */
 
-static int term_nx(const mgk_nest *N) {
+/* Whether term operand j is read: dA/dB of a unary op ignore their B operand. */
+static int x_used(const mgk_nest *N, int j) {
+    int ar = mg_op__arity[N->op];
     switch (N->term) {
-    case MGK_T_ONE: return 1;
-    case MGK_T_MUL: return 2;
-    case MGK_T_OP: return mg_op__arity[N->op] > 0 ? mg_op__arity[N->op] : 0;
-    default: return 4;
+    case MGK_T_ONE: return j == 0;
+    case MGK_T_MUL: return j < 2;
+    case MGK_T_OP: return j < ar;
+    default: return j != 1 || ar == 2;
     }
 }
 
@@ -30,7 +32,8 @@ static int active_refs(mgk_nest *N, mgk_ref **refs) {
     int k = 0;
     refs[k++] = &N->out;
     if (N->mode == MGK_SUMI || (N->flags & MGK_F_STEP)) refs[k++] = &N->init;
-    for (int j = 0; j < term_nx(N); j++) refs[k++] = &N->x[j];
+    for (int j = 0; j < 4; j++)
+        if (x_used(N, j)) refs[k++] = &N->x[j];
     return k;
 }
 
@@ -416,6 +419,140 @@ done:;
     return st;
 }
 
+/* ---- 6. gradient sums that start from zero ------------------------------------------------------
+ * Backward used to zero every computed value's gradient, then accumulate. A gradient nest that
+ * writes each of its outputs first (nothing earlier in the backward program touched them) starts
+ * its sums from zero instead (MGK_SUM0: the same bits as accumulating into +0.0); only the
+ * gradients written otherwise are zeroed, as ranges. Parameters' gradients accumulate across
+ * samples and are never reset here. */
+
+/* Marks the computed-value gradients a ref touches as written; those not written before get
+ * zeroed (when `zero` is given). */
+static void mark_elems(const mg_tape *t, const mgk_nest *N, const mgk_ref *X, uint8_t *mark, uint8_t *zero) {
+    int dims[MGK_MAXD], nd = 0;
+    for (int d = 0; d < MGK_MAXD; d++)
+        if (N->n[d] > 1 && (X->gather || X->s[d] != 0)) dims[nd++] = d;
+    mgk_i64 idx[MGK_MAXD] = {0};
+    for (;;) {
+        mgk_i64 pos = X->base;
+        for (int k = 0; k < nd; k++) pos += idx[k] * X->s[dims[k]];
+        mgk_i64 slot = X->gather ? (mgk_i64)t->ix[pos] : pos;
+        if (slot >= (mgk_i64)t->first_op && slot < (mgk_i64)t->nslots) {
+            if (!mark[slot] && zero) zero[slot] = 1;
+            mark[slot] = 1;
+        }
+        int k = nd - 1;
+        while (k >= 0 && ++idx[k] == N->n[dims[k]]) idx[k--] = 0;
+        if (k < 0) return;
+    }
+}
+
+static int plan_zeroing(mg_tape *t) {
+    if (!t->has_loss) return MG_OK;
+    uint8_t *written = mg_tape__alloc(t, t->nslots, 1), *zero = mg_tape__alloc(t, t->nslots, 1);
+    size_t cap = 0;
+    int st = MG_ENOMEM;
+    if (!written || !zero) goto done;
+    memset(written, 0, t->nslots);
+    memset(zero, 0, t->nslots);
+    written[t->loss] = 1; /* the seed assigns */
+    for (size_t i = 0; i < t->nbwd; i++) {
+        const mg_instr *in = &t->bwd[i];
+        if (in->kind == MG_I_SEQ) {
+            /* inside a loop every iteration writes other slots: zero what the body writes */
+            for (size_t q = 1; q <= in->a; q++) {
+                const mg_instr *b = &t->bwd[i + q];
+                if (b->kind != MG_I_NEST) continue;
+                mgk_nest *N = &t->nests[b->a];
+                for (mgk_i64 it = 0; it < (mgk_i64)in->b; it++) {
+                    mgk_ref X = N->out;
+                    X.base += it * X.ts;
+                    if (X.arr == MGK_G) mark_elems(t, N, &X, written, zero);
+                    for (int j = 0; j < 4; j++)
+                        if (N->x[j].arr == MGK_G && x_used(N, j)) {
+                            mgk_ref Y = N->x[j];
+                            Y.base += it * Y.ts;
+                            mark_elems(t, N, &Y, written, zero);
+                        }
+                }
+            }
+            i += in->a;
+            continue;
+        }
+        if (in->kind == MG_I_NARY_BWD) {
+            for (uint32_t q = 0; q < in->b; q++) {
+                mgk_idx s = t->ix[in->a + q];
+                if (s >= t->first_op && !written[s]) zero[s] = 1;
+                if (s >= t->first_op) written[s] = 1;
+            }
+            continue;
+        }
+        if (in->kind != MG_I_NEST) continue;
+        mgk_nest *N = &t->nests[in->a];
+        const mg_nest_info *I = &t->info[in->a];
+        int fresh = 1;
+        /* gradients it reads must exist: any not written yet reads zero */
+        for (int j = 0; j < 4; j++)
+            if (N->x[j].arr == MGK_G && x_used(N, j)) mark_elems(t, N, &N->x[j], written, zero);
+        if (N->out.arr != MGK_G || N->out.gather || N->out.base < (mgk_i64)t->first_op) continue;
+        if (N->mode == MGK_ACC && !I->alias && !(N->flags & (MGK_F_SCATTER | MGK_F_STEP))) {
+            /* fresh when none of its outputs was written: then SUM0, nothing to zero */
+            int dims[MGK_MAXD], nd = 0;
+            for (int d = 0; d < MGK_MAXO; d++)
+                if (N->n[d] > 1 && N->out.s[d] != 0) dims[nd++] = d;
+            mgk_i64 idx[MGK_MAXD] = {0};
+            for (;;) {
+                mgk_i64 pos = N->out.base;
+                for (int k = 0; k < nd; k++) pos += idx[k] * N->out.s[dims[k]];
+                if (written[pos]) fresh = 0;
+                int k = nd - 1;
+                while (k >= 0 && ++idx[k] == N->n[dims[k]]) idx[k--] = 0;
+                if (k < 0) break;
+            }
+            if (fresh) {
+                N->mode = MGK_SUM0;
+                mark_elems(t, N, &N->out, written, NULL);
+                continue;
+            }
+        }
+        mark_elems(t, N, &N->out, written, zero);
+    }
+    for (size_t s = t->first_op; s < t->nslots;) {
+        if (!zero[s]) {
+            s++;
+            continue;
+        }
+        size_t e = s;
+        while (e < t->nslots && zero[e]) e++;
+        if (!mg_tape__grow(t, (void **)&t->zero, &cap, sizeof(mgk_idx), t->nzero + 2)) goto done;
+        t->zero[t->nzero++] = (mgk_idx)s;
+        t->zero[t->nzero++] = (mgk_idx)e;
+        s = e;
+    }
+    st = MG_OK;
+done:
+    if (written) t->alloc.free_fn(written, t->alloc.ctx);
+    if (zero) t->alloc.free_fn(zero, t->alloc.ctx);
+    return st;
+}
+
+/* The SGD step's index lists. */
+static int plan_steps(mg_tape *t) {
+    size_t P = t->nparams ? t->nparams : 1, Q = t->npacked ? t->npacked : 1;
+    t->step_d = mg_tape__alloc(t, P, sizeof(mgk_idx));
+    t->step_d1 = mg_tape__alloc(t, P, sizeof(mgk_idx));
+    t->step_p1 = mg_tape__alloc(t, Q, sizeof(mgk_idx));
+    if (!t->step_d || !t->step_d1 || !t->step_p1) return MG_ENOMEM;
+    for (size_t p = 0; p < t->nparams; p++) {
+        if (t->packed && t->packed[p]) continue;
+        t->step_d[t->nstep_d++] = (mgk_idx)p;
+        if (!(t->fused && t->fused[p])) t->step_d1[t->nstep_d1++] = (mgk_idx)p;
+    }
+    for (size_t q = 0; q < t->npacked; q++)
+        if (!(t->fused_p && t->fused_p[q])) t->step_p1[t->nstep_p1++] = (mgk_idx)q;
+    return MG_OK;
+}
+
 int mg_schedule(mg_tape *t) {
     for (size_t k = 0; k < t->nnests; k++) choose_vector_dim(t, &t->nests[k], &t->info[k]);
     int st = plan_packs(t);
@@ -431,5 +568,6 @@ int mg_schedule(mg_tape *t) {
         if (!I->has_gather && !I->alias && N->n[3] >= MGK_LANES) N->flags |= MGK_F_BLOCK;
         else if (I->grad && !I->has_gather && N->mode != MGK_SET && N->n[7] >= 2 * MGK_LANES) N->flags |= MGK_F_SPLIT;
     }
-    return fuse_steps(t);
+    if ((st = fuse_steps(t)) != MG_OK || (st = plan_steps(t)) != MG_OK) return st;
+    return t->rerolled ? plan_zeroing(t) : MG_OK;
 }
