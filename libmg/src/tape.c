@@ -132,7 +132,7 @@ static int check_role(mg_graph *g, slot_map *m, mg_value *const *v, size_t n, co
                       uint32_t *next) {
     if (n && !v) return mg_graph__fail(g, MG_EINVAL, "mg_tape_freeze: NULL %s array", role);
     for (size_t i = 0; i < n; i++) {
-        if (!v[i] || v[i]->serial == 0 || v[i]->tag != g->tag)
+        if (!mg_graph__owns(g, v[i]))
             return mg_graph__fail(g, MG_EINVAL, "mg_tape_freeze: %s %zu is NULL, released or of another graph",
                                   role, i);
         if (v[i]->op != MG_OP_LEAF)
@@ -439,11 +439,11 @@ mg_tape *mg_tape_freeze(mg_graph *g, const mg_tape_spec *spec) {
         return NULL;
     }
     for (size_t i = 0; i < spec->noutputs; i++)
-        if (!spec->outputs[i] || spec->outputs[i]->serial == 0 || spec->outputs[i]->tag != g->tag) {
+        if (!mg_graph__owns(g, spec->outputs[i])) {
             mg_graph__fail(g, MG_EINVAL, "mg_tape_freeze: output %zu is NULL, released or of another graph", i);
             return NULL;
         }
-    if (spec->loss && (spec->loss->serial == 0 || spec->loss->tag != g->tag)) {
+    if (spec->loss && !mg_graph__owns(g, spec->loss)) {
         mg_graph__fail(g, MG_EINVAL, "mg_tape_freeze: the loss is released or of another graph");
         return NULL;
     }
@@ -498,7 +498,7 @@ mg_tape *mg_tape_freeze(mg_graph *g, const mg_tape_spec *spec) {
     t->ninputs = spec->ninputs;
     t->ntargets = spec->ntargets;
     t->noutputs = spec->noutputs;
-    t->graph_tag = g->tag;
+    t->graph_id = mg_graph__id(g);
 
     /* constants: every other leaf */
     for (size_t k = 0; k < n; k++)
@@ -760,7 +760,7 @@ void mg_tape_set_outer_kernel(mg_tape *t, mg_tape_outer_fn outer) {
 }
 
 size_t mg_tape_write_back(const mg_tape *t, mg_graph *g) {
-    if (!t || !g || g->tag != t->graph_tag) return 0;
+    if (!t || !g || mg_graph__id(g) != t->graph_id) return 0;
     size_t k = 0;
     for (size_t i = 0; i < t->nparams; i++)
         if (mg_value_is_live(t->param_values[i], t->param_serials[i])) {

@@ -37,7 +37,7 @@ struct mg_tape {
     double *data, *grad;  /* data[nslots], grad[nslots] */
     mg_value **param_values; /* for write-back: the frozen parameters and their serials */
     uint64_t *param_serials;
-    uint16_t graph_tag;
+    uint64_t graph_id;
     mgk_layout layout;
     mgk_mv *mvs;          /* raised layers */
     size_t nmv, npacked;
