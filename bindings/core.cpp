@@ -113,9 +113,20 @@ py::object wrap(mg_value *v, const char *what) {
     return py::reinterpret_steal<py::object>(o);
 }
 
+// Handles for n nodes: the serials are read before the first handle is allocated (allocation
+// may run Python code that releases nodes: see mgpy::wrap_serial).
 py::list wrap_all(mg_value *const *v, size_t n, const char *what) {
+    std::vector<uint64_t> serials(n);
+    for (size_t i = 0; i < n; i++) {
+        if (!v[i]) throw_graph_error(what);
+        serials[i] = mg_value_serial(v[i]);
+    }
     py::list out(n);
-    for (size_t i = 0; i < n; i++) out[i] = wrap(v[i], what);
+    for (size_t i = 0; i < n; i++) {
+        PyObject *o = mgpy::wrap_serial(v[i], serials[i]);
+        if (!o) throw py::error_already_set();
+        PyList_SET_ITEM(out.ptr(), (Py_ssize_t)i, o);
+    }
     return out;
 }
 

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <mutex>
 #include <string>
+#include <vector>
 
 namespace mgpy {
 
@@ -193,27 +194,49 @@ PyObject *attach(ValueObject *h, mg_value *v) {
     return reinterpret_cast<PyObject *>(h);
 }
 
-PyObject *new_handle(mg_value *v) {
-    ValueObject *h = PyObject_New(ValueObject, &ValueType);
-    return h ? attach(h, v) : nullptr;
+PyObject *stale_error() {
+    PyErr_SetString(StaleValueError,
+                    "this Value was released (its graph was restored to an earlier checkpoint)");
+    return nullptr;
+}
+
+// The live canonical handle of (v, serial), or nullptr.
+ValueObject *canonical(mg_value *v, uint64_t serial) {
+    ValueObject *h = handles.get(v);
+    return h && h->serial == serial ? h : nullptr;
 }
 
 } // namespace
 
+PyObject *wrap_serial(mg_value *v, uint64_t serial) {
+    if (!mg_value_is_live(v, serial)) return stale_error();
+    ValueObject *h = canonical(v, serial);
+    if (!h) {
+        h = PyObject_New(ValueObject, &ValueType); // may run Python code
+        if (!h) return nullptr;
+        h->v = nullptr; // an empty handle deallocates harmlessly
+        h->serial = 0;
+        ValueObject *other = canonical(v, serial);
+        if (!mg_value_is_live(v, serial) || other) {
+            Py_DECREF(h);
+            if (!other) return stale_error();
+            h = other; // Python code made one meanwhile
+        } else {
+            return attach(h, v);
+        }
+    }
+    Py_INCREF(h);
+    return reinterpret_cast<PyObject *>(h);
+}
+
 PyObject *wrap(mg_value *v) {
     if (!v) return raise_graph_error("operation");
-    ValueObject *h = handles.get(v);
-    if (h && h->serial == mg_value_serial(v)) {
-        Py_INCREF(h);
-        return reinterpret_cast<PyObject *>(h);
-    }
-    return new_handle(v);
+    return wrap_serial(v, mg_value_serial(v));
 }
 
 mg_value *live(ValueObject *h) {
     if (mg_value_is_live(h->v, h->serial)) return h->v;
-    PyErr_SetString(StaleValueError,
-                    "this Value was released (its graph was restored to an earlier checkpoint)");
+    stale_error();
     return nullptr;
 }
 
@@ -271,13 +294,13 @@ PyObject *value_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
                          Py_TYPE(data)->tp_name);
         return nullptr;
     }
+    // the handle first: allocating it may run Python code (finalizers), the node no code
+    ValueObject *h = reinterpret_cast<ValueObject *>(type->tp_alloc(type, 0)); // zeroed: empty
+    if (!h) return nullptr;
     mg_value *v = mg_scalar(graph(), x);
-    if (!v) return raise_graph_error("Value");
-    ValueObject *h = reinterpret_cast<ValueObject *>(type->tp_alloc(type, 0));
-    if (!h) {
-        mg_value_retain(v);
-        mg_value_release(graph(), v);
-        return nullptr;
+    if (!v) {
+        Py_DECREF(h);
+        return raise_graph_error("Value");
     }
     return attach(h, v);
 }
@@ -472,11 +495,18 @@ int set_grad(PyObject *self, PyObject *o, void *) { return set_number(self, o, m
 PyObject *get_prev(PyObject *self, void *) {
     mg_value *v = live(reinterpret_cast<ValueObject *>(self));
     if (!v) return nullptr;
+    // operands and serials first: wrapping and set insertion allocate, which may run Python code
+    size_t n = mg_value_noperands(v);
+    std::vector<mg_value *> ops(n);
+    std::vector<uint64_t> serials(n);
+    for (size_t i = 0; i < n; i++) {
+        ops[i] = mg_value_operand(v, i);
+        serials[i] = mg_value_serial(ops[i]);
+    }
     PyObject *s = PySet_New(nullptr);
     if (!s) return nullptr;
-    size_t n = mg_value_noperands(v);
     for (size_t i = 0; i < n; i++) {
-        PyObject *c = wrap(mg_value_operand(v, i));
+        PyObject *c = wrap_serial(ops[i], serials[i]);
         if (!c || PySet_Add(s, c) < 0) {
             Py_XDECREF(c);
             Py_DECREF(s);

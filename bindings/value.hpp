@@ -56,8 +56,14 @@ mg_value *constant(double x);
 void set_stale_model_error();
 
 // The canonical handle of a node (new reference): the existing Python object when one is alive,
-// so `a in c._prev` holds by identity as in micrograd.
+// so `a in c._prev` holds by identity as in micrograd. NULL raises the graph's last error.
 PyObject *wrap(mg_value *v);
+
+// The same for a node whose serial was read before any Python code could run: allocating the
+// handle may run Python code (a garbage-collection pass calls finalizers), which may release the
+// node; then StaleValueError is raised instead of wrapping whatever reused the slot. Wrapping
+// several nodes: read all serials first.
+PyObject *wrap_serial(mg_value *v, uint64_t serial);
 
 // Raises the Python exception for the graph's last error (MemoryError for ENOMEM).
 PyObject *raise_graph_error(const char *what);

@@ -180,3 +180,44 @@ def test_writes_convert_the_number_before_resolving_the_value():
         with pytest.raises(StaleValueError):
             setattr(a, attr, Releaser(2.0, release_a))
         assert all(j.data == 100.0 and j.grad == 0.0 for j in junk)
+
+
+def test_results_released_by_a_collection_are_not_wrapped():
+    # allocating the result list may start a garbage collection, which runs Python code (here a
+    # gc callback; in real programs, finalizers): it releases the outputs and reuses their slots.
+    # (Where collections fall depends on allocation counts: the old code allocated one object
+    # fewer on this path, and no collection fell there; this guards the new path.)
+    model = MLP(2, [3])
+    model.load_state_dict({"layers.0.weight": np.ones((3, 2)), "layers.0.bias": np.zeros(3)})
+    x = [Value(1.0), Value(2.0)]
+    base = mc.graph_len()
+    junk: list = []
+    threshold = gc.get_threshold()
+    for pad in range(12):  # shift the allocation count until a collection falls where we need it
+        token = _core.checkpoint_save()
+
+        def on_gc(phase, info):
+            if phase == "start" and not junk and mc.graph_len() >= base + 3:  # the outputs exist
+                _core.checkpoint_restore(token)
+                junk.extend(Value(100.0) for _ in range(16))
+
+        out = None
+        gc.collect()
+        gc.callbacks.append(on_gc)
+        gc.set_threshold(1)
+        try:
+            padding = [[] for _ in range(pad)]
+            out = model(x)
+        except StaleValueError:
+            pass
+        finally:
+            gc.callbacks.remove(on_gc)
+            gc.set_threshold(*threshold)
+        if junk:
+            break
+        del out, padding
+        _core.checkpoint_restore(token)
+    assert junk, "no collection fell between the outputs' creation and their handles"
+    if out is not None:  # wrapped before the release: stale handles, never the junk
+        assert all(not o._alive for o in out)
+    assert all(j.data == 100.0 for j in junk)
