@@ -367,7 +367,7 @@ MG_API mg_value *mg_sum(mg_graph *g, mg_value *const *v, size_t n);
  * @param g the graph
  * @param a first vector (copied)
  * @param b second vector (copied)
- * @param n length
+ * @param n length, at most `UINT32_MAX / 4` (checked before the arrays are read)
  * @return new value or NULL.
  */
 MG_API mg_value *mg_dot(mg_graph *g, mg_value *const *a, mg_value *const *b, size_t n);
@@ -378,7 +378,7 @@ MG_API mg_value *mg_dot(mg_graph *g, mg_value *const *a, mg_value *const *b, siz
  * @param g the graph
  * @param w weights (copied)
  * @param x inputs (copied)
- * @param n length
+ * @param n length, at most `UINT32_MAX / 4`
  * @param bias the bias
  * @return new value or NULL.
  */
@@ -390,7 +390,7 @@ MG_API mg_value *mg_affine(mg_graph *g, mg_value *const *w, mg_value *const *x, 
  * @param g the graph
  * @param pred predictions (copied)
  * @param target targets (copied)
- * @param n length, at least 1
+ * @param n length, at least 1 and at most `UINT32_MAX / 4`
  * @return new value or NULL.
  */
 MG_API mg_value *mg_mse(mg_graph *g, mg_value *const *pred, mg_value *const *target, size_t n);
@@ -401,7 +401,7 @@ MG_API mg_value *mg_mse(mg_graph *g, mg_value *const *pred, mg_value *const *tar
  * @param g the graph
  * @param score scores (copied)
  * @param y labels, -1 or +1 (copied)
- * @param n length, at least 1
+ * @param n length, at least 1 and at most `UINT32_MAX / 4`
  * @return new value or NULL.
  */
 MG_API mg_value *mg_hinge(mg_graph *g, mg_value *const *score, mg_value *const *y, size_t n);
@@ -411,7 +411,7 @@ MG_API mg_value *mg_hinge(mg_graph *g, mg_value *const *score, mg_value *const *
  * `log(sum(exp(z[i] - m))) + m - z[t]`.
  * @param g the graph
  * @param logits the logits (copied)
- * @param n number of classes, at least 1
+ * @param n number of classes, at least 1 and at most `UINT32_MAX / 4`
  * @param target a value whose data is the class index t; it receives no gradient. A data that is
  *        not an integer in [0, n) makes the op fail with MG_EINVAL (frozen programs give NaN).
  * @return new value or NULL.

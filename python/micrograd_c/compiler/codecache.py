@@ -30,7 +30,7 @@ import tempfile
 import time
 import warnings
 from contextlib import contextmanager
-from typing import Any, Dict, Iterator, List, Optional, Sequence
+from typing import Any, Dict, Iterator, Optional, Sequence
 
 from .. import _core
 from .toolchain import CompileError, Toolchain, resolved_target, run_command
@@ -80,23 +80,24 @@ def _private_root(root: str) -> Optional[str]:
     return why
 
 
-_fallback: List[str] = []  # this process's private cache directory, once one was needed
+_fallback: Dict[int, str] = {}  # process id -> its private cache directory, once one was needed
 
 
 def _fallback_root() -> str:
     """A private directory for this process, removed when the process exits."""
-    if not _fallback or not os.path.isdir(_fallback[0]):
-        d = tempfile.mkdtemp(prefix="micrograd_c-cache-")  # mode 0700
+    pid = os.getpid()  # a forked child makes its own, and never removes its parent's
+    d = _fallback.get(pid)
+    if d is None or not os.path.isdir(d):
         if not _fallback:
             atexit.register(_remove_fallback)
-        _fallback[:] = [d]
-    return _fallback[0]
+        d = _fallback[pid] = tempfile.mkdtemp(prefix="micrograd_c-cache-")  # mode 0700
+    return d
 
 
 def _remove_fallback() -> None:
-    for d in _fallback:
+    d = _fallback.pop(os.getpid(), None)
+    if d:
         shutil.rmtree(d, ignore_errors=True)  # loaded libraries are private copies: safe
-    _fallback.clear()
 
 
 # ---- cache ----------------------------------------------------------------------------------
