@@ -25,37 +25,86 @@ namespace {
     throw py::error_already_set();
 }
 
-// Nodes for a sequence of Values and numbers. Numbers become constant leaves; at destruction
-// each constant's temporary reference is dropped, which frees it unless an op now uses it.
+// Nodes for a sequence of Values and numbers, in two phases, because converting a number may run
+// Python code (its __float__), and that code may change the sequence, drop Values or restore a
+// checkpoint:
+// 1. the constructor copies the sequence into a tuple (which holds a reference to every item,
+//    whatever the callback does to the sequence) and converts every number;
+// 2. resolve() (or resolve_all() over every sequence an op reads) looks the Values up (the
+//    liveness check) and makes the numbers constant leaves. No Python code runs from there to the
+//    C call that uses the nodes.
+// At destruction each constant's temporary reference is dropped, which frees it unless an op now
+// uses it.
 class Nodes {
   public:
     explicit Nodes(py::handle seq, const char *what) {
         if (!PySequence_Check(seq.ptr())) throw py::type_error(std::string(what) + ": expected a sequence");
-        Py_ssize_t n = PySequence_Size(seq.ptr());
-        if (n < 0) throw py::error_already_set();
-        v.reserve((size_t)n);
-        for (Py_ssize_t i = 0; i < n; i++) {
-            py::object o = py::reinterpret_steal<py::object>(PySequence_GetItem(seq.ptr(), i));
-            if (!o) throw py::error_already_set();
-            mg_value *node = mgpy::as_node(o.ptr());
+        items = py::reinterpret_steal<py::tuple>(PySequence_Tuple(seq.ptr()));
+        if (!items) throw py::error_already_set();
+        size_t n = items.size();
+        numbers.resize(n);
+        for (size_t i = 0; i < n; i++) {
+            PyObject *o = PyTuple_GET_ITEM(items.ptr(), (Py_ssize_t)i);
+            if (!mgpy::is_value(o) && !mgpy::as_number(o, &numbers[i])) {
+                if (PyErr_ExceptionMatches(PyExc_TypeError)) {
+                    PyErr_Clear();
+                    throw py::type_error(std::string(what) + ": expected Values or real numbers, got " +
+                                         Py_TYPE(o)->tp_name);
+                }
+                throw py::error_already_set();
+            }
+        }
+    }
+    void resolve() {
+        size_t n = items.size();
+        v.reserve(n);
+        for (size_t i = 0; i < n; i++) {
+            PyObject *o = PyTuple_GET_ITEM(items.ptr(), (Py_ssize_t)i);
+            mg_value *node = mgpy::is_value(o) ? mgpy::live(reinterpret_cast<mgpy::ValueObject *>(o))
+                                               : mgpy::constant(numbers[i]);
             if (!node) throw py::error_already_set();
-            if (!mgpy::is_value(o.ptr())) {
+            if (!mgpy::is_value(o)) {
                 mg_value_retain(node);
                 consts.push_back(node);
             }
             v.push_back(node);
         }
     }
+    size_t size() const { return items.size(); }
     ~Nodes() {
         for (mg_value *c : consts) mg_value_release(graph(), c);
     }
     Nodes(const Nodes &) = delete;
     Nodes &operator=(const Nodes &) = delete;
-    std::vector<mg_value *> v;
+    std::vector<mg_value *> v; // after resolve()
 
   private:
+    py::tuple items;
+    std::vector<double> numbers;
     std::vector<mg_value *> consts;
 };
+
+template <class... N> void resolve_all(N &...nodes) { (nodes.resolve(), ...); }
+
+// A size argument: an integer (anything with __index__) in [min, SIZE_MAX], else a one-line
+// TypeError or ValueError in micrograd_c's words.
+size_t count_arg(py::handle o, const char *what, const char *name, size_t min) {
+    if (!PyIndex_Check(o.ptr()))
+        throw py::type_error(std::string(what) + ": " + name + " must be an integer, not " +
+                             Py_TYPE(o.ptr())->tp_name);
+    py::object i = py::reinterpret_steal<py::object>(PyNumber_Index(o.ptr()));
+    if (!i) throw py::error_already_set();
+    int overflow = 0;
+    long long v = PyLong_AsLongLongAndOverflow(i.ptr(), &overflow);
+    if (v == -1 && PyErr_Occurred()) throw py::error_already_set();
+    if (overflow > 0 || (v > 0 && (unsigned long long)v > (unsigned long long)SIZE_MAX))
+        throw py::value_error(std::string(what) + ": " + name + " " + py::str(i).cast<std::string>() +
+                              " is too many");
+    if (overflow < 0 || v < (long long)min)
+        throw py::value_error(std::string(what) + ": " + name + " must be at least " + std::to_string(min) +
+                              ", got " + py::str(i).cast<std::string>());
+    return (size_t)v;
+}
 
 py::object wrap(mg_value *v, const char *what) {
     if (!v) throw_graph_error(what);
@@ -64,9 +113,20 @@ py::object wrap(mg_value *v, const char *what) {
     return py::reinterpret_steal<py::object>(o);
 }
 
+// Handles for n nodes: the serials are read before the first handle is allocated (allocation
+// may run Python code that releases nodes: see mgpy::wrap_serial).
 py::list wrap_all(mg_value *const *v, size_t n, const char *what) {
+    std::vector<uint64_t> serials(n);
+    for (size_t i = 0; i < n; i++) {
+        if (!v[i]) throw_graph_error(what);
+        serials[i] = mg_value_serial(v[i]);
+    }
     py::list out(n);
-    for (size_t i = 0; i < n; i++) out[i] = wrap(v[i], what);
+    for (size_t i = 0; i < n; i++) {
+        PyObject *o = mgpy::wrap_serial(v[i], serials[i]);
+        if (!o) throw py::error_already_set();
+        PyList_SET_ITEM(out.ptr(), (Py_ssize_t)i, o);
+    }
     return out;
 }
 
@@ -84,7 +144,10 @@ void check_len(size_t a, size_t b, const char *what) {
                               std::to_string(a) + " and " + std::to_string(b));
 }
 
-mg_activation activation_of(const std::string &name) {
+mg_activation activation_of(py::handle o) {
+    if (!PyUnicode_Check(o.ptr()))
+        throw py::type_error(std::string("activation must be a string, not ") + Py_TYPE(o.ptr())->tp_name);
+    std::string name = o.cast<std::string>();
     int a = mg_activation_from_name(name.c_str());
     if (a < 0) {
         std::string known;
@@ -100,9 +163,22 @@ const char *activation_name(mg_activation a) { return mg_activation_name(a); }
 
 using Owner = std::shared_ptr<void>;
 
-void set_param_data(const std::vector<mg_value *> &ps, py::handle values, const char *what) {
+// Raises StaleValueError when a model's parameters were released (see mg_mlp_is_live).
+void require_live(int live) {
+    if (live) return;
+    mgpy::set_stale_model_error();
+    throw py::error_already_set();
+}
+
+// Converts `values` (which may run Python code: array conversion calls __float__), then checks
+// the model and writes: nothing runs between the check and the writes.
+template <class M> void set_param_data(const M &m, py::handle values, const char *what) {
     auto arr = py::array_t<double, py::array::c_style | py::array::forcecast>::ensure(values);
-    if (!arr) throw py::type_error(std::string(what) + ": expected an array of numbers");
+    if (!arr) {
+        PyErr_Clear();
+        throw py::type_error(std::string(what) + ": expected an array of numbers");
+    }
+    std::vector<mg_value *> ps = m.params();
     if ((size_t)arr.size() != ps.size())
         throw py::value_error(std::string(what) + ": expected " + std::to_string(ps.size()) +
                               " parameters, got " + std::to_string(arr.size()));
@@ -124,10 +200,13 @@ py::array_t<double> get_param_grad(const std::vector<mg_value *> &ps) {
     return out;
 }
 
+// The structs' parameters, after checking that none was released (StaleValueError otherwise).
 struct Neuron {
     Owner owner;
     mg_neuron *n;
+    int live() const { return mg_neuron_is_live(n); }
     std::vector<mg_value *> params() const {
+        require_live(live());
         std::vector<mg_value *> p(mg_neuron_param_count(n));
         mg_neuron_params(n, p.data());
         return p;
@@ -137,7 +216,9 @@ struct Neuron {
 struct Layer {
     Owner owner;
     mg_layer *l;
+    int live() const { return mg_layer_is_live(l); }
     std::vector<mg_value *> params() const {
+        require_live(live());
         std::vector<mg_value *> p(mg_layer_param_count(l));
         mg_layer_params(l, p.data());
         return p;
@@ -147,20 +228,25 @@ struct Layer {
 struct MLP {
     Owner owner;
     mg_mlp *m;
+    int live() const { return mg_mlp_is_live(m); }
     std::vector<mg_value *> params() const {
+        require_live(live());
         std::vector<mg_value *> p(mg_mlp_param_count(m));
         mg_mlp_params(m, p.data());
         return p;
     }
 };
 
-py::object call_layerlike(size_t nin, size_t nout, py::handle x, const char *what,
+template <class M>
+py::object call_layerlike(const M &model, size_t nin, size_t nout, py::handle x, const char *what,
                           int (*call)(mg_graph *, const void *, mg_value *const *, mg_value **),
                           const void *obj) {
     Nodes in(x, what);
-    if (in.v.size() != nin)
+    if (in.size() != nin)
         throw py::value_error(std::string(what) + ": expected " + std::to_string(nin) +
-                              " inputs, got " + std::to_string(in.v.size()));
+                              " inputs, got " + std::to_string(in.size()));
+    in.resolve();
+    require_live(model.live());
     std::vector<mg_value *> out(nout);
     if (call(graph(), obj, in.v.data(), out.data()) != MG_OK) throw_graph_error(what);
     return wrap_all(out.data(), nout, what);
@@ -278,30 +364,35 @@ PYBIND11_MODULE(_core, m, py::mod_gil_used()) {
     // ---- variadic ops and losses ------------------------------------------------------------
     m.def("sum", [](py::handle values) {
         Nodes v(values, "sum");
+        v.resolve();
         return wrap(mg_sum(graph(), v.v.data(), v.v.size()), "sum");
     }, py::arg("values"), "Sum of Values, added left to right, as one node.");
     m.def("dot", [](py::handle a, py::handle b) {
         Nodes x(a, "dot"), y(b, "dot");
-        check_len(x.v.size(), y.v.size(), "dot");
+        check_len(x.size(), y.size(), "dot");
+        resolve_all(x, y);
         return wrap(mg_dot(graph(), x.v.data(), y.v.data(), x.v.size()), "dot");
     }, py::arg("a"), py::arg("b"), "Dot product of two sequences, as one node.");
     m.def("affine", [](py::handle w, py::handle x, py::handle b) {
         Nodes ws(w, "affine"), xs(x, "affine");
-        check_len(ws.v.size(), xs.v.size(), "affine");
+        check_len(ws.size(), xs.size(), "affine");
         py::list bl;
         bl.append(b);
         Nodes bs(bl, "affine");
+        resolve_all(ws, xs, bs);
         return wrap(mg_affine(graph(), ws.v.data(), xs.v.data(), ws.v.size(), bs.v[0]), "affine");
     }, py::arg("w"), py::arg("x"), py::arg("b"),
        "b + w[0]*x[0] + ... in micrograd's order, as one node.");
     m.def("mse", [](py::handle p, py::handle t) {
         Nodes x(p, "mse"), y(t, "mse");
-        check_len(x.v.size(), y.v.size(), "mse");
+        check_len(x.size(), y.size(), "mse");
+        resolve_all(x, y);
         return wrap(mg_mse(graph(), x.v.data(), y.v.data(), x.v.size()), "mse");
     }, py::arg("pred"), py::arg("target"), "Mean squared error.");
     m.def("hinge", [](py::handle s, py::handle y) {
         Nodes x(s, "hinge"), t(y, "hinge");
-        check_len(x.v.size(), t.v.size(), "hinge");
+        check_len(x.size(), t.size(), "hinge");
+        resolve_all(x, t);
         return wrap(mg_hinge(graph(), x.v.data(), t.v.data(), x.v.size()), "hinge");
     }, py::arg("scores"), py::arg("labels"), "Mean max-margin loss of micrograd's moons demo.");
     m.def("cross_entropy", [](py::handle logits, py::handle target) {
@@ -309,13 +400,15 @@ PYBIND11_MODULE(_core, m, py::mod_gil_used()) {
         py::list tl;
         tl.append(target);
         Nodes t(tl, "cross_entropy");
+        resolve_all(z, t);
         return wrap(mg_cross_entropy(graph(), z.v.data(), z.v.size(), t.v[0]), "cross_entropy");
     }, py::arg("logits"), py::arg("target"), "Softmax cross-entropy from logits (stable).");
 
     // ---- nn ---------------------------------------------------------------------------------
     py::class_<Neuron>(m, "Neuron")
-        .def(py::init([](size_t nin, const std::string &act) {
-                 mg_neuron *n = mg_neuron_init(graph(), nin, activation_of(act), MG_INIT_UNIFORM, nullptr);
+        .def(py::init([](py::handle nin, py::handle act) {
+                 size_t n_in = count_arg(nin, "Neuron", "nin", 1);
+                 mg_neuron *n = mg_neuron_init(graph(), n_in, activation_of(act), MG_INIT_UNIFORM, nullptr);
                  if (!n) throw_graph_error("Neuron");
                  Owner o(n, [](void *p) { mg_neuron_free(static_cast<mg_neuron *>(p)); });
                  return Neuron{o, n};
@@ -323,45 +416,61 @@ PYBIND11_MODULE(_core, m, py::mod_gil_used()) {
              py::arg("nin"), py::arg("activation") = "relu")
         .def("__call__", [](const Neuron &n, py::handle x) {
             Nodes in(x, "Neuron");
-            if (in.v.size() != mg_neuron_nin(n.n))
+            if (in.size() != mg_neuron_nin(n.n))
                 throw py::value_error("Neuron: expected " + std::to_string(mg_neuron_nin(n.n)) +
-                                      " inputs, got " + std::to_string(in.v.size()));
+                                      " inputs, got " + std::to_string(in.size()));
+            in.resolve();
+            require_live(n.live());
             return wrap(mg_neuron_call(graph(), n.n, in.v.data()), "Neuron");
         }, py::arg("x"))
         .def("params", [](const Neuron &n) { auto p = n.params(); return wrap_all(p.data(), p.size(), "params"); })
         .def("get_data", [](const Neuron &n) { return get_param_data(n.params()); })
-        .def("set_data", [](const Neuron &n, py::handle a) { set_param_data(n.params(), a, "Neuron"); })
+        .def("set_data", [](const Neuron &n, py::handle a) { set_param_data(n, a, "Neuron"); })
         .def_property_readonly("nin", [](const Neuron &n) { return mg_neuron_nin(n.n); })
         .def_property("activation",
                       [](const Neuron &n) { return activation_name(mg_neuron_activation(n.n)); },
-                      [](Neuron &n, const std::string &a) { mg_neuron_set_activation(n.n, activation_of(a)); });
+                      [](Neuron &n, py::handle a) { mg_neuron_set_activation(n.n, activation_of(a)); });
 
     py::class_<Layer>(m, "Layer")
-        .def(py::init([](size_t nin, size_t nout, const std::string &act) {
-                 mg_layer *l = mg_layer_init(graph(), nin, nout, activation_of(act), MG_INIT_UNIFORM, nullptr);
+        .def(py::init([](py::handle nin, py::handle nout, py::handle act) {
+                 size_t n_in = count_arg(nin, "Layer", "nin", 1), n_out = count_arg(nout, "Layer", "nout", 1);
+                 mg_layer *l = mg_layer_init(graph(), n_in, n_out, activation_of(act), MG_INIT_UNIFORM, nullptr);
                  if (!l) throw_graph_error("Layer");
                  Owner o(l, [](void *p) { mg_layer_free(static_cast<mg_layer *>(p)); });
                  return Layer{o, l};
              }),
              py::arg("nin"), py::arg("nout"), py::arg("activation") = "relu")
         .def("__call__", [](const Layer &l, py::handle x) {
-            return call_layerlike(mg_layer_nin(l.l), mg_layer_nout(l.l), x, "Layer", layer_call, l.l);
+            return call_layerlike(l, mg_layer_nin(l.l), mg_layer_nout(l.l), x, "Layer", layer_call, l.l);
         }, py::arg("x"))
-        .def("neuron", [](const Layer &l, size_t i) {
-            mg_neuron *n = mg_layer_neuron(l.l, i);
+        .def("neuron", [](const Layer &l, py::handle i) {
+            mg_neuron *n = mg_layer_neuron(l.l, count_arg(i, "neuron", "index", 0));
             if (!n) throw py::index_error("neuron index out of range");
             return Neuron{l.owner, n};
         }, py::arg("i"))
         .def("params", [](const Layer &l) { auto p = l.params(); return wrap_all(p.data(), p.size(), "params"); })
         .def("get_data", [](const Layer &l) { return get_param_data(l.params()); })
-        .def("set_data", [](const Layer &l, py::handle a) { set_param_data(l.params(), a, "Layer"); })
+        .def("set_data", [](const Layer &l, py::handle a) { set_param_data(l, a, "Layer"); })
         .def_property_readonly("nin", [](const Layer &l) { return mg_layer_nin(l.l); })
         .def_property_readonly("nout", [](const Layer &l) { return mg_layer_nout(l.l); });
 
     py::class_<MLP>(m, "MLP")
-        .def(py::init([](size_t nin, std::vector<size_t> nouts, const std::string &act) {
-                 if (nouts.empty()) throw py::value_error("MLP: at least one layer is needed");
-                 mg_mlp *mm = mg_mlp_init(graph(), nin, nouts.data(), nouts.size(), activation_of(act),
+        .def(py::init([](py::handle nin, py::handle nouts, py::handle act) {
+                 size_t n_in = count_arg(nin, "MLP", "nin", 1);
+                 if (!PySequence_Check(nouts.ptr()) || PyUnicode_Check(nouts.ptr()))
+                     throw py::type_error(std::string("MLP: nouts must be a sequence of layer widths, not ") +
+                                          Py_TYPE(nouts.ptr())->tp_name);
+                 py::tuple ws = py::reinterpret_steal<py::tuple>(PySequence_Tuple(nouts.ptr()));
+                 if (!ws) throw py::error_already_set();
+                 std::vector<size_t> widths;
+                 for (py::handle w : ws) {
+                     if (!PyIndex_Check(w.ptr()))
+                         throw py::type_error(std::string("MLP: layer widths must be integers, not ") +
+                                              Py_TYPE(w.ptr())->tp_name);
+                     widths.push_back(count_arg(w, "MLP", "layer width", 1));
+                 }
+                 if (widths.empty()) throw py::value_error("MLP: at least one layer is needed");
+                 mg_mlp *mm = mg_mlp_init(graph(), n_in, widths.data(), widths.size(), activation_of(act),
                                           MG_INIT_UNIFORM, nullptr);
                  if (!mm) throw_graph_error("MLP");
                  Owner o(mm, [](void *p) { mg_mlp_free(static_cast<mg_mlp *>(p)); });
@@ -369,17 +478,17 @@ PYBIND11_MODULE(_core, m, py::mod_gil_used()) {
              }),
              py::arg("nin"), py::arg("nouts"), py::arg("activation") = "relu")
         .def("__call__", [](const MLP &mm, py::handle x) {
-            return call_layerlike(mg_mlp_nin(mm.m), mg_mlp_nout(mm.m), x, "MLP", mlp_call, mm.m);
+            return call_layerlike(mm, mg_mlp_nin(mm.m), mg_mlp_nout(mm.m), x, "MLP", mlp_call, mm.m);
         }, py::arg("x"))
-        .def("layer", [](const MLP &mm, size_t i) {
-            mg_layer *l = mg_mlp_layer(mm.m, i);
+        .def("layer", [](const MLP &mm, py::handle i) {
+            mg_layer *l = mg_mlp_layer(mm.m, count_arg(i, "layer", "index", 0));
             if (!l) throw py::index_error("layer index out of range");
             return Layer{mm.owner, l};
         }, py::arg("i"))
         .def("params", [](const MLP &mm) { auto p = mm.params(); return wrap_all(p.data(), p.size(), "params"); })
         .def("get_data", [](const MLP &mm) { return get_param_data(mm.params()); })
         .def("get_grad", [](const MLP &mm) { return get_param_grad(mm.params()); })
-        .def("set_data", [](const MLP &mm, py::handle a) { set_param_data(mm.params(), a, "MLP"); })
+        .def("set_data", [](const MLP &mm, py::handle a) { set_param_data(mm, a, "MLP"); })
         .def_property_readonly("nin", [](const MLP &mm) { return mg_mlp_nin(mm.m); })
         .def_property_readonly("nlayers", [](const MLP &mm) { return mg_mlp_nlayers(mm.m); });
 
@@ -529,6 +638,14 @@ PYBIND11_MODULE(_core, m, py::mod_gil_used()) {
             return out;
         }, py::arg("prefix") = "mgc_", py::arg("inference_only") = false, py::arg("float32") = false,
            py::arg("max_kernels") = 0)
+        .def("describe", [](Tape &tp) {
+            size_t len = 0;
+            char *text = mg_tape_describe(tp.t.get(), &len);
+            if (!text) throw std::bad_alloc();
+            py::str out(text, len);
+            mg_tape_free_source(tp.t.get(), text);
+            return out;
+        }, "A readable listing of the frozen programs (loop nests, loops, losses).")
         .def("attach", [](Tape &tp, uintptr_t program, py::object owner) {
             std::lock_guard<std::mutex> lock(tp.run);
             if (!program) {

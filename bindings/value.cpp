@@ -4,11 +4,50 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <string>
+#include <vector>
 
 namespace mgpy {
 
 PyObject *StaleValueError = nullptr;
+
+namespace {
+
+// Checkpoint domains, one per live thread (see graph()). Domain 0 is never handed out: it is
+// what threads beyond the 255th share. Ids return to the pool when their thread exits (the
+// thread_local's destructor, which runs without the GIL: hence the mutex).
+std::mutex domain_lock;
+uint64_t domain_taken[4] = {1, 0, 0, 0}; // bit d of the 256: domain d is some live thread's
+
+struct ThreadDomain {
+    int id = 0;
+    ~ThreadDomain() {
+        if (id <= 0) return;
+        std::lock_guard<std::mutex> hold(domain_lock);
+        domain_taken[id >> 6] &= ~(1ull << (id & 63));
+    }
+};
+
+thread_local ThreadDomain this_thread; // returns the id at thread exit
+thread_local int this_domain = -1;     // the hot path: a plain int, no TLS wrapper call
+
+int new_thread_domain() {
+    std::lock_guard<std::mutex> hold(domain_lock);
+    int id = 0;
+    for (int d = 1; d < 256; d++)
+        if (!(domain_taken[d >> 6] & (1ull << (d & 63)))) {
+            domain_taken[d >> 6] |= 1ull << (d & 63);
+            id = d;
+            break;
+        }
+    this_thread.id = id;
+    return this_domain = id;
+}
+
+int current_domain = -1; // the graph's domain as last set (every caller holds the GIL)
+
+} // namespace
 
 mg_graph *graph() {
     // Lives as long as the process: handles may be deallocated during interpreter shutdown, in
@@ -18,7 +57,19 @@ mg_graph *graph() {
         if (gg) mg_graph_set_autofree(gg, 1);
         return gg;
     }();
+    // Every caller holds the GIL, so the domain stays the caller's until it returns.
+    int d = this_domain >= 0 ? this_domain : new_thread_domain();
+    if (d != current_domain && g) {
+        mg_graph_set_domain(g, d);
+        current_domain = d;
+    }
     return g;
+}
+
+void set_stale_model_error() {
+    PyErr_SetString(StaleValueError,
+                    "this model's parameters were released: it was created inside a checkpoint() "
+                    "block that has exited (create models before entering the checkpoint)");
 }
 
 PyObject *raise_graph_error(const char *what) {
@@ -143,42 +194,69 @@ PyObject *attach(ValueObject *h, mg_value *v) {
     return reinterpret_cast<PyObject *>(h);
 }
 
-PyObject *new_handle(mg_value *v) {
-    ValueObject *h = PyObject_New(ValueObject, &ValueType);
-    return h ? attach(h, v) : nullptr;
-}
-
-} // namespace
-
-PyObject *wrap(mg_value *v) {
-    if (!v) return raise_graph_error("operation");
-    ValueObject *h = handles.get(v);
-    if (h && h->serial == mg_value_serial(v)) {
-        Py_INCREF(h);
-        return reinterpret_cast<PyObject *>(h);
-    }
-    return new_handle(v);
-}
-
-mg_value *live(ValueObject *h) {
-    if (mg_value_is_live(h->v, h->serial)) return h->v;
+PyObject *stale_error() {
     PyErr_SetString(StaleValueError,
                     "this Value was released (its graph was restored to an earlier checkpoint)");
     return nullptr;
 }
 
-mg_value *as_node(PyObject *o) {
-    if (is_value(o)) return live(reinterpret_cast<ValueObject *>(o));
-    double x;
-    if (!read_number(o, &x)) {
-        if (!PyErr_Occurred())
-            PyErr_Format(PyExc_TypeError, "expected a Value or a real number, got %.200s",
-                         Py_TYPE(o)->tp_name);
-        return nullptr;
+// The live canonical handle of (v, serial), or nullptr.
+ValueObject *canonical(mg_value *v, uint64_t serial) {
+    ValueObject *h = handles.get(v);
+    return h && h->serial == serial ? h : nullptr;
+}
+
+} // namespace
+
+PyObject *wrap_serial(mg_value *v, uint64_t serial) {
+    if (!mg_value_is_live(v, serial)) return stale_error();
+    ValueObject *h = canonical(v, serial);
+    if (!h) {
+        h = PyObject_New(ValueObject, &ValueType); // may run Python code
+        if (!h) return nullptr;
+        h->v = nullptr; // an empty handle deallocates harmlessly
+        h->serial = 0;
+        ValueObject *other = canonical(v, serial);
+        if (!mg_value_is_live(v, serial) || other) {
+            Py_DECREF(h);
+            if (!other) return stale_error();
+            h = other; // Python code made one meanwhile
+        } else {
+            return attach(h, v);
+        }
     }
+    Py_INCREF(h);
+    return reinterpret_cast<PyObject *>(h);
+}
+
+PyObject *wrap(mg_value *v) {
+    if (!v) return raise_graph_error("operation");
+    return wrap_serial(v, mg_value_serial(v));
+}
+
+mg_value *live(ValueObject *h) {
+    if (mg_value_is_live(h->v, h->serial)) return h->v;
+    stale_error();
+    return nullptr;
+}
+
+bool as_number(PyObject *o, double *out) {
+    if (!is_value(o) && read_number(o, out)) return true;
+    if (!PyErr_Occurred())
+        PyErr_Format(PyExc_TypeError, "expected a Value or a real number, got %.200s", Py_TYPE(o)->tp_name);
+    return false;
+}
+
+mg_value *constant(double x) {
     mg_value *c = mg_scalar(graph(), x);
     if (!c) raise_graph_error("constant");
     return c;
+}
+
+mg_value *as_node(PyObject *o) {
+    if (is_value(o)) return live(reinterpret_cast<ValueObject *>(o));
+    double x;
+    return as_number(o, &x) ? constant(x) : nullptr;
 }
 
 // ---- the type -----------------------------------------------------------------------------
@@ -216,51 +294,96 @@ PyObject *value_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
                          Py_TYPE(data)->tp_name);
         return nullptr;
     }
+    // the handle first: allocating it may run Python code (finalizers), the node no code
+    ValueObject *h = reinterpret_cast<ValueObject *>(type->tp_alloc(type, 0)); // zeroed: empty
+    if (!h) return nullptr;
     mg_value *v = mg_scalar(graph(), x);
-    if (!v) return raise_graph_error("Value");
-    ValueObject *h = reinterpret_cast<ValueObject *>(type->tp_alloc(type, 0));
-    if (!h) {
-        mg_value_retain(v);
-        mg_value_release(graph(), v);
-        return nullptr;
+    if (!v) {
+        Py_DECREF(h);
+        return raise_graph_error("Value");
     }
     return attach(h, v);
 }
 
-// Frees a constant made for a failed binary op (it has no other reference).
-inline void drop_if_const(PyObject *o, mg_value *n) {
-    if (n && !is_value(o)) {
+// Frees a node made for a failed op (a constant, or the divisor's reciprocal): it has no other
+// reference. NULL is a no-op.
+inline void drop_temp(mg_value *n) {
+    if (n) {
         mg_value_retain(n);
         mg_value_release(graph(), n);
     }
 }
 
-// Binary op in Python operand order (lhs op rhs); either side may be a number.
+// The exceptions Python's float `x ** k` raises, which micrograd's __pow__ (and its division,
+// `a * b**-1`) inherit: false with the exception set.
+bool pow_allowed(double x, double k) {
+    if (x == 0.0 && k < 0.0) {
+        PyErr_SetString(PyExc_ZeroDivisionError, "0.0 cannot be raised to a negative power");
+        return false;
+    }
+    if (std::isinf(std::pow(x, k)) && std::isfinite(x) && std::isfinite(k)) {
+        PyErr_SetString(PyExc_OverflowError, "(34, 'Numerical result out of range')");
+        return false;
+    }
+    return true;
+}
+
+// `lhs / rhs` as micrograd computes it, `lhs * rhs**-1`: a product with the divisor's reciprocal
+// (a pow node when the divisor is a Value, the constant `x ** -1` when it is a number), so data
+// and gradients are micrograd's bit for bit (one IEEE division rounds differently: 7/3).
+PyObject *divide(PyObject *lhs, PyObject *rhs, bool lv, bool rv, double x) {
+    mg_value *a = nullptr, *t = nullptr;
+    if (rv) {
+        mg_value *b = live(reinterpret_cast<ValueObject *>(rhs));
+        if (!b || !pow_allowed(mg_data(b), -1.0)) return nullptr;
+        a = lv ? live(reinterpret_cast<ValueObject *>(lhs)) : constant(x);
+        if (!a) return nullptr;
+        t = mg_apply(graph(), MG_OP_POW, b, nullptr, -1.0);
+        if (!t) {
+            if (!lv) drop_temp(a);
+            return raise_graph_error("pow");
+        }
+    } else {
+        if (!pow_allowed(x, -1.0)) return nullptr;
+        a = live(reinterpret_cast<ValueObject *>(lhs));
+        if (!a) return nullptr;
+        t = constant(std::pow(x, -1.0));
+        if (!t) return nullptr;
+    }
+    // micrograd: `self * other**-1`, and for a number on the left `other * self**-1`, which
+    // Python turns into `(self**-1) * other`
+    mg_value *y = lv ? mg_apply(graph(), MG_OP_MUL, a, t, 0.0) : mg_apply(graph(), MG_OP_MUL, t, a, 0.0);
+    if (!y) {
+        drop_temp(t);
+        if (!lv) drop_temp(a);
+        return raise_graph_error("mul");
+    }
+    return wrap(y);
+}
+
+// Binary op in Python operand order (lhs op rhs); either side may be a number. The number is
+// converted first: its __float__ may run Python code, which may release Values. Values are
+// resolved to nodes only afterwards, and no Python code runs between that and the op.
 PyObject *binary(int op, PyObject *lhs, PyObject *rhs) {
-    if (!is_value(lhs) && !is_value(rhs)) Py_RETURN_NOTIMPLEMENTED;
-    double x;
-    PyObject *other = is_value(lhs) ? rhs : lhs;
-    if (!is_value(other) && !read_number(other, &x)) {
+    bool lv = is_value(lhs), rv = is_value(rhs);
+    if (!lv && !rv) Py_RETURN_NOTIMPLEMENTED;
+    double x = 0.0;
+    if ((!lv || !rv) && !read_number(lv ? rhs : lhs, &x)) {
         if (PyErr_Occurred()) return nullptr;
         Py_RETURN_NOTIMPLEMENTED;
     }
-    mg_value *a = as_node(lhs);
+    if (op == MG_OP_DIV) return divide(lhs, rhs, lv, rv, x);
+    mg_value *a = lv ? live(reinterpret_cast<ValueObject *>(lhs)) : constant(x);
     if (!a) return nullptr;
-    mg_value *b = as_node(rhs);
+    mg_value *b = rv ? live(reinterpret_cast<ValueObject *>(rhs)) : constant(x);
     if (!b) {
-        drop_if_const(lhs, a);
-        return nullptr;
-    }
-    if (op == MG_OP_DIV && mg_data(b) == 0.0) { // micrograd: b ** -1 raises
-        drop_if_const(lhs, a);
-        drop_if_const(rhs, b);
-        PyErr_SetString(PyExc_ZeroDivisionError, "float division by zero");
+        if (!lv) drop_temp(a);
         return nullptr;
     }
     mg_value *y = mg_apply(graph(), op, a, b, 0.0);
     if (!y) {
-        drop_if_const(lhs, a);
-        drop_if_const(rhs, b);
+        if (!lv) drop_temp(a);
+        if (!rv) drop_temp(b);
         return raise_graph_error(mg_op_name(op));
     }
     return wrap(y);
@@ -288,21 +411,20 @@ PyObject *nb_pow(PyObject *base, PyObject *exp, PyObject *mod) {
             Py_RETURN_NOTIMPLEMENTED;
         }
         mg_value *a = live(reinterpret_cast<ValueObject *>(base));
-        if (!a) return nullptr;
-        double x = mg_data(a);
-        // the exceptions Python's float ** raises, which micrograd's __pow__ inherits
-        if (x == 0.0 && k < 0.0) {
-            PyErr_SetString(PyExc_ZeroDivisionError, "0.0 cannot be raised to a negative power");
-            return nullptr;
-        }
-        double y = std::pow(x, k);
-        if (std::isinf(y) && std::isfinite(x) && std::isfinite(k)) {
-            PyErr_SetString(PyExc_OverflowError, "(34, 'Numerical result out of range')");
-            return nullptr;
-        }
+        if (!a || !pow_allowed(mg_data(a), k)) return nullptr;
         return unary(MG_OP_POW, base, k);
     }
     return binary(MG_OP_POWV, base, exp); // a Value as exponent, or number ** Value
+}
+
+// A method form of an operator (v.add(w)): where the operator returns NotImplemented (so that
+// Python tries the other operand), a method call has nobody to defer to and raises.
+PyObject *method_result(PyObject *r, int op, PyObject *arg) {
+    if (r != Py_NotImplemented) return r;
+    Py_DECREF(r);
+    PyErr_Format(PyExc_TypeError, "%s(): expected a Value or a real number, got %.200s", mg_op_name(op),
+                 Py_TYPE(arg)->tp_name);
+    return nullptr;
 }
 
 // Methods generated from the op table: every elementwise op without a constant is a method
@@ -313,7 +435,7 @@ PyObject *unary_method(int op, PyObject *self, PyObject *const *args, Py_ssize_t
             PyErr_SetString(PyExc_TypeError, "pow() takes exactly one argument (the exponent)");
             return nullptr;
         }
-        return nb_pow(self, args[0], Py_None);
+        return method_result(nb_pow(self, args[0], Py_None), op, args[0]);
     }
     if (n != 0) {
         PyErr_Format(PyExc_TypeError, "%s() takes no arguments", mg_op_name(op));
@@ -326,7 +448,9 @@ PyObject *unary_method(int op, PyObject *self, PyObject *const *args, Py_ssize_t
         return unary_method(MG_OP_##id, self, args, n); \
     }
 #define MG__M2(id) \
-    PyObject *m_##id(PyObject *self, PyObject *o) { return binary(MG_OP_##id, self, o); }
+    PyObject *m_##id(PyObject *self, PyObject *o) { \
+        return method_result(binary(MG_OP_##id, self, o), MG_OP_##id, o); \
+    }
 #define MG__METH_S(id, name, sym, ar, f, da, db) MG__M##ar(id)
 #define MG__METH_N(id, name, sym)
 MG_OP_LIST(MG__METH_S, MG__METH_N)
@@ -352,8 +476,7 @@ int set_number(PyObject *self, PyObject *o, void (*set)(mg_value *, double), con
         PyErr_Format(PyExc_AttributeError, "cannot delete %s", what);
         return -1;
     }
-    mg_value *v = live(reinterpret_cast<ValueObject *>(self));
-    if (!v) return -1;
+    // the number first: its __float__ may run Python code that releases this Value
     double x;
     if (is_value(o) || !read_number(o, &x)) {
         if (!PyErr_Occurred())
@@ -361,6 +484,8 @@ int set_number(PyObject *self, PyObject *o, void (*set)(mg_value *, double), con
                          Py_TYPE(o)->tp_name);
         return -1;
     }
+    mg_value *v = live(reinterpret_cast<ValueObject *>(self));
+    if (!v) return -1;
     set(v, x);
     return 0;
 }
@@ -370,11 +495,18 @@ int set_grad(PyObject *self, PyObject *o, void *) { return set_number(self, o, m
 PyObject *get_prev(PyObject *self, void *) {
     mg_value *v = live(reinterpret_cast<ValueObject *>(self));
     if (!v) return nullptr;
+    // operands and serials first: wrapping and set insertion allocate, which may run Python code
+    size_t n = mg_value_noperands(v);
+    std::vector<mg_value *> ops(n);
+    std::vector<uint64_t> serials(n);
+    for (size_t i = 0; i < n; i++) {
+        ops[i] = mg_value_operand(v, i);
+        serials[i] = mg_value_serial(ops[i]);
+    }
     PyObject *s = PySet_New(nullptr);
     if (!s) return nullptr;
-    size_t n = mg_value_noperands(v);
     for (size_t i = 0; i < n; i++) {
-        PyObject *c = wrap(mg_value_operand(v, i));
+        PyObject *c = wrap_serial(ops[i], serials[i]);
         if (!c || PySet_Add(s, c) < 0) {
             Py_XDECREF(c);
             Py_DECREF(s);

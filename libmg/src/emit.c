@@ -358,6 +358,92 @@ fail:
     return NULL;
 }
 
+/* ---- a readable listing ----------------------------------------------------------------------- */
+
+static const char *const arr_names[MGK_NARR] = {"data", "grad", "packed", "packed_grad"};
+static const char *const mode_names[4] = {"=", "= 0 +", "= init +", "+="};
+
+static void describe_ref(sbuf *b, const mgk_nest *N, const mgk_ref *X, const char *name) {
+    static const char *const idx[MGK_MAXD] = {"i0", "i1", "i2", "i3", "r0", "r1", "r2", "r3"};
+    putf(b, "%s%s[%s%lld", name, X->gather ? "@table" : "", X->gather ? "" : arr_names[X->arr], (long long)X->base);
+    if (X->ts) putf(b, " %+lld*t", (long long)X->ts);
+    for (int d = 0; d < MGK_MAXD; d++)
+        if (N->n[d] > 1 && X->s[d]) putf(b, " %+lld*%s", (long long)X->s[d], idx[d]);
+    puts_(b, "]");
+}
+
+static void describe_nest(sbuf *b, const mg_tape *t, size_t k, const char *indent) {
+    const mgk_nest *N = &t->nests[k];
+    static const char *const term_names[MGK_NTERMS] = {"x0", "x0*x1", "op", "dA*x3", "dB*x3"};
+    putf(b, "%snest %zu: (", indent, k);
+    int first = 1;
+    for (int d = 0; d < MGK_MAXO; d++)
+        if (N->n[d] > 1) putf(b, "%s%lld", first ? "" : ", ", (long long)N->n[d]), first = 0;
+    puts_(b, " | ");
+    first = 1;
+    for (int d = MGK_MAXO; d < MGK_MAXD; d++)
+        if (N->n[d] != 1) putf(b, "%s%lld", first ? "" : ", ", (long long)N->n[d]), first = 0;
+    putf(b, ") %s ", N->mode == MGK_SET ? "set" : N->mode == MGK_ACC ? "acc" : "sum");
+    describe_ref(b, N, &N->out, "out");
+    putf(b, " %s %s", mode_names[N->mode], N->term >= MGK_T_OP ? mg_op_name(N->op) : term_names[N->term]);
+    if (N->term == MGK_T_DA || N->term == MGK_T_DB) puts_(b, N->term == MGK_T_DA ? "'A" : "'B");
+    puts_(b, "  ");
+    if (N->mode == MGK_SUMI) {
+        describe_ref(b, N, &N->init, "init");
+        puts_(b, " ");
+    }
+    static const char *const xn[4] = {"x0", "x1", "x2", "x3"};
+    int nx = N->term == MGK_T_ONE ? 1 : N->term == MGK_T_MUL ? 2 : N->term == MGK_T_OP ? mg_op__arity[N->op] : 4;
+    for (int j = 0; j < nx; j++) {
+        describe_ref(b, N, &N->x[j], xn[j]);
+        puts_(b, " ");
+    }
+    putf(b, "%s%s%s%s%s\n", N->flags & MGK_F_BLOCK ? " [blocks]" : "", N->flags & MGK_F_SPLIT ? " [split sums]" : "",
+         N->flags & MGK_F_STEP ? " [fused SGD]" : "", N->flags & MGK_F_SCATTER ? " [scatter]" : "",
+         t->kern && t->kern[k] ? " [compiled]" : "");
+}
+
+static void describe_prog(sbuf *b, const mg_tape *t, const mg_instr *prog, size_t len) {
+    for (size_t i = 0; i < len; i++) {
+        const mg_instr *in = &prog[i];
+        if (in->kind == MG_I_SEQ) {
+            putf(b, "  loop t = %s %u:\n", in->flags ? "reversed, over" : "0 ..", in->b);
+            for (size_t q = 1; q <= in->a; q++)
+                if (prog[i + q].kind == MG_I_NEST) describe_nest(b, t, prog[i + q].a, "    ");
+            i += in->a;
+        } else if (in->kind == MG_I_NEST) {
+            describe_nest(b, t, in->a, "  ");
+        } else {
+            putf(b, "  %s %s over %u operands -> slot %u\n", mg_op_name(in->op), in->kind == MG_I_NARY ? "" : "(gradient)",
+                 in->b, in->out);
+        }
+    }
+}
+
+char *mg_tape_describe(mg_tape *t, size_t *len) {
+    if (!t) return NULL;
+    mg_tape_stats s;
+    mg_tape_get_stats(t, &s);
+    sbuf b = {&t->alloc, NULL, 0, 0, 0};
+    putf(&b, "%zu values -> %zu statements -> %zu forward and %zu backward loop nests, %zu sequential loops\n"
+             "slots: parameters [0, %zu), constants [%zu, %zu), inputs [%zu, %zu), targets [%zu, %zu), values [%zu, %zu);"
+             " %zu parameters packed\n",
+         s.nodes, s.statements, s.forward_nests, s.backward_nests, s.loops, t->nparams, t->const0, t->input0, t->input0,
+         t->target0, t->target0, t->first_op, t->first_op, t->nslots, t->npacked);
+    puts_(&b, "forward:\n");
+    describe_prog(&b, t, t->fwd, t->nfwd);
+    if (t->has_loss) {
+        puts_(&b, "backward:\n");
+        describe_prog(&b, t, t->bwd, t->nbwd);
+    }
+    if (b.failed) {
+        if (b.s) t->alloc.free_fn(b.s, t->alloc.ctx);
+        return NULL;
+    }
+    if (len) *len = b.len;
+    return b.s;
+}
+
 void mg_tape_free_source(const mg_tape *t, char *src) {
     if (t && src) t->alloc.free_fn(src, t->alloc.ctx);
 }

@@ -2,6 +2,7 @@
 #include "graph_impl.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -46,6 +47,10 @@ int mg_graph__fail(mg_graph *g, int status, const char *fmt, ...) {
 
 mg_graph *mg_graph_new(void) { return mg_graph_new_with(NULL); }
 
+/* Graph identities: a process-wide counter, so no two graphs ever share one (an identity derived
+ * from the address could repeat, and once did among a few hundred live graphs). */
+static _Atomic uint64_t next_graph_id = 1;
+
 mg_graph *mg_graph_new_with(const mg_allocator *allocator) {
     const mg_allocator *a = allocator ? allocator : &default_allocator;
     if (!a->malloc_fn || !a->realloc_fn || !a->free_fn) return NULL;
@@ -53,10 +58,8 @@ mg_graph *mg_graph_new_with(const mg_allocator *allocator) {
     if (!g) return NULL;
     memset(g, 0, sizeof *g);
     g->alloc = *a;
-    g->next_serial = 1;
-    /* a tag from the address: distinct for graphs alive together, but for rare collisions */
-    uint64_t h = (uint64_t)(uintptr_t)g * 0x9E3779B97F4A7C15ull;
-    g->tag = (uint16_t)((h >> 48) | 1u);
+    g->next_gen = 1;
+    g->id = atomic_fetch_add_explicit(&next_graph_id, 1, memory_order_relaxed);
     return g;
 }
 
@@ -109,14 +112,28 @@ void mg_graph_set_autofree(mg_graph *g, int on) {
     if (g) g->autofree = on != 0;
 }
 
+int mg_graph_set_domain(mg_graph *g, int domain) {
+    if (!g) return MG_EINVAL;
+    if (domain < 0 || domain > (int)MG_DOMAIN_MASK)
+        return mg_graph__fail(g, MG_EINVAL, "mg_graph_set_domain: domain %d is not in [0, %u]", domain,
+                              MG_DOMAIN_MASK);
+    g->domain = (uint8_t)domain;
+    return MG_OK;
+}
+
+int mg_graph_domain(const mg_graph *g) { return g ? (int)g->domain : 0; }
+
 /* ---- value slots ------------------------------------------------------------------------- */
 
-#define MG_BLOCK_MIN 64
-#define MG_BLOCK_MAX 16384 /* 1 MiB of values per block */
+_Static_assert(MG_BLOCK_MAX - 1 <= UINT16_MAX, "a slot index must fit mg_value.slot");
 
 /* A fresh slot, linked at the tail of the live list. Blocks grow geometrically, so the
  * per-block malloc overhead is amortised to well under a byte per value. */
 static mg_value *new_slot(mg_graph *g) {
+    if (g->next_gen > (UINT64_MAX >> MG_DOMAIN_BITS) - 1) {
+        mg_graph__fail(g, MG_ERANGE, "the graph has used up its serial numbers");
+        return NULL;
+    }
     mg_value *v = g->free_list;
     if (v) {
         g->free_list = v->next;
@@ -131,11 +148,13 @@ static mg_value *new_slot(mg_graph *g) {
             nb->next = b;
             nb->cap = cap;
             nb->used = 0;
+            nb->graph_id = g->id;
             g->blocks = nb;
             g->block_bytes += bytes;
             b = nb;
         }
-        v = &b->values[b->used++];
+        v = &b->values[b->used];
+        v->slot = (uint16_t)b->used++; /* kept while the slot goes through the free list */
     }
     v->grad = 0.0;
     v->next = NULL;
@@ -143,10 +162,9 @@ static mg_value *new_slot(mg_graph *g) {
     if (g->tail) g->tail->next = v;
     else g->head = v;
     g->tail = v;
-    v->serial = g->next_serial++;
+    v->serial = (g->next_gen++ << MG_DOMAIN_BITS) | g->domain;
     v->refs = 0;
     v->flags = 0;
-    v->tag = g->tag;
     g->len++;
     return v;
 }
@@ -193,8 +211,7 @@ void mg_value_retain(mg_value *v) {
 }
 
 void mg_value_release(mg_graph *g, mg_value *v) {
-    if (!g || !v || v->serial == 0 || v->tag != g->tag || v->refs == UINT32_MAX || v->refs == 0)
-        return;
+    if (!g || !mg_graph__owns(g, v) || v->refs == UINT32_MAX || v->refs == 0) return;
     if (--v->refs > 0 || !g->autofree) return;
     unlink_value(g, v);
     v->serial = 0;
@@ -203,20 +220,38 @@ void mg_value_release(mg_graph *g, mg_value *v) {
 }
 
 mg_graph_checkpoint mg_graph_save(const mg_graph *g) {
-    mg_graph_checkpoint cp = {g ? g->next_serial : UINT64_MAX};
+    mg_graph_checkpoint cp = {g ? (g->next_gen << MG_DOMAIN_BITS) | g->domain : UINT64_MAX};
     return cp;
 }
 
 size_t mg_graph_restore(mg_graph *g, mg_graph_checkpoint cp) {
     if (!g) return 0;
     size_t before = g->len;
-    /* The live list is in creation order, so everything newer than the checkpoint is a suffix. */
-    while (g->tail && g->tail->serial >= cp.serial) {
-        mg_value *v = g->tail;
-        unlink_value(g, v);
-        mg_value *pending = NULL;
-        drop_slot(g, v, &pending);
-        drain(g, pending);
+    uint64_t gen = cp.serial >> MG_DOMAIN_BITS, dom = cp.serial & MG_DOMAIN_MASK;
+    /* The live list is in creation order, so everything newer than the checkpoint is a suffix.
+     * Walk it newest first: values of the checkpoint's domain are released; values of another
+     * domain are kept, and so is every value a kept value uses (marked KEEP when the walk meets
+     * the user, which is newer). With one domain this pops the tail: it costs what it frees.
+     * Releasing a value frees only older values (its operands), never `kept` or anything newer,
+     * so the walk can always continue from `kept`. */
+    mg_value *kept = NULL;
+    for (;;) {
+        mg_value *v = kept ? kept->prev : g->tail;
+        if (!v || (v->serial >> MG_DOMAIN_BITS) < gen) break;
+        if ((v->serial & MG_DOMAIN_MASK) == dom && !(v->flags & MG_FLAG_KEEP)) {
+            unlink_value(g, v);
+            mg_value *pending = NULL;
+            drop_slot(g, v, &pending);
+            drain(g, pending);
+        } else {
+            v->flags &= (uint8_t)~MG_FLAG_KEEP;
+            size_t n = mg_value__nops(v);
+            for (size_t i = 0; i < n; i++) {
+                mg_value *o = mg_value__op(v, i);
+                if ((o->serial >> MG_DOMAIN_BITS) >= gen) o->flags |= MG_FLAG_KEEP;
+            }
+            kept = v;
+        }
     }
     return before - g->len;
 }
@@ -251,12 +286,7 @@ int mg_value_has_bias(const mg_value *v) { return v && v->op == MG_OP_DOT && (v-
 uint64_t mg_value_serial(const mg_value *v) { return v ? v->serial : 0; }
 int mg_value_is_live(const mg_value *v, uint64_t serial) { return v && serial && v->serial == serial; }
 
-int mg_value_in_graph(const mg_graph *g, const mg_value *v) {
-    if (!g || !v || v->serial == 0 || v->tag != g->tag) return 0;
-    for (const mg_block *b = g->blocks; b; b = b->next)
-        if (v >= b->values && v < b->values + b->used) return 1;
-    return 0;
-}
+int mg_value_in_graph(const mg_graph *g, const mg_value *v) { return g && mg_graph__owns(g, v); }
 
 /* ---- creating values --------------------------------------------------------------------- */
 
@@ -279,7 +309,7 @@ mg_value *mg_apply(mg_graph *g, int op, mg_value *a, mg_value *b, double k) {
     }
     int ar = mg_op__arity[op];
     if (!a || (ar == 2 && !b)) return NULL; /* NULL propagates silently: the cause is recorded */
-    if (a->tag != g->tag || a->serial == 0 || (ar == 2 && (b->tag != g->tag || b->serial == 0))) {
+    if (!mg_graph__owns(g, a) || (ar == 2 && !mg_graph__owns(g, b))) {
         mg_graph__fail(g, MG_EINVAL, "%s: operand from another graph or released", mg_op_name(op));
         return NULL;
     }
@@ -317,7 +347,21 @@ mg_value *mg_max(mg_graph *g, mg_value *a, mg_value *b) { return mg_apply(g, MG_
 mg_value *mg_graph__nary(mg_graph *g, int op, uint32_t n, uint32_t flags, size_t nparts,
                          mg_value *const *const *parts, const size_t *lens) {
     if (!g) return NULL;
+    /* lengths first, before any operand is read: a length beyond the limit is refused */
     size_t len = 0;
+    for (size_t p = 0; p < nparts; p++) {
+        if (lens[p] > UINT32_MAX / 2 - len) {
+            mg_graph__fail(g, MG_ERANGE, "%s: more than %u operands", mg_op_name(op), UINT32_MAX / 2);
+            return NULL;
+        }
+        len += lens[p];
+    }
+    size_t bytes;
+    if (!mg__mul_size(len, sizeof(mg_value *), &bytes) || bytes > SIZE_MAX - sizeof(mg_args)) {
+        mg_graph__fail(g, MG_ENOMEM, "%s: %zu operands do not fit in memory", mg_op_name(op), len);
+        return NULL;
+    }
+    bytes += sizeof(mg_args);
     for (size_t p = 0; p < nparts; p++) {
         if (lens[p] && !parts[p]) {
             mg_graph__fail(g, MG_EINVAL, "%s: NULL operand array", mg_op_name(op));
@@ -326,27 +370,22 @@ mg_value *mg_graph__nary(mg_graph *g, int op, uint32_t n, uint32_t flags, size_t
         for (size_t i = 0; i < lens[p]; i++) {
             const mg_value *o = parts[p][i];
             if (!o) return NULL; /* NULL operand: propagate */
-            if (o->tag != g->tag || o->serial == 0) {
+            if (!mg_graph__owns(g, o)) {
                 mg_graph__fail(g, MG_EINVAL, "%s: operand from another graph or released",
                                mg_op_name(op));
                 return NULL;
             }
         }
-        len += lens[p];
-    }
-    if (len > UINT32_MAX / 2) {
-        mg_graph__fail(g, MG_ERANGE, "%s: %zu operands is too many", mg_op_name(op), len);
-        return NULL;
     }
     if (!mg_graph__scratch(g, len)) return NULL;
-    mg_args *args = mg_graph__malloc(g, sizeof(mg_args) + len * sizeof(mg_value *));
+    mg_args *args = mg_graph__malloc(g, bytes);
     if (!args) return NULL;
     mg_value *v = new_slot(g);
     if (!v) {
         mg_graph__free(g, args);
         return NULL;
     }
-    g->args_bytes += sizeof(mg_args) + len * sizeof(mg_value *);
+    g->args_bytes += bytes;
     args->len = (uint32_t)len;
     args->n = n;
     size_t k = 0;
@@ -364,18 +403,20 @@ mg_value *mg_graph__nary(mg_graph *g, int op, uint32_t n, uint32_t flags, size_t
     return v;
 }
 
-mg_value *mg_sum(mg_graph *g, mg_value *const *v, size_t n) {
-    mg_value *const *parts[1] = {v};
-    size_t lens[1] = {n};
-    return mg_graph__nary(g, MG_OP_SUM, (uint32_t)(n > UINT32_MAX ? 0 : n), 0, 1, parts, lens);
-}
-
+/* Lengths of variadic ops: at most UINT32_MAX / 4 (two arrays and a bias fit the operand limit). */
 static int check_n(mg_graph *g, const char *what, size_t n, size_t min) {
     if (n < min || n > UINT32_MAX / 4) {
         mg_graph__fail(g, MG_EINVAL, "%s: length %zu out of range", what, n);
         return 0;
     }
     return 1;
+}
+
+mg_value *mg_sum(mg_graph *g, mg_value *const *v, size_t n) {
+    if (!g || !check_n(g, "mg_sum", n, 0)) return NULL;
+    mg_value *const *parts[1] = {v};
+    size_t lens[1] = {n};
+    return mg_graph__nary(g, MG_OP_SUM, (uint32_t)n, 0, 1, parts, lens);
 }
 
 mg_value *mg_dot(mg_graph *g, mg_value *const *a, mg_value *const *b, size_t n) {
@@ -424,10 +465,25 @@ mg_value *mg_cross_entropy(mg_graph *g, mg_value *const *logits, size_t n, mg_va
 
 /* ---- backward ---------------------------------------------------------------------------- */
 
+/* Doubles *cap (from `first`) until it holds `need`; 0 when the count or its bytes overflow. */
+static int grown_cap(size_t cap, size_t first, size_t need, size_t elem, size_t *out) {
+    size_t nc = cap ? cap : first, bytes;
+    while (nc < need) {
+        if (nc > SIZE_MAX / 2) return 0;
+        nc *= 2;
+    }
+    if (!mg__mul_size(nc, elem, &bytes)) return 0;
+    *out = nc;
+    return 1;
+}
+
 int mg_graph__scratch(mg_graph *g, size_t len) {
     if (len <= g->scratch_cap) return 1;
-    size_t cap = g->scratch_cap ? g->scratch_cap : 64;
-    while (cap < len) cap *= 2;
+    size_t cap;
+    if (!grown_cap(g->scratch_cap, 64, len, sizeof(double), &cap) || len > (size_t)(mgk_idx)-1) {
+        mg_graph__fail(g, MG_ENOMEM, "working memory for %zu operands does not fit", len);
+        return 0;
+    }
     double *sd = mg_graph__realloc(g, g->sd, cap * sizeof(double));
     if (!sd) return 0;
     g->sd = sd;
@@ -444,8 +500,11 @@ int mg_graph__scratch(mg_graph *g, size_t len) {
 
 int mg_graph__grow(mg_graph *g, void **buf, size_t *cap, size_t elem, size_t need) {
     if (need <= *cap) return 1;
-    size_t nc = *cap ? *cap : 1024;
-    while (nc < need) nc *= 2;
+    size_t nc;
+    if (!grown_cap(*cap, 1024, need, elem, &nc)) {
+        mg_graph__fail(g, MG_ENOMEM, "working memory for %zu entries does not fit", need);
+        return 0;
+    }
     void *nb = mg_graph__realloc(g, *buf, nc * elem);
     if (!nb) return 0;
     *buf = nb;
@@ -496,7 +555,7 @@ void mg_graph__clear_marks(mg_graph *g, size_t n) {
 
 int mg_backward(mg_graph *g, mg_value *out) {
     if (!g) return MG_EINVAL;
-    if (!out || out->serial == 0 || out->tag != g->tag)
+    if (!mg_graph__owns(g, out))
         return mg_graph__fail(g, MG_EINVAL, "mg_backward: %s",
                               !out ? "NULL value" : out->serial ? "value of another graph" : "released value");
     size_t n = mg_graph__topo(g, &out, 1);

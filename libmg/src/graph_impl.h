@@ -8,6 +8,7 @@
 #include <math.h>
 #include <stdarg.h>
 #include <stdbool.h>
+#include <stddef.h>
 
 /* Operands of a variadic node, allocated with the node and freed with it.
  * v[(len)] holds, per op: SUM terms; DOT a[n], b[n], [bias]; MSE/HINGE pred[n], target[n];
@@ -20,8 +21,15 @@ typedef struct mg_args {
 
 enum {
     MG_FLAG_VISITED = 1u << 0, /* set during backward's traversal only */
-    MG_FLAG_BIAS = 1u << 1     /* DOT node whose last operand is a bias */
+    MG_FLAG_BIAS = 1u << 1,    /* DOT node whose last operand is a bias */
+    MG_FLAG_KEEP = 1u << 2     /* set during a restore only: used by a value the restore keeps */
 };
+
+/* Serials: (generation << MG_DOMAIN_BITS) | domain. The generation counts every value the graph
+ * ever created, so serials are unique, increase in creation order and are never 0; the domain is
+ * the graph's checkpoint domain when the value was created (mg_graph_set_domain). */
+#define MG_DOMAIN_BITS 8
+#define MG_DOMAIN_MASK ((1u << MG_DOMAIN_BITS) - 1u)
 
 /* 64 bytes: the issue's budget. Values live in blocks owned by the graph; `next`/`prev` link the
  * live values in creation order (so restore pops from the tail), `next` also links free slots. */
@@ -38,22 +46,28 @@ struct mg_value {
         mg_value *v; /* binary: second operand */
         double k;    /* unary: the op's constant (POW's exponent) */
     } b;
-    uint64_t serial; /* creation order and generation; 0 while the slot is free */
+    uint64_t serial; /* see MG_DOMAIN_BITS; 0 while the slot is free */
     uint32_t refs;   /* handles + parents; saturates (then the value is pinned) */
     uint8_t op;
     uint8_t flags;
-    uint16_t tag;    /* owning graph's tag: catches operands from another graph */
+    uint16_t slot;   /* index in its block, fixed for the slot's life: finds the block header,
+                        which holds the owning graph's identity */
 };
 
 #if defined(__STDC_VERSION__) && __STDC_VERSION__ >= 201112L
 _Static_assert(sizeof(struct mg_value) == 64, "mg_value must stay 64 bytes");
 #endif
 
+/* Values per block: the first block holds MG_BLOCK_MIN, each next one twice as many, up to
+ * MG_BLOCK_MAX (1 MiB of values), which must fit mg_value.slot. */
+#define MG_BLOCK_MIN 64
+#define MG_BLOCK_MAX 16384
+
 typedef struct mg_block {
     struct mg_block *next;
     size_t cap;
     size_t used;
-    size_t pad; /* keeps values 32-byte aligned after the header */
+    uint64_t graph_id; /* the owner's identity (mg_graph__id); the header stays 32 bytes */
     mg_value values[];
 } mg_block;
 
@@ -70,9 +84,10 @@ struct mg_graph {
     size_t len;
     size_t block_bytes;
     size_t args_bytes;
-    uint64_t next_serial;
+    uint64_t id;       /* unique in the process, never reused: from a global atomic counter */
+    uint64_t next_gen; /* generation of the next value (see MG_DOMAIN_BITS) */
     bool autofree;
-    uint16_t tag;
+    uint8_t domain;    /* stamped into the serial of every value created */
     /* backward working memory, reused across calls */
     mg_frame *stack;
     size_t stack_cap;
@@ -86,10 +101,32 @@ struct mg_graph {
     char err[256];
 };
 
+/* The graph's identity: unique among every graph the process ever created. */
+static inline uint64_t mg_graph__id(const mg_graph *g) { return g->id; }
+
+/* The block a value's slot lives in: O(1), from the slot index the value carries. */
+static inline const mg_block *mg_value__block(const mg_value *v) {
+    return (const mg_block *)(const void *)((const char *)(v - v->slot) - offsetof(mg_block, values));
+}
+
+/* Whether `v` is a live value of `g`: not released, and in one of g's blocks. O(1) (two loads)
+ * and never confused by another graph, whatever the addresses. `v` must point to a value of a
+ * live graph (any live graph). */
+static inline int mg_graph__owns(const mg_graph *g, const mg_value *v) {
+    return v && v->serial != 0 && mg_value__block(v)->graph_id == g->id;
+}
+
 /* Allocation through the graph's allocator. */
 void *mg_graph__malloc(mg_graph *g, size_t n);
 void *mg_graph__realloc(mg_graph *g, void *p, size_t n);
 void mg_graph__free(mg_graph *g, void *p);
+
+/* `n * size` into *out; 0 (and nothing written) when the product does not fit a size_t. */
+static inline int mg__mul_size(size_t n, size_t size, size_t *out) {
+    if (size && n > SIZE_MAX / size) return 0;
+    *out = n * size;
+    return 1;
+}
 
 /* Records an error (printf-style message) and returns `status`. */
 int mg_graph__fail(mg_graph *g, int status, const char *fmt, ...)

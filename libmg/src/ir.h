@@ -16,10 +16,8 @@
 #include "mg/tape.h"
 
 /* Graph identity and ownership (live, of this graph). */
-static inline uint64_t mg_ir__graph_id(const mg_graph *g) { return g->tag; }
-static inline int mg_ir__owns(const mg_graph *g, const mg_value *v) {
-    return v && v->serial != 0 && v->tag == g->tag;
-}
+static inline uint64_t mg_ir__graph_id(const mg_graph *g) { return mg_graph__id(g); }
+static inline int mg_ir__owns(const mg_graph *g, const mg_value *v) { return mg_graph__owns(g, v); }
 
 /* The op table's formulas for the nest kernels (the generated code gets the same functions
  * written out as text by the emitter). */

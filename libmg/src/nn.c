@@ -15,6 +15,7 @@ void mg_rng_seed(mg_rng *rng, uint64_t seed) {
 }
 
 uint64_t mg_rng_next(mg_rng *rng) {
+    if (!rng) return 0;
     mgk_rng r;
     for (int i = 0; i < 4; i++) r.s[i] = rng->s[i];
     uint64_t x = mgk_rng_next(&r);
@@ -23,6 +24,7 @@ uint64_t mg_rng_next(mg_rng *rng) {
 }
 
 double mg_rng_uniform(mg_rng *rng, double lo, double hi) {
+    if (!rng) return NAN;
     /* 53 bits -> [0, 1) exactly; one multiply and one add, both correctly rounded. */
     double u = (double)(mg_rng_next(rng) >> 11) * 0x1.0p-53;
     return lo + (hi - lo) * u;
@@ -30,12 +32,17 @@ double mg_rng_uniform(mg_rng *rng, double lo, double hi) {
 
 /* ---- structs ----------------------------------------------------------------------------- */
 
+/* Structs hold their parameters as (pointer, serial) pairs, as Python handles do: a restore to a
+ * checkpoint older than the struct releases the parameters and lets new values reuse the slots,
+ * and only the serial tells the two apart. Every use checks them first. */
 struct mg_neuron {
     mg_graph *g;
     size_t nin;
     mg_activation act;
     mg_value *b;
-    mg_value **w; /* w[nin] */
+    uint64_t bs;    /* b's serial */
+    mg_value **w;   /* w[nin] */
+    uint64_t *ws;   /* ws[nin]: the weights' serials */
 };
 
 struct mg_layer {
@@ -75,15 +82,52 @@ static mg_value *activate(mg_graph *g, mg_activation act, mg_value *x) {
     return op < 0 ? x : mg_apply(g, op, x, NULL, 0.0);
 }
 
+/* Largest input or neuron count: keeps every array size and parameter count far from overflow. */
+#define MG_NN_MAX (SIZE_MAX / sizeof(mg_value *) / 4)
+
+/* Whether every parameter is still the value the neuron created (not released by a restore). */
+static int neuron_live(const mg_neuron *n) {
+    if (!mg_value_is_live(n->b, n->bs)) return 0;
+    for (size_t i = 0; i < n->nin; i++)
+        if (!mg_value_is_live(n->w[i], n->ws[i])) return 0;
+    return 1;
+}
+
+static int layer_live(const mg_layer *l) {
+    for (size_t i = 0; i < l->nout; i++)
+        if (!neuron_live(l->neurons[i])) return 0;
+    return 1;
+}
+
+static int mlp_live(const mg_mlp *m) {
+    for (size_t i = 0; i < m->nlayers; i++)
+        if (!layer_live(m->layers[i])) return 0;
+    return 1;
+}
+
+int mg_neuron_is_live(const mg_neuron *n) { return n && neuron_live(n); }
+int mg_layer_is_live(const mg_layer *l) { return l && layer_live(l); }
+int mg_mlp_is_live(const mg_mlp *m) { return m && mlp_live(m); }
+
+static int released(mg_graph *g, const char *what) {
+    return mg_graph__fail(g, MG_EINVAL,
+                          "%s: a parameter was released (restored to a checkpoint saved before the "
+                          "model was created); the model can no longer be used",
+                          what);
+}
+
 /* Frees the struct and drops its parameter references; the parameters themselves stay in the
- * graph (they are leaves; restore or graph_free reclaims them). */
+ * graph (they are leaves; restore or graph_free reclaims them). A parameter a restore released is
+ * not released again: its slot may hold another value now. */
 void mg_neuron_free(mg_neuron *n) {
     if (!n) return;
     mg_graph *g = n->g;
-    if (n->w)
-        for (size_t i = 0; i < n->nin; i++) mg_value_release(g, n->w[i]);
-    mg_value_release(g, n->b);
+    if (n->w && n->ws)
+        for (size_t i = 0; i < n->nin; i++)
+            if (mg_value_is_live(n->w[i], n->ws[i])) mg_value_release(g, n->w[i]);
+    if (mg_value_is_live(n->b, n->bs)) mg_value_release(g, n->b);
     mg_graph__free(g, n->w);
+    mg_graph__free(g, n->ws);
     mg_graph__free(g, n);
 }
 
@@ -97,7 +141,7 @@ mg_neuron *mg_neuron_init(mg_graph *g, size_t nin, mg_activation act, mg_init in
         mg_graph__fail(g, MG_EINVAL, "mg_neuron_init: a neuron needs at least one input");
         return NULL;
     }
-    if (nin > SIZE_MAX / sizeof(mg_value *) / 4) {
+    if (nin > MG_NN_MAX) {
         mg_graph__fail(g, MG_ERANGE, "mg_neuron_init: %zu inputs is too many", nin);
         return NULL;
     }
@@ -107,25 +151,38 @@ mg_neuron *mg_neuron_init(mg_graph *g, size_t nin, mg_activation act, mg_init in
     memset(n, 0, sizeof *n);
     n->g = g;
     n->act = act;
-    n->w = mg_graph__malloc(g, (nin ? nin : 1) * sizeof(mg_value *));
+    n->w = mg_graph__malloc(g, nin * sizeof(mg_value *)); /* no overflow: nin <= MG_NN_MAX */
     if (!n->w) goto fail;
+    n->ws = mg_graph__malloc(g, nin * sizeof(uint64_t));
+    if (!n->ws) goto fail;
     double scale = init == MG_INIT_SCALED && nin > 0 ? 1.0 / sqrt((double)nin) : 1.0;
     for (size_t i = 0; i < nin; i++) {
         double x = rng ? mg_rng_uniform(rng, -1.0, 1.0) * scale : 0.0;
         mg_value *w = mg_scalar(g, x);
         if (!w) goto fail;
         mg_value_retain(w);
+        n->ws[n->nin] = mg_value_serial(w);
         n->w[n->nin++] = w;
     }
     n->b = mg_scalar(g, 0.0);
     if (!n->b) goto fail;
     mg_value_retain(n->b);
+    n->bs = mg_value_serial(n->b);
     return n;
 fail:
     /* roll back: drop the references, then free the parameters created so far */
     mg_neuron_free(n);
     mg_graph_restore(g, cp);
     return NULL;
+}
+
+/* The neuron on `x`, its parameters known to be live. */
+static mg_value *neuron_apply(mg_graph *g, const mg_neuron *n, mg_value *const *x) {
+    mg_graph_checkpoint cp = mg_graph_save(g);
+    mg_value *act = mg_affine(g, n->w, x, n->nin, n->b);
+    mg_value *y = act ? activate(g, n->act, act) : NULL;
+    if (!y) mg_graph_restore(g, cp);
+    return y;
 }
 
 mg_value *mg_neuron_call(mg_graph *g, const mg_neuron *n, mg_value *const *x) {
@@ -138,20 +195,25 @@ mg_value *mg_neuron_call(mg_graph *g, const mg_neuron *n, mg_value *const *x) {
         mg_graph__fail(g, MG_EINVAL, "mg_neuron_call: NULL input array");
         return NULL;
     }
-    mg_graph_checkpoint cp = mg_graph_save(g);
-    mg_value *act = mg_affine(g, n->w, x, n->nin, n->b);
-    mg_value *y = act ? activate(g, n->act, act) : NULL;
-    if (!y) mg_graph_restore(g, cp);
-    return y;
+    if (!neuron_live(n)) {
+        released(g, "mg_neuron_call");
+        return NULL;
+    }
+    return neuron_apply(g, n, x);
 }
 
 size_t mg_neuron_param_count(const mg_neuron *n) { return n ? n->nin + 1 : 0; }
 
-size_t mg_neuron_params(const mg_neuron *n, mg_value **out) {
-    if (!n || !out) return 0;
+static size_t neuron_params(const mg_neuron *n, mg_value **out) {
     memcpy(out, n->w, n->nin * sizeof(mg_value *));
     out[n->nin] = n->b;
     return n->nin + 1;
+}
+
+size_t mg_neuron_params(const mg_neuron *n, mg_value **out) {
+    if (!n || !out) return 0;
+    if (!neuron_live(n)) return released(n->g, "mg_neuron_params"), 0;
+    return neuron_params(n, out);
 }
 
 size_t mg_neuron_nin(const mg_neuron *n) { return n ? n->nin : 0; }
@@ -174,12 +236,16 @@ void mg_layer_free(mg_layer *l) {
 mg_layer *mg_layer_init(mg_graph *g, size_t nin, size_t nout, mg_activation act, mg_init init,
                         mg_rng *rng) {
     if (!g) return NULL;
-    if (nout == 0 || nout > SIZE_MAX / sizeof(mg_neuron *) / 4) {
+    if (nout == 0) {
         mg_graph__fail(g, MG_EINVAL, "mg_layer_init: a layer needs at least one neuron");
         return NULL;
     }
     if (nin == 0) {
         mg_graph__fail(g, MG_EINVAL, "mg_layer_init: a layer needs at least one input");
+        return NULL;
+    }
+    if (nin > MG_NN_MAX || nout > MG_NN_MAX) {
+        mg_graph__fail(g, MG_ERANGE, "mg_layer_init: %zu x %zu weights is too many", nout, nin);
         return NULL;
     }
     mg_graph_checkpoint cp = mg_graph_save(g);
@@ -202,12 +268,12 @@ fail:
     return NULL;
 }
 
-int mg_layer_call(mg_graph *g, const mg_layer *l, mg_value *const *x, mg_value **out) {
-    if (!g) return MG_EINVAL;
-    if (!l || !out) return mg_graph__fail(g, MG_EINVAL, "mg_layer_call: NULL argument");
+/* The layer on `x`, its parameters known to be live. */
+static int layer_apply(mg_graph *g, const mg_layer *l, mg_value *const *x, mg_value **out) {
+    if (!x) return mg_graph__fail(g, MG_EINVAL, "mg_layer_call: NULL input array");
     mg_graph_checkpoint cp = mg_graph_save(g);
     for (size_t i = 0; i < l->nout; i++) {
-        out[i] = mg_neuron_call(g, l->neurons[i], x);
+        out[i] = neuron_apply(g, l->neurons[i], x);
         if (!out[i]) {
             mg_graph_restore(g, cp);
             if (g->status == MG_OK)
@@ -218,13 +284,26 @@ int mg_layer_call(mg_graph *g, const mg_layer *l, mg_value *const *x, mg_value *
     return MG_OK;
 }
 
+int mg_layer_call(mg_graph *g, const mg_layer *l, mg_value *const *x, mg_value **out) {
+    if (!g) return MG_EINVAL;
+    if (!l || !out) return mg_graph__fail(g, MG_EINVAL, "mg_layer_call: NULL argument");
+    if (l->g != g) return mg_graph__fail(g, MG_EINVAL, "mg_layer_call: layer belongs to another graph");
+    if (!layer_live(l)) return released(g, "mg_layer_call");
+    return layer_apply(g, l, x, out);
+}
+
 size_t mg_layer_param_count(const mg_layer *l) { return l ? l->nout * (l->nin + 1) : 0; }
+
+static size_t layer_params(const mg_layer *l, mg_value **out) {
+    size_t k = 0;
+    for (size_t i = 0; i < l->nout; i++) k += neuron_params(l->neurons[i], out + k);
+    return k;
+}
 
 size_t mg_layer_params(const mg_layer *l, mg_value **out) {
     if (!l || !out) return 0;
-    size_t k = 0;
-    for (size_t i = 0; i < l->nout; i++) k += mg_neuron_params(l->neurons[i], out + k);
-    return k;
+    if (!layer_live(l)) return released(l->g, "mg_layer_params"), 0;
+    return layer_params(l, out);
 }
 
 size_t mg_layer_nin(const mg_layer *l) { return l ? l->nin : 0; }
@@ -252,11 +331,24 @@ mg_mlp *mg_mlp_init(mg_graph *g, size_t nin, const size_t *nouts, size_t nlayers
         mg_graph__fail(g, MG_EINVAL, "mg_mlp_init: an MLP needs at least one input");
         return NULL;
     }
-    for (size_t i = 0; i < nlayers; i++)
+    if (nlayers > MG_NN_MAX) { /* before nouts is read: the count may not be its length */
+        mg_graph__fail(g, MG_EINVAL, "mg_mlp_init: %zu layers is too many", nlayers);
+        return NULL;
+    }
+    if (nin > MG_NN_MAX) {
+        mg_graph__fail(g, MG_ERANGE, "mg_mlp_init: %zu inputs is too many", nin);
+        return NULL;
+    }
+    for (size_t i = 0; i < nlayers; i++) {
         if (nouts[i] == 0) {
             mg_graph__fail(g, MG_EINVAL, "mg_mlp_init: layer %zu has zero width", i);
             return NULL;
         }
+        if (nouts[i] > MG_NN_MAX) {
+            mg_graph__fail(g, MG_ERANGE, "mg_mlp_init: layer %zu has %zu neurons, too many", i, nouts[i]);
+            return NULL;
+        }
+    }
     mg_graph_checkpoint cp = mg_graph_save(g);
     mg_mlp *m = mg_graph__malloc(g, sizeof *m);
     if (!m) return NULL;
@@ -283,15 +375,18 @@ fail:
 int mg_mlp_call(mg_graph *g, const mg_mlp *m, mg_value *const *x, mg_value **out) {
     if (!g) return MG_EINVAL;
     if (!m || !out) return mg_graph__fail(g, MG_EINVAL, "mg_mlp_call: NULL argument");
+    if (m->g != g) return mg_graph__fail(g, MG_EINVAL, "mg_mlp_call: MLP belongs to another graph");
+    if (!mlp_live(m)) return released(g, "mg_mlp_call");
     mg_graph_checkpoint cp = mg_graph_save(g);
-    /* two ping-pong buffers of the widest layer hold the activations between layers */
+    /* two ping-pong buffers of the widest layer hold the activations between layers;
+     * max_width <= MG_NN_MAX, so the size cannot wrap */
     mg_value **buf = mg_graph__malloc(g, 2 * m->max_width * sizeof(mg_value *));
     if (!buf) return MG_ENOMEM;
     mg_value *const *in = x;
     int st = MG_OK;
     for (size_t i = 0; i < m->nlayers && st == MG_OK; i++) {
         mg_value **dst = i + 1 == m->nlayers ? out : buf + (i % 2) * m->max_width;
-        st = mg_layer_call(g, m->layers[i], in, dst);
+        st = layer_apply(g, m->layers[i], in, dst);
         in = dst;
     }
     mg_graph__free(g, buf);
@@ -308,8 +403,9 @@ size_t mg_mlp_param_count(const mg_mlp *m) {
 
 size_t mg_mlp_params(const mg_mlp *m, mg_value **out) {
     if (!m || !out) return 0;
+    if (!mlp_live(m)) return released(m->g, "mg_mlp_params"), 0;
     size_t k = 0;
-    for (size_t i = 0; i < m->nlayers; i++) k += mg_layer_params(m->layers[i], out + k);
+    for (size_t i = 0; i < m->nlayers; i++) k += layer_params(m->layers[i], out + k);
     return k;
 }
 

@@ -494,8 +494,9 @@ static int plan_zeroing(mg_tape *t) {
         /* gradients it reads must exist: any not written yet reads zero */
         for (int j = 0; j < 4; j++)
             if (N->x[j].arr == MGK_G && x_used(N, j)) mark_elems(t, N, &N->x[j], written, zero);
-        if (N->out.arr != MGK_G || N->out.gather || N->out.base < (mgk_i64)t->first_op) continue;
-        if (N->mode == MGK_ACC && !I->alias && !(N->flags & (MGK_F_SCATTER | MGK_F_STEP))) {
+        if (N->out.arr != MGK_G) continue; /* a parameter's packed gradient */
+        if (N->mode == MGK_ACC && !I->alias && !N->out.gather && N->out.base >= (mgk_i64)t->first_op &&
+            !(N->flags & (MGK_F_SCATTER | MGK_F_STEP))) {
             /* fresh when none of its outputs was written: then SUM0, nothing to zero */
             int dims[MGK_MAXD], nd = 0;
             for (int d = 0; d < MGK_MAXO; d++)

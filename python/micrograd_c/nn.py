@@ -10,6 +10,7 @@ parameters); replacing an element of the ``w`` list does not.
 """
 from __future__ import annotations
 
+import operator
 import random
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
@@ -34,9 +35,29 @@ def _kind(activation: str) -> str:
 
 
 def _check_activation(activation: str) -> str:
+    """``activation`` if it names a row of the activation table; a one-line error otherwise."""
+    if not isinstance(activation, str):
+        raise TypeError(f"activation must be a string, not {type(activation).__name__}")
     if activation not in _ACTIVATIONS:
         raise ValueError(f"unknown activation {activation!r}; expected one of {_ACTIVATIONS}")
     return activation
+
+
+def _index(x: Any, what: str, name: str) -> int:
+    """``x`` as an int (anything with ``__index__``, as micrograd's ``range(nin)`` accepts); a
+    one-line ``TypeError`` naming it otherwise."""
+    try:
+        return operator.index(x)
+    except TypeError:
+        raise TypeError(f"{what}: {name} must be an integer, not {type(x).__name__}") from None
+
+
+def _count(x: Any, what: str, name: str) -> int:
+    """``x`` as an int of at least 1; a one-line ``TypeError`` or ``ValueError`` otherwise."""
+    n = _index(x, what, name)
+    if n < 1:
+        raise ValueError(f"{what}: {name} must be at least 1, got {n}")
+    return n
 
 
 def _draw(nin: int, nout: int) -> List[float]:
@@ -67,7 +88,8 @@ class Neuron(Module):
     def __init__(self, nin: int, nonlin: bool = True, *, activation: Optional[str] = None,
                  _c: Any = None) -> None:
         if _c is None:
-            act = _check_activation(activation or ("relu" if nonlin else "linear"))
+            nin = _count(nin, "Neuron", "nin")
+            act = _check_activation("relu" if nonlin else "linear" if activation is None else activation)
             _c = _core.Neuron(nin, act)
             _c.set_data(_draw(nin, 1))
         self._c = _c
@@ -117,7 +139,8 @@ class Layer(Module):
     def __init__(self, nin: int, nout: int, nonlin: bool = True, *,
                  activation: Optional[str] = None, _c: Any = None) -> None:
         if _c is None:
-            act = _check_activation(activation or ("relu" if nonlin else "linear"))
+            nin, nout = _count(nin, "Layer", "nin"), _count(nout, "Layer", "nout")
+            act = _check_activation("relu" if nonlin else "linear" if activation is None else activation)
             _c = _core.Layer(nin, nout, act)
             _c.set_data(_draw(nin, nout))
         self._c = _c
@@ -153,7 +176,13 @@ class MLP(Module):
     """
 
     def __init__(self, nin: int, nouts: Sequence[int], *, activation: str = "relu") -> None:
-        nouts = [int(n) for n in nouts]
+        if isinstance(nouts, (str, bytes)) or not hasattr(nouts, "__iter__"):
+            raise TypeError(f"MLP: nouts must be a sequence of layer widths, not {type(nouts).__name__}")
+        for n in nouts:
+            if not hasattr(type(n), "__index__"):
+                raise TypeError(f"MLP: layer widths must be integers, not {type(n).__name__}")
+        nouts = [operator.index(n) for n in nouts]
+        nin = _index(nin, "MLP", "nin")
         if not nouts:
             raise ValueError("MLP needs at least one layer (nouts is empty)")
         if nin < 1:

@@ -2,6 +2,7 @@
 #include "tap.h"
 
 #include <mg/mg.h>
+#include <stdint.h>
 #include <string.h>
 
 static mg_graph *g;
@@ -216,6 +217,146 @@ static void test_graph__checkpoint_with_autofree(void) {
     teardown();
 }
 
+/* ---- graph identity ------------------------------------------------------------------------ */
+
+/* An allocator that places each graph struct where the test says (a page of a big arena) and
+ * serves every other allocation from malloc. */
+typedef struct {
+    char *next; /* where the next graph struct goes; NULL: malloc */
+    char *arena;
+    size_t arena_bytes;
+} place_alloc;
+
+static void *pa_malloc(size_t n, void *ctx) {
+    place_alloc *p = ctx;
+    if (p->next) {
+        void *at = p->next;
+        p->next = NULL;
+        return at;
+    }
+    return malloc(n);
+}
+static void *pa_realloc(void *q, size_t n, void *ctx) {
+    (void)ctx;
+    return realloc(q, n);
+}
+static void pa_free(void *q, void *ctx) {
+    place_alloc *p = ctx;
+    if ((char *)q >= p->arena && (char *)q < p->arena + p->arena_bytes) return;
+    free(q);
+}
+
+static void test_graph__operands_of_another_graph_are_always_refused(void) {
+    /* Graphs at random addresses: an identity derived from the address (15 bits of a hash)
+     * collided among a few hundred graphs, and a collision let a value of one graph into another
+     * graph's op. Identities are unique, so every cross-graph pair is refused. */
+    int n = (int)(1000 * scale());
+    if (n < 16) n = 16;
+    place_alloc pa = {NULL, NULL, (size_t)4096 * 65536};
+    pa.arena = malloc(pa.arena_bytes); /* 256 MiB of address space; only n pages are touched */
+    CHECK(pa.arena != NULL);
+    if (!pa.arena) return;
+    mg_allocator al = {pa_malloc, pa_realloc, pa_free, &pa};
+    mg_graph **gs = calloc((size_t)n, sizeof *gs);
+    mg_value **xs = calloc((size_t)n, sizeof *xs);
+    unsigned char *used = calloc(65536, 1);
+    uint64_t s = 0x2545F4914F6CDD1Dull;
+    for (int i = 0; i < n; i++) {
+        size_t page;
+        do { /* xorshift: a distinct random page per graph */
+            s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+            page = (size_t)(s % 65536);
+        } while (used[page]);
+        used[page] = 1;
+        pa.next = pa.arena + page * 4096;
+        gs[i] = mg_graph_new_with(&al);
+        xs[i] = mg_scalar(gs[i], (double)i);
+        CHECK(gs[i] && xs[i]);
+    }
+    long accepted = 0;
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < i; j++) {
+            if (mg_add(gs[i], xs[i], xs[j]) != NULL) accepted++;
+            if (mg_mul(gs[j], xs[i], xs[j]) != NULL) accepted++;
+        }
+    CHECK(accepted == 0);
+    for (int i = 1; i < n; i++) {
+        CHECK(mg_backward(gs[i], xs[i - 1]) == MG_EINVAL);
+        CHECK(!mg_value_in_graph(gs[i], xs[i - 1]) && mg_value_in_graph(gs[i], xs[i]));
+        CHECK(mg_graph_len(gs[i]) == 1);
+    }
+    printf("# %d graphs at random addresses: %ld cross-graph ops accepted\n", n, accepted);
+    for (int i = 0; i < n; i++) mg_graph_free(gs[i]);
+    free(used);
+    free(xs);
+    free(gs);
+    free(pa.arena);
+}
+
+static void test_graph__lengths_are_checked_before_operands_are_read(void) {
+    setup();
+    mg_value *two[2] = {mg_scalar(g, 1.0), mg_scalar(g, 2.0)};
+    /* a length beyond the operand limit is refused without reading past the array */
+    CHECK(mg_sum(g, two, (size_t)UINT32_MAX + 2) == NULL);
+    CHECK(mg_graph_last_status(g) == MG_EINVAL);
+    CHECK(strstr(mg_graph_last_error(g), "mg_sum") != NULL);
+    mg_graph_clear_error(g);
+    CHECK(mg_sum(g, two, SIZE_MAX) == NULL && mg_graph_last_status(g) == MG_EINVAL);
+    CHECK(mg_dot(g, two, two, SIZE_MAX / 2) == NULL && mg_graph_last_status(g) == MG_EINVAL);
+    CHECK(mg_affine(g, two, two, SIZE_MAX, two[0]) == NULL);
+    CHECK(mg_graph_len(g) == 2);
+    CHECK(mg_data(mg_sum(g, two, 2)) == 3.0);
+    teardown();
+}
+
+static void test_graph__checkpoint_domains_release_only_their_values(void) {
+    /* two callers take turns on one graph, each in its own domain: a restore releases the
+     * restoring domain's values only, and keeps what the other domain's values still use */
+    setup();
+    mg_graph_set_autofree(g, 1);
+    CHECK(mg_graph_set_domain(g, 256) == MG_EINVAL && mg_graph_set_domain(g, -1) == MG_EINVAL);
+    CHECK(mg_graph_set_domain(g, 1) == MG_OK && mg_graph_domain(g) == 1);
+    mg_value *w1 = mg_scalar(g, 2.0);
+    mg_value_retain(w1);
+    mg_graph_checkpoint cp1 = mg_graph_save(g);
+    mg_value *a = mg_mul(g, w1, w1); /* domain 1, inside its checkpoint */
+    mg_value_retain(a);
+    mg_value *shared = mg_add(g, a, w1); /* domain 1, later used by domain 2 */
+    mg_value_retain(shared);
+    mg_graph_set_domain(g, 2);
+    mg_value *w2 = mg_scalar(g, 3.0); /* domain 2: a model created meanwhile */
+    mg_value_retain(w2);
+    mg_graph_checkpoint cp2 = mg_graph_save(g);
+    mg_value *b = mg_mul(g, w2, shared);
+    mg_value_retain(b);
+    uint64_t sa = mg_value_serial(a), ssh = mg_value_serial(shared), sw2 = mg_value_serial(w2),
+             sb = mg_value_serial(b);
+    CHECK((sa & 0xFF) == 1 && (sw2 & 0xFF) == 2);
+    mg_graph_set_domain(g, 1);
+    mg_value *c = mg_add(g, a, a); /* domain 1, after domain 2's values */
+    mg_value_retain(c);
+    uint64_t sc = mg_value_serial(c);
+    CHECK(mg_graph_len(g) == 6);
+    /* c is released; a and shared are domain 1's too, but b (domain 2) uses shared, which uses a */
+    CHECK(mg_graph_restore(g, cp1) == 1);
+    CHECK(!mg_value_is_live(c, sc));
+    CHECK(mg_value_is_live(shared, ssh) && mg_value_is_live(a, sa));
+    CHECK(mg_value_is_live(w2, sw2) && mg_value_is_live(b, sb) && mg_data(b) == 3.0 * 6.0);
+    CHECK(mg_graph_len(g) == 5);
+    mg_graph_set_domain(g, 2);
+    CHECK(mg_graph_restore(g, cp2) == 1);
+    CHECK(!mg_value_is_live(b, sb) && mg_value_is_live(w2, sw2));
+    /* shared and a, kept for b, are still held by their handles and usable */
+    mg_value *d = mg_mul(g, shared, w2);
+    CHECK(d && mg_backward(g, d) == MG_OK && mg_grad(w2) == 6.0 && mg_grad(w1) == 3.0 * 5.0);
+    /* one domain: checkpoints are a stack, as before */
+    mg_graph_set_domain(g, 0);
+    mg_graph_checkpoint cp = mg_graph_save(g);
+    for (int i = 0; i < 10; i++) mg_scalar(g, i);
+    CHECK(mg_graph_restore(g, cp) == 10);
+    teardown();
+}
+
 int main(void) {
     RUN(test_graph__worked_example);
     RUN(test_graph__reused_node_and_second_backward);
@@ -225,6 +366,9 @@ int main(void) {
     RUN(test_graph__value_costs_at_most_64_bytes);
     RUN(test_graph__autofree_reclaims_iteratively);
     RUN(test_graph__checkpoint_with_autofree);
+    RUN(test_graph__operands_of_another_graph_are_always_refused);
+    RUN(test_graph__lengths_are_checked_before_operands_are_read);
+    RUN(test_graph__checkpoint_domains_release_only_their_values);
     RUN(test_graph__deep_chain_ten_million);
     TAP_DONE();
 }

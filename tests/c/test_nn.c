@@ -2,6 +2,7 @@
 #include "tap.h"
 
 #include <mg/mg.h>
+#include <stdint.h>
 #include <string.h>
 
 /* ---- a failing allocator: fails allocation number `fail_at` (1-based), counts live blocks -- */
@@ -221,6 +222,70 @@ static void test_nn__activation_table_is_complete(void) {
     CHECK(mg_activation_op(MG_ACT_RELU) == MG_OP_RELU);
 }
 
+static void test_nn__restored_parameters_are_detected(void) {
+    /* A model created inside a checkpoint outlives the restore that releases its parameters; new
+     * values (a variadic node among them) reuse the slots. Every use of the model is refused,
+     * and freeing it releases nothing else. */
+    mg_graph *g = mg_graph_new();
+    mg_graph_set_autofree(g, 1);
+    mg_rng r;
+    mg_rng_seed(&r, 3);
+    mg_graph_checkpoint cp = mg_graph_save(g);
+    size_t sizes[2] = {3, 1};
+    mg_mlp *m = mg_mlp_init(g, 2, sizes, 2, MG_ACT_RELU, MG_INIT_UNIFORM, &r);
+    mg_layer *l = mg_layer_init(g, 2, 2, MG_ACT_TANH, MG_INIT_UNIFORM, &r);
+    mg_neuron *n = mg_neuron_init(g, 2, MG_ACT_RELU, MG_INIT_UNIFORM, &r);
+    CHECK(m && l && n);
+    CHECK(mg_graph_restore(g, cp) == 13 + 6 + 3);
+    mg_value *others[40];
+    for (int i = 0; i < 40; i++) {
+        others[i] = mg_scalar(g, 100.0 + i);
+        mg_value_retain(others[i]);
+    }
+    mg_value *s = mg_sum(g, others, 40);
+    mg_value_retain(s);
+    size_t len = mg_graph_len(g);
+    mg_value *x[2] = {others[0], others[1]}, *out[2];
+    CHECK(mg_mlp_call(g, m, x, out) == MG_EINVAL);
+    CHECK(strstr(mg_graph_last_error(g), "released") != NULL);
+    CHECK(mg_layer_call(g, l, x, out) == MG_EINVAL);
+    CHECK(mg_neuron_call(g, n, x) == NULL && mg_graph_last_status(g) == MG_EINVAL);
+    mg_value *p[13];
+    CHECK(mg_mlp_params(m, p) == 0 && mg_layer_params(l, p) == 0 && mg_neuron_params(n, p) == 0);
+    CHECK(mg_graph_len(g) == len);
+    mg_mlp_free(m);
+    mg_layer_free(l);
+    mg_neuron_free(n);
+    CHECK(mg_graph_len(g) == len); /* no unrelated value lost a reference */
+    for (int i = 0; i < 40; i++) CHECK(mg_data(others[i]) == 100.0 + i);
+    CHECK(mg_backward(g, s) == MG_OK && mg_grad(others[7]) == 1.0);
+    mg_graph_free(g);
+}
+
+static void test_nn__sizes_that_overflow_are_refused(void) {
+    mg_graph *g = mg_graph_new();
+    mg_rng r;
+    mg_rng_seed(&r, 1);
+    size_t one[1] = {1};
+    /* a layer count whose array size wraps is refused before the widths are read */
+    CHECK(mg_mlp_init(g, 2, one, SIZE_MAX / 4, MG_ACT_RELU, MG_INIT_UNIFORM, &r) == NULL);
+    CHECK(mg_graph_last_status(g) == MG_EINVAL);
+    CHECK(strstr(mg_graph_last_error(g), "too many") != NULL);
+    CHECK(mg_neuron_init(g, SIZE_MAX, MG_ACT_RELU, MG_INIT_UNIFORM, &r) == NULL);
+    CHECK(mg_layer_init(g, 2, SIZE_MAX, MG_ACT_RELU, MG_INIT_UNIFORM, &r) == NULL);
+    CHECK(mg_layer_init(g, SIZE_MAX / 2, 3, MG_ACT_RELU, MG_INIT_UNIFORM, &r) == NULL);
+    size_t huge[2] = {SIZE_MAX / 3, 1};
+    CHECK(mg_mlp_init(g, 2, huge, 2, MG_ACT_RELU, MG_INIT_UNIFORM, &r) == NULL);
+    CHECK(mg_graph_len(g) == 0);
+    mg_graph_free(g);
+}
+
+static void test_nn__null_generator_is_harmless(void) {
+    CHECK(mg_rng_next(NULL) == 0);
+    CHECK(isnan(mg_rng_uniform(NULL, -1.0, 1.0)));
+    mg_rng_seed(NULL, 1);
+}
+
 int main(void) {
     RUN(test_nn__activation_table_is_complete);
     RUN(test_nn__param_counts_and_order);
@@ -228,5 +293,8 @@ int main(void) {
     RUN(test_nn__same_seed_same_weights_bitwise);
     RUN(test_nn__xor_trains_below_1e3);
     RUN(test_nn__allocation_failure_at_every_k);
+    RUN(test_nn__restored_parameters_are_detected);
+    RUN(test_nn__sizes_that_overflow_are_refused);
+    RUN(test_nn__null_generator_is_harmless);
     TAP_DONE();
 }

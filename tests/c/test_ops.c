@@ -267,11 +267,34 @@ static void test_ops__variadic_forward_orders(void) {
     mg_graph_free(g);
 }
 
+static void test_ops__powers_at_zero_have_pytorchs_gradients(void) {
+    /* d/da a**0 is 0 everywhere (also at a = 0, where K * pow(A, K - 1) is 0 * inf); for a**b at
+     * a = 0 and b >= 0 the exponent's gradient b**... * log(0) is 0, as PyTorch masks it */
+    mg_graph *g = mg_graph_new();
+    mg_value *a = mg_scalar(g, 0.0), *r = mg_relu(g, mg_scalar(g, -2.0));
+    mg_value *y = mg_add(g, mg_pow(g, a, 0.0), mg_pow(g, r, 0.0));
+    CHECK(mg_backward(g, y) == MG_OK);
+    CHECK(mg_data(y) == 2.0 && mg_grad(a) == 0.0 && mg_grad(r) == 0.0);
+    mg_value *b = mg_scalar(g, 2.0), *z = mg_scalar(g, 0.0);
+    mg_value *p = mg_powv(g, a, b), *q = mg_powv(g, z, a);
+    CHECK(mg_backward(g, p) == MG_OK);
+    CHECK(mg_data(p) == 0.0 && mg_grad(a) == 0.0 && mg_grad(b) == 0.0);
+    CHECK(mg_backward(g, q) == MG_OK); /* 0 ** 0 = 1 */
+    CHECK(mg_data(q) == 1.0 && mg_grad(z) == 0.0 && mg_grad(a) == 0.0);
+    /* away from zero nothing changes */
+    mg_value *e = mg_scalar(g, 2.0), *c = mg_scalar(g, 3.0);
+    mg_value *w = mg_powv(g, e, c);
+    CHECK(mg_backward(g, w) == MG_OK);
+    CHECK(mg_grad(e) == 3.0 * pow(2.0, 2.0) && mg_grad(c) == 8.0 * log(2.0));
+    mg_graph_free(g);
+}
+
 int main(void) {
     RUN(test_ops__table_is_complete);
     RUN(test_ops__elementwise_gradients_match_finite_differences);
     RUN(test_ops__forward_values);
     RUN(test_ops__relu_at_zero_has_zero_gradient);
+    RUN(test_ops__powers_at_zero_have_pytorchs_gradients);
     RUN(test_ops__variadic_gradients_match_finite_differences);
     RUN(test_ops__variadic_forward_orders);
     TAP_DONE();

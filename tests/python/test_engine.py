@@ -323,3 +323,107 @@ def test_nan_and_inf_propagate_as_ieee():
     assert math.isnan((i - i).data)
     assert Value(0.0).log().data == float("-inf")
     assert Value(1000.0).exp().data == float("inf")
+
+
+# ---- exact numbers at the edges (issue #10, item 13) -----------------------------------------
+
+DIVISIONS = [lambda a, b: a / b, lambda a, b: 10.0 / b, lambda a, b: a / 3.0, lambda a, b: 7 / (a * b),
+             lambda a, b: (a * 1.25) / (b + 0.5)]
+
+
+def test_division_is_micrographs_bit_for_bit():
+    # micrograd divides as a * b**-1: two roundings, which 7/3 shows in the last bit
+    assert (Value(7.0) / Value(3.0)).data == (RefValue(7.0) / RefValue(3.0)).data == 7.0 * 3.0 ** -1
+    assert (Value(7.0) / 3.0).data == (RefValue(7.0) / 3.0).data
+    assert (7.0 / Value(3.0)).data == (7.0 / RefValue(3.0)).data
+    rs = random.Random(10)
+    for _ in range(300):
+        x, y = rs.uniform(-5, 5), rs.choice([-1, 1]) * rs.uniform(0.1, 5)
+        for f in DIVISIONS:
+            got = []
+            for V in (Value, RefValue):
+                a, b = V(x), V(y)
+                out = f(a, b) * 1.7  # an upstream gradient other than 1
+                out.backward()
+                got.append((out.data, a.grad, b.grad))
+            assert got[0] == got[1], (x, y, got)
+    # and the graph is micrograd's: a product with the divisor's reciprocal
+    a, b = Value(1.0), Value(4.0)
+    c = a / b
+    assert c._op == "*" and any(p._op == "**-1" for p in c._prev)
+
+
+def test_readme_example_forward_matches_micrograd_bit_for_bit():
+    # gradients agree to the last bits only: a leaf used three or more times sums its gradient
+    # contributions in our topological order, micrograd in the order of its _prev sets
+    a, b, g = readme_example(Value)
+    ra, rb, rg = readme_example(RefValue)
+    assert g.data == rg.data
+
+
+@pytest.mark.parametrize("backend", ["tape", "c"])
+def test_compiled_division_equals_eager_bit_for_bit(backend, tmp_path, monkeypatch):
+    from micrograd_c import compiler
+    if backend == "c":
+        try:
+            compiler.find_compiler()
+        except mc.CompileError:
+            pytest.skip("no C compiler")
+    monkeypatch.setenv("MICROGRAD_C_CACHE_DIR", str(tmp_path / "cache"))
+    x = mc.inputs(2)
+    w = [Value(0.75), Value(-1.25)]
+    loss = (x[0] * w[0]) / (x[1] + w[1] * w[1]) + 3.0 / (w[0] + x[1])
+    prog = mc.compile(loss, inputs=x, params=w, backend=backend)
+    for xs in ([0.5, 2.0], [-1.5, 0.3]):
+        prog.forward(xs)
+        prog.backward()
+        grads = prog.grad.copy()
+        prog.step(0.0)
+        a, b = [Value(v) for v in xs], [Value(0.75), Value(-1.25)]
+        eager = (a[0] * b[0]) / (a[1] + b[1] * b[1]) + 3.0 / (b[0] + a[1])
+        eager.backward()
+        assert prog.loss == eager.data
+        assert list(grads) == [b[0].grad, b[1].grad]
+
+
+def test_powers_at_zero_have_pytorchs_gradients():
+    a = Value(0.0)
+    y = a ** 0
+    y.backward()
+    assert y.data == 1.0 and a.grad == 0.0  # 0 * 0**-1 would be NaN
+    r = Value(-2.0)
+    z = r.relu() ** 0 + r.relu() * 3
+    z.backward()
+    assert r.grad == 0.0 and z.data == 1.0
+    a, b = Value(0.0), Value(2.0)
+    p = a ** b
+    p.backward()
+    assert (p.data, a.grad, b.grad) == (0.0, 0.0, 0.0)  # b.grad: 0 * log(0) would be NaN
+    a, b = Value(0.0), Value(0.0)
+    q = a ** b
+    q.backward()
+    assert (q.data, a.grad, b.grad) == (1.0, 0.0, 0.0)
+    try:
+        import torch
+    except ImportError:
+        return
+    for x, e in ((0.0, 2.0), (0.0, 0.0), (2.0, 0.0), (0.0, 0.5)):
+        ta = torch.tensor(x, dtype=torch.float64, requires_grad=True)
+        tb = torch.tensor(e, dtype=torch.float64, requires_grad=True)
+        (ta ** tb).backward()
+        va, vb = Value(x), Value(e)
+        (va ** vb).backward()
+        assert (va.grad, vb.grad) == (ta.grad.item(), tb.grad.item()), (x, e)
+
+
+# ---- wrong arguments are one-line errors (issue #10, item 17) --------------------------------
+
+@pytest.mark.parametrize("method", ["add", "sub", "mul", "div", "max", "powv", "pow"])
+def test_op_methods_raise_on_wrong_types(method):
+    v = Value(2.0)
+    for bad in ("a", None, [1.0]):
+        with pytest.raises(TypeError) as e:
+            getattr(v, method)(bad)
+        assert "\n" not in str(e.value) and method in str(e.value)
+    good = getattr(v, method)(3.0 if method == "pow" else Value(3.0))
+    assert isinstance(good, Value)

@@ -170,3 +170,41 @@ def test_bad_shapes_are_clear_errors():
         MLP(2, [3], activation="gelu")
     with pytest.raises(TypeError):
         MLP(2, [3])(["a", 1.0])
+
+
+@pytest.mark.parametrize("make, exc, words", [
+    (lambda: MLP(2.5, [1]), TypeError, "nin must be an integer"),
+    (lambda: MLP("2", [1]), TypeError, "nin must be an integer"),
+    (lambda: MLP(2, [1.5]), TypeError, "layer widths must be integers"),
+    (lambda: MLP(2, 3), TypeError, "nouts must be a sequence"),
+    (lambda: MLP(-3, [1]), ValueError, "at least one input"),
+    (lambda: MLP(2, [1], activation=5), TypeError, "activation must be a string"),
+    (lambda: Neuron(-1), ValueError, "nin must be at least 1"),
+    (lambda: Neuron(2.0), TypeError, "nin must be an integer"),
+    (lambda: Neuron(None), TypeError, "nin must be an integer"),
+    (lambda: Layer(2, 0), ValueError, "nout must be at least 1"),
+    (lambda: Layer("a", 2), TypeError, "nin must be an integer"),
+    (lambda: Layer(2, 2.5), TypeError, "nout must be an integer"),
+    (lambda: MLP(2, [2 ** 70]), ValueError, "too many"),
+    (lambda: Neuron(2 ** 64), ValueError, "too many"),
+])
+def test_wrong_arguments_are_one_line_errors(make, exc, words):
+    with pytest.raises(exc) as e:
+        make()
+    msg = str(e.value)
+    assert words in msg and "\n" not in msg and "incompatible function arguments" not in msg
+
+
+def test_core_constructors_speak_micrograd_c():
+    from micrograd_c import _core
+    for make in (lambda: _core.MLP(2.5, [1], "relu"), lambda: _core.Neuron(-1, "relu"),
+                 lambda: _core.Layer(2, "x", "relu"), lambda: _core.MLP(2, [1], 5),
+                 lambda: _core.MLP(2, [1], "relu").layer("a"), lambda: _core.Neuron(2, "relu").__call__(5)):
+        with pytest.raises((TypeError, ValueError, IndexError)) as e:
+            make()
+        assert "\n" not in str(e.value) and "incompatible function arguments" not in str(e.value)
+    n = Neuron(2)
+    with pytest.raises(TypeError, match="activation must be a string"):
+        n.activation = 3
+    with pytest.raises(IndexError):
+        _core.MLP(2, [1], "relu").layer(5)

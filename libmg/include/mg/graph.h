@@ -12,6 +12,14 @@
  * Errors: an op given a NULL operand returns NULL, so a chain of ops needs one check at the end.
  * An op that fails for another reason (out of memory, operands from another graph) returns NULL
  * and records a message readable with mg_graph_last_error(); the graph is left as it was.
+ *
+ * Identity: every graph gets an identity no other graph of the process ever had, and every value
+ * can be traced to its graph's identity in constant time; an operand of another graph, or one a
+ * restore released, is always refused (MG_EINVAL), never dereferenced as if it were ours.
+ *
+ * Threads: a graph is not thread-safe; calls on one graph must not run concurrently. Checkpoint
+ * domains (mg_graph_set_domain()) let several callers that take turns on one graph (threads under
+ * one lock) each save and restore checkpoints without releasing the others' values.
  * @{
  */
 #ifndef MG_GRAPH_H
@@ -80,16 +88,41 @@ MG_API size_t mg_graph_bytes(const mg_graph *g);
 MG_API mg_graph_checkpoint mg_graph_save(const mg_graph *g);
 
 /**
- * @brief Frees every value created after @p cp was saved, in time proportional to what it frees.
+ * @brief Frees every value of the checkpoint's domain created after @p cp was saved.
  *
  * Pointers to those values become invalid (their memory stays owned by the graph, so a holder of
- * a pointer and its serial can detect the release with mg_value_is_live()). Values created before
- * the save are kept, with their data and gradients.
+ * a pointer and its serial can detect the release with mg_value_is_live()); structs that hold
+ * values (mg_mlp and the rest, tapes) detect it too and refuse to run. Values created before the
+ * save are kept, with their data and gradients. With one domain (the default) the cost is
+ * proportional to what is freed. Values created after the save in another domain are kept, and
+ * so is every value they use (see mg_graph_set_domain()); the walk then costs the number of values
+ * created since the save.
  * @param g the graph
  * @param cp a checkpoint from mg_graph_save() on the same graph
  * @return the number of values freed.
  */
 MG_API size_t mg_graph_restore(mg_graph *g, mg_graph_checkpoint cp);
+
+/**
+ * @brief Sets the graph's checkpoint domain: values created from now on belong to it.
+ *
+ * A checkpoint records the domain current when it is saved, and mg_graph_restore() releases only
+ * values of that domain (and not those used by values of other domains). Two callers that
+ * interleave on one graph, each with its own domain, can so each restore its own checkpoints
+ * without releasing the other's values. Python gives each thread its own domain. Domain 0 is the
+ * default; with a single domain, checkpoints behave as a plain stack.
+ * @param g the graph
+ * @param domain a domain in [0, 255]
+ * @return MG_OK, or MG_EINVAL for a NULL graph or a domain out of range (nothing changes then).
+ */
+MG_API int mg_graph_set_domain(mg_graph *g, int domain);
+
+/**
+ * @brief The graph's current checkpoint domain (see mg_graph_set_domain()).
+ * @param g the graph
+ * @return the domain; 0 for NULL.
+ */
+MG_API int mg_graph_domain(const mg_graph *g);
 
 /**
  * @brief Sets every gradient in the graph to zero.
@@ -224,7 +257,9 @@ MG_API double mg_value_const(const mg_value *v);
 MG_API int mg_value_has_bias(const mg_value *v);
 
 /**
- * @brief Serial number of a value: unique within its graph, increasing in creation order.
+ * @brief Serial number of a value: unique within its graph (never reused, also when the value's
+ * memory is), increasing in creation order, never 0. Its low 8 bits are the value's checkpoint
+ * domain (mg_graph_set_domain()).
  * @param v the value
  * @return the serial; 0 for NULL.
  */
@@ -256,10 +291,11 @@ MG_API void mg_value_retain(mg_value *v);
 MG_API void mg_value_release(mg_graph *g, mg_value *v);
 
 /**
- * @brief Whether a value belongs to a graph.
+ * @brief Whether a value belongs to a graph, in constant time.
  * @param g the graph
- * @param v the value
- * @return 1 when @p v is a live value of @p g.
+ * @param v a value of any live graph (NULL allowed)
+ * @return 1 when @p v is a live value of @p g; 0 for a value of another graph, a released value
+ *         and NULL.
  */
 MG_API int mg_value_in_graph(const mg_graph *g, const mg_value *v);
 
@@ -283,15 +319,19 @@ MG_API mg_value *mg_add(mg_graph *g, mg_value *a, mg_value *b);
 MG_API mg_value *mg_sub(mg_graph *g, mg_value *a, mg_value *b);
 /** @brief `a * b`. @param g graph @param a operand @param b operand @return new value or NULL. */
 MG_API mg_value *mg_mul(mg_graph *g, mg_value *a, mg_value *b);
-/** @brief `a / b` (IEEE: division by zero gives an infinity or NaN). @param g graph @param a operand
- *  @param b operand @return new value or NULL. */
+/** @brief `a / b`, one IEEE division (correctly rounded; division by zero gives an infinity or
+ *  NaN). micrograd computes `a / b` as `a * b**-1`, two nodes and two roundings, which can differ
+ *  in the last bit: `mg_mul(g, a, mg_pow(g, b, -1))` is that graph, and the one the Python `/`
+ *  builds. @param g graph @param a operand @param b operand @return new value or NULL. */
 MG_API mg_value *mg_div(mg_graph *g, mg_value *a, mg_value *b);
 /** @brief `-a`. @param g graph @param a operand @return new value or NULL. */
 MG_API mg_value *mg_neg(mg_graph *g, mg_value *a);
-/** @brief `a ** k` for a constant exponent, as micrograd's `__pow__`. @param g graph
+/** @brief `a ** k` for a constant exponent, as micrograd's `__pow__` (d/da is `k * a**(k-1)`,
+ *  and 0 when k is 0, also at a = 0, as PyTorch). @param g graph
  *  @param a base @param k exponent @return new value or NULL. */
 MG_API mg_value *mg_pow(mg_graph *g, mg_value *a, double k);
-/** @brief `a ** b` with a value as exponent (d/db is `a**b * log(a)`). @param g graph
+/** @brief `a ** b` with a value as exponent: d/da is `b * a**(b-1)` (0 when b is 0), d/db is
+ *  `a**b * log(a)` (0 when a is 0 and b >= 0), PyTorch's conventions. @param g graph
  *  @param a base @param b exponent @return new value or NULL. */
 MG_API mg_value *mg_powv(mg_graph *g, mg_value *a, mg_value *b);
 /** @brief `a * a`. @param g graph @param a operand @return new value or NULL. */
@@ -316,7 +356,8 @@ MG_API mg_value *mg_max(mg_graph *g, mg_value *a, mg_value *b);
  * @brief `v[0] + v[1] + ... + v[n-1]`, added left to right, as one node.
  * @param g the graph
  * @param v the terms (the array is copied)
- * @param n number of terms (0 gives a node with data 0)
+ * @param n number of terms (0 gives a node with data 0), at most `UINT32_MAX / 4`: a longer
+ *        length is refused (MG_EINVAL) before the array is read
  * @return new value or NULL (also when any term is NULL).
  */
 MG_API mg_value *mg_sum(mg_graph *g, mg_value *const *v, size_t n);
@@ -326,7 +367,7 @@ MG_API mg_value *mg_sum(mg_graph *g, mg_value *const *v, size_t n);
  * @param g the graph
  * @param a first vector (copied)
  * @param b second vector (copied)
- * @param n length
+ * @param n length, at most `UINT32_MAX / 4` (checked before the arrays are read)
  * @return new value or NULL.
  */
 MG_API mg_value *mg_dot(mg_graph *g, mg_value *const *a, mg_value *const *b, size_t n);
@@ -337,7 +378,7 @@ MG_API mg_value *mg_dot(mg_graph *g, mg_value *const *a, mg_value *const *b, siz
  * @param g the graph
  * @param w weights (copied)
  * @param x inputs (copied)
- * @param n length
+ * @param n length, at most `UINT32_MAX / 4`
  * @param bias the bias
  * @return new value or NULL.
  */
@@ -349,7 +390,7 @@ MG_API mg_value *mg_affine(mg_graph *g, mg_value *const *w, mg_value *const *x, 
  * @param g the graph
  * @param pred predictions (copied)
  * @param target targets (copied)
- * @param n length, at least 1
+ * @param n length, at least 1 and at most `UINT32_MAX / 4`
  * @return new value or NULL.
  */
 MG_API mg_value *mg_mse(mg_graph *g, mg_value *const *pred, mg_value *const *target, size_t n);
@@ -360,7 +401,7 @@ MG_API mg_value *mg_mse(mg_graph *g, mg_value *const *pred, mg_value *const *tar
  * @param g the graph
  * @param score scores (copied)
  * @param y labels, -1 or +1 (copied)
- * @param n length, at least 1
+ * @param n length, at least 1 and at most `UINT32_MAX / 4`
  * @return new value or NULL.
  */
 MG_API mg_value *mg_hinge(mg_graph *g, mg_value *const *score, mg_value *const *y, size_t n);
@@ -370,7 +411,7 @@ MG_API mg_value *mg_hinge(mg_graph *g, mg_value *const *score, mg_value *const *
  * `log(sum(exp(z[i] - m))) + m - z[t]`.
  * @param g the graph
  * @param logits the logits (copied)
- * @param n number of classes, at least 1
+ * @param n number of classes, at least 1 and at most `UINT32_MAX / 4`
  * @param target a value whose data is the class index t; it receives no gradient. A data that is
  *        not an integer in [0, n) makes the op fail with MG_EINVAL (frozen programs give NaN).
  * @return new value or NULL.

@@ -8,8 +8,11 @@
  * A neuron computes `act(b + w[0]*x[0] + ... + w[n-1]*x[n-1])` as one MG_OP_DOT node with a
  * bias plus the activation, which is bit for bit what micrograd's `Neuron.__call__` computes.
  * Parameters are created in the graph passed to the init call and hold one reference each for
- * the struct; the struct must be freed before the graph and must not outlive a restore to a
- * checkpoint saved before it was created.
+ * the struct; the struct must be freed before the graph. A restore to a checkpoint saved before
+ * the struct was created releases its parameters: the struct keeps each parameter's serial and
+ * detects it, so calls then fail with MG_EINVAL, the `*_params` functions write nothing and return
+ * 0, `*_is_live` returns 0, and freeing the struct releases nothing else. Sizes are checked before
+ * anything is allocated: counts whose array sizes could wrap are refused.
  * @{
  */
 #ifndef MG_NN_H
@@ -28,7 +31,7 @@ typedef struct mg_rng {
 
 /**
  * @brief Seeds a generator. The same seed gives the same sequence on every platform.
- * @param[out] rng the generator to seed
+ * @param[out] rng the generator to seed; NULL is a no-op
  * @param seed any 64-bit seed
  */
 MG_API void mg_rng_seed(mg_rng *rng, uint64_t seed);
@@ -36,7 +39,7 @@ MG_API void mg_rng_seed(mg_rng *rng, uint64_t seed);
 /**
  * @brief Next 64 random bits.
  * @param rng the generator
- * @return the bits.
+ * @return the bits; 0 for NULL.
  */
 MG_API uint64_t mg_rng_next(mg_rng *rng);
 
@@ -45,7 +48,7 @@ MG_API uint64_t mg_rng_next(mg_rng *rng);
  * @param rng the generator
  * @param lo lower bound
  * @param hi upper bound
- * @return the number.
+ * @return the number; NaN for NULL.
  */
 MG_API double mg_rng_uniform(mg_rng *rng, double lo, double hi);
 
@@ -118,7 +121,7 @@ MG_API mg_neuron *mg_neuron_init(mg_graph *g, size_t nin, mg_activation act, mg_
  * @param g the neuron's graph
  * @param n the neuron
  * @param x `nin` inputs
- * @return the activation, owned by @p g; NULL on failure.
+ * @return the activation, owned by @p g; NULL on failure (MG_EINVAL when a parameter was released).
  */
 MG_API mg_value *mg_neuron_call(mg_graph *g, const mg_neuron *n, mg_value *const *x);
 /** @brief Parameter count (`nin + 1`). @param n the neuron @return the count; 0 for NULL. */
@@ -127,9 +130,16 @@ MG_API size_t mg_neuron_param_count(const mg_neuron *n);
  * @brief Writes the parameters, weights then bias (micrograd's order).
  * @param n the neuron
  * @param[out] out room for mg_neuron_param_count() pointers (borrowed; owned by the graph)
- * @return the number written.
+ * @return the number written; 0 when a parameter was released (MG_EINVAL is recorded on the
+ *         neuron's graph).
  */
 MG_API size_t mg_neuron_params(const mg_neuron *n, mg_value **out);
+/**
+ * @brief Whether every parameter of a neuron is still live (no restore released one).
+ * @param n the neuron
+ * @return 1 when live; 0 when a parameter was released, and for NULL.
+ */
+MG_API int mg_neuron_is_live(const mg_neuron *n);
 /** @brief Number of inputs. @param n the neuron @return `nin`. */
 MG_API size_t mg_neuron_nin(const mg_neuron *n);
 /** @brief Activation. @param n the neuron @return the activation. */
@@ -157,14 +167,19 @@ MG_API mg_layer *mg_layer_init(mg_graph *g, size_t nin, size_t nout, mg_activati
  * @param l the layer
  * @param x `nin` inputs
  * @param[out] out room for `nout` outputs (owned by @p g)
- * @return MG_OK or a negative status (the graph is unchanged then).
+ * @return MG_OK or a negative status (the graph is unchanged then); MG_EINVAL when a parameter
+ *         was released.
  */
 MG_API int mg_layer_call(mg_graph *g, const mg_layer *l, mg_value *const *x, mg_value **out);
 /** @brief Parameter count. @param l the layer @return the count; 0 for NULL. */
 MG_API size_t mg_layer_param_count(const mg_layer *l);
 /** @brief Writes the parameters neuron by neuron. @param l the layer
- *  @param[out] out room for mg_layer_param_count() pointers @return the number written. */
+ *  @param[out] out room for mg_layer_param_count() pointers
+ *  @return the number written; 0 when a parameter was released. */
 MG_API size_t mg_layer_params(const mg_layer *l, mg_value **out);
+/** @brief Whether every parameter of a layer is still live. @param l the layer
+ *  @return 1 when live; 0 when a parameter was released, and for NULL. */
+MG_API int mg_layer_is_live(const mg_layer *l);
 /** @brief Inputs per neuron. @param l the layer @return `nin`. */
 MG_API size_t mg_layer_nin(const mg_layer *l);
 /** @brief Number of neurons. @param l the layer @return `nout`. */
@@ -180,7 +195,7 @@ MG_API void mg_layer_free(mg_layer *l);
  * @param g the graph that owns the parameters
  * @param nin number of inputs, at least 1
  * @param nouts layer widths, each at least 1
- * @param nlayers number of layers, at least 1
+ * @param nlayers number of layers, at least 1 (checked before @p nouts is read)
  * @param act activation of every layer but the last, which is linear
  * @param init weight initialisation
  * @param rng generator (NULL: zero weights)
@@ -194,14 +209,19 @@ MG_API mg_mlp *mg_mlp_init(mg_graph *g, size_t nin, const size_t *nouts, size_t 
  * @param m the MLP
  * @param x `nin` inputs
  * @param[out] out room for mg_mlp_nout() outputs (owned by @p g)
- * @return MG_OK or a negative status (the graph is unchanged then).
+ * @return MG_OK or a negative status (the graph is unchanged then); MG_EINVAL when a parameter
+ *         was released.
  */
 MG_API int mg_mlp_call(mg_graph *g, const mg_mlp *m, mg_value *const *x, mg_value **out);
 /** @brief Parameter count. @param m the MLP @return the count; 0 for NULL. */
 MG_API size_t mg_mlp_param_count(const mg_mlp *m);
 /** @brief Writes the parameters layer by layer (micrograd's order). @param m the MLP
- *  @param[out] out room for mg_mlp_param_count() pointers @return the number written. */
+ *  @param[out] out room for mg_mlp_param_count() pointers
+ *  @return the number written; 0 when a parameter was released. */
 MG_API size_t mg_mlp_params(const mg_mlp *m, mg_value **out);
+/** @brief Whether every parameter of an MLP is still live. @param m the MLP
+ *  @return 1 when live; 0 when a parameter was released, and for NULL. */
+MG_API int mg_mlp_is_live(const mg_mlp *m);
 /** @brief Number of inputs. @param m the MLP @return `nin`. */
 MG_API size_t mg_mlp_nin(const mg_mlp *m);
 /** @brief Number of outputs. @param m the MLP @return the last layer's width. */

@@ -32,7 +32,9 @@ extern "C" {
 /**
  * The op table. `XS` rows are elementwise ops with formulas; `XN` rows are leaves and variadic
  * ops. Derivative conventions at kinks: relu'(0) = 0 (micrograd and PyTorch); max with equal
- * operands sends half the gradient to each (PyTorch's `maximum`, and the central difference).
+ * operands sends half the gradient to each (PyTorch's `maximum`, and the central difference);
+ * powers follow PyTorch where `0 * inf` would give NaN: d/da a**k is 0 when k is 0 (also at
+ * a = 0), and d/db a**b is 0 at a = 0 when b >= 0.
  */
 #define MG_OP_LIST(XS, XN)                                                                     \
     XN(LEAF,    "leaf",          "")                                                           \
@@ -41,8 +43,11 @@ extern "C" {
     XS(MUL,     "mul",     "*",       2, A * B,                   B,                   A)       \
     XS(DIV,     "div",     "/",       2, A / B,                   1.0 / B,             -A / (B * B)) \
     XS(NEG,     "neg",     "neg",     1, -A,                      -1.0,                0.0)     \
-    XS(POW,     "pow",     "**",      1, pow(A, K),               K * pow(A, K - 1.0), 0.0)     \
-    XS(POWV,    "powv",    "**",      2, pow(A, B),               B * pow(A, B - 1.0), Y * log(A)) \
+    XS(POW,     "pow",     "**",      1, pow(A, K),                                              \
+                                         K == 0.0 ? 0.0 : K * pow(A, K - 1.0),  0.0)             \
+    XS(POWV,    "powv",    "**",      2, pow(A, B),                                              \
+                                         B == 0.0 ? 0.0 : B * pow(A, B - 1.0),                   \
+                                         A == 0.0 && B >= 0.0 ? 0.0 : Y * log(A))                \
     XS(SQUARE,  "square",  "square",  1, A * A,                   2.0 * A,             0.0)     \
     XS(RELU,    "relu",    "ReLU",    1, A < 0.0 ? 0.0 : A,       Y > 0.0 ? 1.0 : 0.0, 0.0)     \
     XS(TANH,    "tanh",    "tanh",    1, tanh(A),                 1.0 - Y * Y,         0.0)     \

@@ -108,6 +108,15 @@ typedef struct mg_tape_stats {
 MG_API int mg_tape_get_stats(const mg_tape *t, mg_tape_stats *out);
 
 /**
+ * @brief A readable listing of the frozen programs: every loop nest with its sizes, what it
+ * computes and the affine index of each operand, the sequential loops, the losses.
+ * @param t the tape
+ * @param[out] len length of the text (may be NULL)
+ * @return a NUL-terminated string, freed with mg_tape_free_source(); NULL when out of memory.
+ */
+MG_API char *mg_tape_describe(mg_tape *t, size_t *len);
+
+/**
  * @brief The data slots; parameters are the first mg_tape_nparams() entries.
  * @param t the tape
  * @return the array, owned by the tape (mg_tape_nslots() doubles); NULL for NULL.
@@ -255,7 +264,8 @@ typedef struct mg_compiled {
  */
 MG_API char *mg_tape_emit_c(mg_tape *t, const mg_emit_options *opt, size_t *len);
 
-/** @brief Frees a string returned by mg_tape_emit_c(). @param t the tape @param src NULL is a no-op */
+/** @brief Frees a string returned by mg_tape_emit_c() or mg_tape_describe(). @param t the tape
+ * @param src NULL is a no-op */
 MG_API void mg_tape_free_source(const mg_tape *t, char *src);
 
 /**

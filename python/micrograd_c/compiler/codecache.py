@@ -1,16 +1,29 @@
 """The compiled-library cache: content-addressed keys, per-key locks, atomic writes, loading.
 
 In the spirit of TorchInductor's code cache: a library is stored under a hash of its source, the
-compiler (path, command, version), the flags and the emitter version; writes go to a temporary
-file renamed into place under a per-key ``flock``, so concurrent builds of one program both
-succeed and a loaded library is never rewritten.
+compiler (path, command, version), the flags, what machine-dependent flags resolve to on this
+machine (``-march=native``) and the emitter version; writes go to a temporary file renamed into
+place under a per-key ``flock``, so concurrent builds of one program both succeed and a loaded
+library is never rewritten.
+
+Loading a shared library runs its constructors before anything can be checked, so the cache
+trusts only what this user alone can have written: the cache directory (created 0700) and each
+entry must be owned by the current user and not writable by group or others. A directory that
+fails is replaced by a private one for this process (removed at exit), an entry that fails is
+rebuilt, each with a warning. A library is loaded from a private copy of the bytes that were
+checked, under a name no earlier load in this process used, so a rebuilt entry is really loaded
+again (``dlopen`` returns the library already loaded under the same name).
 """
 from __future__ import annotations
 
+import atexit
 import ctypes
 import hashlib
+import itertools
 import os
 import platform
+import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -20,7 +33,19 @@ from contextlib import contextmanager
 from typing import Any, Dict, Iterator, Optional, Sequence
 
 from .. import _core
-from .toolchain import CompileError, Toolchain
+from .toolchain import CompileError, Toolchain, resolved_target, run_command
+
+
+class LibraryLoadError(OSError):
+    """A compiled library was refused or does not fit the program.
+
+    Raised by :func:`load_library` and :func:`load_verified` when the file cannot be trusted
+    (owner, permissions, not a regular file), cannot be loaded, lacks a symbol the program uses,
+    or was built for another layout or emitter version. It is an :class:`OSError`, so a caller
+    that treats every ``OSError`` from loading as a bad cache entry (remove it, rebuild once, then
+    raise :class:`CompileError`, which ``backend="auto"`` turns into the tape) handles it.
+    """
+
 
 def cache_dir() -> str:
     """The compiled-library cache: ``$MICROGRAD_C_CACHE_DIR``, else the user cache directory."""
@@ -31,12 +56,56 @@ def cache_dir() -> str:
     return os.path.join(base, "micrograd_c")
 
 
+# ---- trust ----------------------------------------------------------------------------------
+
+def _untrusted(st: os.stat_result, what: str) -> Optional[str]:
+    """Why a file or directory with status ``st`` may hold another user's code, or None."""
+    if os.name != "posix":  # no owners or modes to check: the user's own cache is assumed
+        return None
+    uid = os.geteuid()
+    if st.st_uid != uid:
+        return f"{what} is owned by uid {st.st_uid}, not by this user (uid {uid})"
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"{what} is writable by group or others (mode {stat.S_IMODE(st.st_mode):o})"
+    return None
+
+
+def _private_root(root: str) -> Optional[str]:
+    """Creates ``root`` (0700) if needed; why it cannot be trusted, or None. Raises OSError when
+    it is not usable at all (not a directory, not writable)."""
+    os.makedirs(root, mode=0o700, exist_ok=True)
+    why = _untrusted(os.stat(root), f"the directory {root}")
+    probe = tempfile.NamedTemporaryFile(dir=root, prefix=".probe-", delete=True)
+    probe.close()
+    return why
+
+
+_fallback: Dict[int, str] = {}  # process id -> its private cache directory, once one was needed
+
+
+def _fallback_root() -> str:
+    """A private directory for this process, removed when the process exits."""
+    pid = os.getpid()  # a forked child makes its own, and never removes its parent's
+    d = _fallback.get(pid)
+    if d is None or not os.path.isdir(d):
+        if not _fallback:
+            atexit.register(_remove_fallback)
+        d = _fallback[pid] = tempfile.mkdtemp(prefix="micrograd_c-cache-")  # mode 0700
+    return d
+
+
+def _remove_fallback() -> None:
+    d = _fallback.pop(os.getpid(), None)
+    if d:
+        shutil.rmtree(d, ignore_errors=True)  # loaded libraries are private copies: safe
+
+
 # ---- cache ----------------------------------------------------------------------------------
 
 @contextmanager
 def _locked(path: str) -> Iterator[None]:
     """An exclusive lock on `path` (a lock file per cache key), across processes."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600)
     try:
         try:
             import fcntl
@@ -51,7 +120,7 @@ def _locked(path: str) -> Iterator[None]:
 def _cache_key(source: str, tc: Toolchain, flags: Sequence[str]) -> str:
     h = hashlib.sha256()
     for part in (source, tc.path, " ".join(tc.command), tc.version, "\0".join(flags),
-                 str(_core.EMITTER_VERSION), platform.machine(), sys.platform):
+                 resolved_target(tc, flags), str(_core.EMITTER_VERSION), platform.machine(), sys.platform):
         h.update(part.encode("utf-8", "surrogateescape"))
         h.update(b"\0")
     return h.hexdigest()[:32]
@@ -63,24 +132,40 @@ def build_library(source: str, tc: Toolchain, flags: Sequence[str], *, cache: Op
 
     Returns ``{"path", "cached", "compile_seconds", "command"}``. Writes go to a temporary file
     that is renamed into place, under a per-key lock, so concurrent builds of the same source
-    both succeed. Raises :class:`CompileError` on failure or timeout.
+    both succeed. A cache directory that is not usable, or not private (owned by this user, not
+    writable by group or others), is replaced by a private directory for this process, with a
+    warning; an entry that is not private is rebuilt, with a warning. Raises
+    :class:`CompileError` on failure or timeout (the compiler's whole process group is killed).
     """
     root = cache or cache_dir()
     try:
-        os.makedirs(root, exist_ok=True)
-        probe = tempfile.NamedTemporaryFile(dir=root, prefix=".probe-", delete=True)
-        probe.close()
+        why = _private_root(root)
     except OSError as e:
         # a read-only, full or bogus cache directory must not stop a compile: build privately
-        fallback = tempfile.mkdtemp(prefix="micrograd_c-cache-")
+        fallback = _fallback_root()
         warnings.warn(f"the cache directory {root} is not usable ({e.strerror or e}); "
                       f"compiling into {fallback} instead", RuntimeWarning, stacklevel=3)
         root = fallback
+    else:
+        if why:
+            fallback = _fallback_root()
+            warnings.warn(f"the cache directory {root} is not private: {why}; its libraries are not "
+                          f"loaded (that would run code others can plant there); compiling into "
+                          f"{fallback} instead (fix: chmod go-w, or set MICROGRAD_C_CACHE_DIR)",
+                          RuntimeWarning, stacklevel=3)
+            root = fallback
     key = _cache_key(source, tc, flags)
     lib = os.path.join(root, f"mg_{key}.so")
     with _locked(lib + ".lock"):
-        if os.path.exists(lib) and os.path.getsize(lib) > 0:
-            return {"path": lib, "cached": True, "compile_seconds": 0.0, "command": []}
+        try:
+            st: Optional[os.stat_result] = os.lstat(lib)
+        except OSError:
+            st = None
+        if st is not None and stat.S_ISREG(st.st_mode) and st.st_size > 0:
+            why = _untrusted(st, f"the cache entry {lib}")
+            if why is None:
+                return {"path": lib, "cached": True, "compile_seconds": 0.0, "command": []}
+            warnings.warn(f"{why}: not loaded; rebuilding it", RuntimeWarning, stacklevel=3)
         try:
             fd, tmp_src = tempfile.mkstemp(prefix=f"mg_{key}.", suffix=".c", dir=root)
             with os.fdopen(fd, "w") as f:
@@ -91,10 +176,10 @@ def build_library(source: str, tc: Toolchain, flags: Sequence[str], *, cache: Op
         cmd = tc.command + list(flags) + ["-fPIC", "-shared", "-o", tmp_lib, tmp_src, "-lm"]
         t0 = time.perf_counter()
         try:
-            r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+            r = run_command(cmd, timeout)
         except subprocess.TimeoutExpired as e:
             _remove(tmp_lib)
-            out = (e.stdout or "") + (e.stderr or "") if isinstance(e.stdout, str) else ""
+            out = (e.output or "") + (e.stderr or "") if isinstance(e.output, str) else ""
             raise CompileError(f"the C compiler timed out after {timeout:g} s", cmd, out) from None
         except OSError as e:
             raise CompileError(f"could not run the C compiler: {e}", cmd) from None
@@ -106,6 +191,8 @@ def build_library(source: str, tc: Toolchain, flags: Sequence[str], *, cache: Op
             _remove(tmp_lib)
             raise CompileError(f"the C compiler failed (exit status {r.returncode})", cmd, r.stdout + r.stderr)
         try:
+            # whatever the umask: nobody else may write what this user will load
+            os.chmod(tmp_lib, stat.S_IMODE(os.stat(tmp_lib).st_mode) & ~0o022)
             os.replace(tmp_lib, lib)
         except OSError as e:
             _remove(tmp_lib)
@@ -120,6 +207,87 @@ def _remove(path: str) -> None:
         pass
 
 
+# ---- loading --------------------------------------------------------------------------------
+
+_loaded: Dict[str, ctypes.CDLL] = {}  # sha256 of a library's bytes -> that library, loaded
+_loads = itertools.count()
+
+
+def _read_trusted(path: str) -> bytes:
+    """The bytes of the library at ``path``, read through descriptors of the directory and the
+    file that were checked (so nothing can be swapped between check and read)."""
+    d, name = os.path.split(os.path.abspath(path))
+    try:
+        dfd = os.open(d, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError as e:
+        raise LibraryLoadError(f"{path}: cannot open its directory: {e.strerror or e}") from None
+    try:
+        why = _untrusted(os.fstat(dfd), f"the directory {d}")
+        if why:
+            raise LibraryLoadError(f"{path}: not loaded: {why}")
+        flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0)
+        try:
+            if os.open in os.supports_dir_fd:
+                fd = os.open(name, flags, dir_fd=dfd)
+            else:
+                fd = os.open(path, flags)
+        except OSError as e:
+            raise LibraryLoadError(f"{path}: cannot open: {e.strerror or e}") from None
+    finally:
+        os.close(dfd)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise LibraryLoadError(f"{path}: not a regular file")
+        why = _untrusted(st, f"the library {path}")
+        if why:
+            raise LibraryLoadError(f"{path}: not loaded: {why}")
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            return f.read()
+    finally:
+        os.close(fd)
+
+
+def _dlopen_copy(data: bytes, path: str, digest: str) -> ctypes.CDLL:
+    """Loads ``data`` from a private copy under a name never used before in this process."""
+    errors = []
+    for where in (os.path.dirname(os.path.abspath(path)), tempfile.gettempdir()):
+        try:
+            d = tempfile.mkdtemp(prefix=".mg-load-", dir=where)  # 0700, ours
+        except OSError as e:
+            errors.append(f"{where}: {e.strerror or e}")
+            continue
+        copy = os.path.join(d, f"mg_{digest[:16]}_{os.getpid()}_{next(_loads)}.so")
+        try:
+            fd = os.open(copy, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o700)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            return ctypes.CDLL(copy)  # the mapping outlives the file, removed below
+        except OSError as e:
+            errors.append(str(e))
+        finally:
+            shutil.rmtree(d, ignore_errors=True)
+    raise LibraryLoadError(f"{path}: does not load: {'; '.join(errors)}")
+
+
+def load_verified(path: str) -> ctypes.CDLL:
+    """Load the shared library at ``path`` if this user alone can have written it.
+
+    The directory and the file must be owned by the current user and not writable by group or
+    others, and the file must be a regular file (not a symbolic link); otherwise, or when the
+    library does not load, raises :class:`LibraryLoadError` and runs none of its code. The bytes
+    checked are loaded from a private copy under a name no earlier load in this process used, so
+    a library rebuilt at the same path is loaded anew (``dlopen`` would return the old one);
+    a library identical to one already loaded is that one.
+    """
+    data = _read_trusted(path)
+    digest = hashlib.sha256(data).hexdigest()
+    lib = _loaded.get(digest)
+    if lib is None:
+        lib = _loaded[digest] = _dlopen_copy(data, path, digest)
+    return lib
+
+
 class CompiledProgram(ctypes.Structure):
     """libmg's ``mg_compiled``: what generated training code exports as ``<prefix>program``."""
 
@@ -127,18 +295,29 @@ class CompiledProgram(ctypes.Structure):
                 ("nnests", ctypes.c_size_t), ("kernels", ctypes.c_void_p)]
 
 
-def load_library(path: str, tape: Any, prefix: str) -> ctypes.CDLL:
-    """Load a compiled library and check that it was generated for ``tape``; raises OSError if not."""
-    lib = ctypes.CDLL(path)
+#: What a compiled training program exports (after the prefix). A library lacking one is refused.
+SYMBOLS = ("program", "emitter_version")
+
+
+def load_library(path: str, tape: Any, prefix: str, *, float32: Optional[bool] = None) -> ctypes.CDLL:
+    """Load a compiled library (see :func:`load_verified`) and check that it is the tape's.
+
+    Every symbol of :data:`SYMBOLS` must exist, the program must have been emitted for ``tape``
+    (its fingerprint) by this emitter version, and, when ``float32`` is given, for that storage
+    type. Raises :class:`LibraryLoadError` (an :class:`OSError`) otherwise, never a bare
+    ``ValueError`` or ``AttributeError``; libmg checks the fingerprint again when it attaches.
+    """
+    lib = load_verified(path)
     try:
         version = ctypes.c_int.in_dll(lib, prefix + "emitter_version").value
         program = CompiledProgram.in_dll(lib, prefix + "program")
     except ValueError as e:  # a missing symbol
-        raise OSError(f"{path}: not a library generated by this version of micrograd_c ({e})") from None
+        raise LibraryLoadError(f"{path}: lacks {prefix}program or {prefix}emitter_version: not a library "
+                               f"generated by this micrograd_c ({e})") from None
     if version != _core.EMITTER_VERSION:
-        raise OSError(f"{path}: built by emitter version {version}, this is {_core.EMITTER_VERSION}")
+        raise LibraryLoadError(f"{path}: built by emitter version {version}, this is {_core.EMITTER_VERSION}")
     if program.fingerprint != tape.fingerprint:
-        raise OSError(f"{path}: generated for another program")
+        raise LibraryLoadError(f"{path}: generated for another program")
+    if float32 is not None and program.real_bytes != (4 if float32 else 8):
+        raise LibraryLoadError(f"{path}: built for another storage type")
     return lib
-
-

@@ -111,6 +111,12 @@ class Program:
         """Copy the trained parameters into the Values they were frozen from; returns how many."""
         return self.tape.write_back()
 
+    def describe(self) -> str:
+        """A readable listing of what the compiler made of the graph: the forward and backward
+        loop nests (sizes, what each computes, each operand's affine index), the sequential
+        loops recovered from repeated steps, the losses, and which nests run compiled."""
+        return self.tape.describe()
+
     def c_source(self, prefix: str = "mgc_", inference_only: bool = False) -> str:
         """The program as self-contained C (inference-only: parameters inlined as constants)."""
         return self.tape.emit_c(prefix, inference_only)

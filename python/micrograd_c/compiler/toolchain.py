@@ -1,13 +1,16 @@
-"""The C toolchain: finding a working compiler, its version, and the default flags."""
+"""The C toolchain: finding a working compiler, its version, the default flags, what
+machine-dependent flags resolve to, and running the compiler under a time limit."""
 from __future__ import annotations
 
 import os
+import platform
 import shlex
 import shutil
+import signal
 import subprocess
 import tempfile
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 #: Flags used when none are given: optimised, and no floating-point contraction, so compiled
 #: results equal the interpreter's and the eager graph's. Code compiled on the machine that runs
@@ -27,6 +30,47 @@ class CompileError(RuntimeError):
             tail = output if len(output) < 4000 else "...\n" + output[-4000:]
             detail += f"\ncompiler output:\n{tail}"
         super().__init__(message + detail)
+
+
+# ---- running the compiler -------------------------------------------------------------------
+
+def run_command(cmd: Sequence[str], timeout: float) -> "subprocess.CompletedProcess[str]":
+    """Run ``cmd`` with its output captured (text), in a process group of its own.
+
+    A compiler is a tree of processes (driver, cc1, as, ld, or whatever a wrapper starts); when
+    ``timeout`` seconds pass, or the caller is interrupted, the whole group is killed, not only
+    the driver, and :class:`subprocess.TimeoutExpired` is raised (with the output so far).
+    Raises :class:`OSError` when the command cannot be started.
+    """
+    posix = os.name == "posix"
+    kw: Dict[str, Any] = {"start_new_session": True} if posix else {}
+    with subprocess.Popen(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          errors="replace", **kw) as p:
+        try:
+            out, err = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            _kill_group(p, posix)
+            try:
+                out, err = p.communicate(timeout=10)
+            except subprocess.TimeoutExpired:  # a child that left the group keeps the pipes open
+                p.kill()
+                out, err = "", ""
+            raise subprocess.TimeoutExpired(list(cmd), timeout, output=out, stderr=err) from None
+        except BaseException:
+            _kill_group(p, posix)
+            raise
+    return subprocess.CompletedProcess(list(cmd), p.returncode, out, err)
+
+
+def _kill_group(p: "subprocess.Popen[str]", posix: bool) -> None:
+    """SIGKILL to the group led by ``p`` (not yet waited for, so its id cannot be reused)."""
+    try:
+        if posix:
+            os.killpg(p.pid, signal.SIGKILL)
+        else:
+            p.kill()
+    except OSError:  # already gone
+        pass
 
 
 # ---- toolchain ------------------------------------------------------------------------------
@@ -51,7 +95,7 @@ _toolchains: Dict[str, Optional[Toolchain]] = {}
 def _version_of(cmd: List[str]) -> str:
     for flag in ("--version", "-v"):
         try:
-            r = subprocess.run(cmd + [flag], capture_output=True, text=True, timeout=30)
+            r = run_command(cmd + [flag], timeout=30)
         except (OSError, subprocess.TimeoutExpired):
             continue
         text = (r.stdout + r.stderr).strip()
@@ -73,8 +117,7 @@ def _probe(cmd: List[str]) -> Optional[Toolchain]:
             with open(src, "w") as f:
                 f.write("#include <math.h>\ndouble mg_probe(double x) { return sqrt(x); }\n")
             try:
-                r = subprocess.run(cmd + ["-shared", "-fPIC", "-o", out, src, "-lm"],
-                                   capture_output=True, text=True, timeout=60)
+                r = run_command(cmd + ["-shared", "-fPIC", "-o", out, src, "-lm"], timeout=60)
                 if r.returncode == 0 and os.path.exists(out):
                     tc = Toolchain(cmd, os.path.realpath(path), _version_of(cmd))
             except (OSError, subprocess.TimeoutExpired):
@@ -117,8 +160,8 @@ def default_flags(tc: "Toolchain") -> List[str]:
             with open(src, "w") as f:
                 f.write("int mg_native(void) { return 1; }\n")
             try:
-                r = subprocess.run(tc.command + ["-march=native", "-c", "-o", os.path.join(d, "n.o"), src],
-                                   capture_output=True, text=True, timeout=60)
+                r = run_command(tc.command + ["-march=native", "-c", "-o", os.path.join(d, "n.o"), src],
+                                timeout=60)
                 ok = r.returncode == 0 and not r.stderr.strip()
             except (OSError, subprocess.TimeoutExpired):
                 ok = False
@@ -126,3 +169,69 @@ def default_flags(tc: "Toolchain") -> List[str]:
     return DEFAULT_FLAGS + (["-march=native"] if _native[tc.path] else [])
 
 
+# ---- what machine-dependent flags mean here -------------------------------------------------
+
+_targets: Dict[Tuple[str, ...], str] = {}
+
+
+def resolved_target(tc: "Toolchain", flags: Sequence[str]) -> str:
+    """What the machine-dependent flags among ``flags`` (``-march=native``, ``-mcpu=native``,
+    ``-mtune=native``) resolve to on this machine, as text for the cache key; ``""`` when there
+    are none.
+
+    The same compiler, flags and source give different code on different CPUs under
+    ``-march=native``, so a cache shared between machines (an NFS home, a container image) must
+    not hand one machine's library (AVX-512, say) to another. In order of preference: the
+    compiler's own answer (gcc: ``-Q --help=target``, the resolved ``-march=`` and every ``-m``
+    option; clang: ``-###``, the target CPU and features), else the CPU's feature list
+    (``/proc/cpuinfo``), else the processor's name. Computed once per process and toolchain.
+    """
+    if not any("native" in f for f in flags):
+        return ""
+    key = (tc.path, *tc.command, "\0", *flags)
+    if key not in _targets:
+        _targets[key] = _gcc_target(tc, flags) or _clang_target(tc, flags) or _cpu_features()
+    return _targets[key]
+
+
+def _gcc_target(tc: "Toolchain", flags: Sequence[str]) -> str:
+    try:
+        r = run_command(tc.command + list(flags) + ["-Q", "--help=target"], timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    if r.returncode != 0 or ("-march=" not in r.stdout and "-mcpu=" not in r.stdout):
+        return ""
+    lines = (" ".join(line.split()) for line in r.stdout.splitlines())
+    return "gcc-target\n" + "\n".join(line for line in lines if line.startswith("-"))
+
+
+def _clang_target(tc: "Toolchain", flags: Sequence[str]) -> str:
+    try:
+        r = run_command(tc.command + list(flags) + ["-###", "-x", "c", "-c", os.devnull, "-o", os.devnull],
+                        timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    picked: List[str] = []
+    for line in (r.stderr + r.stdout).splitlines():
+        try:
+            words = shlex.split(line)
+        except ValueError:
+            continue
+        for i, w in enumerate(words[:-1]):
+            if w in ("-target-cpu", "-tune-cpu", "-target-feature", "-triple"):
+                picked.append(w + " " + words[i + 1])
+    return "clang-target\n" + "\n".join(picked) if picked else ""
+
+
+def _cpu_features() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            info = f.read()
+    except OSError:
+        info = ""
+    for field in ("flags", "Features", "isa"):  # x86, ARM, RISC-V
+        for line in info.splitlines():
+            name, _, value = line.partition(":")
+            if name.strip() == field:
+                return f"cpu {field}: " + " ".join(sorted(value.split()))
+    return "cpu: " + (platform.processor() or platform.machine())

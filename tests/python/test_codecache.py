@@ -1,0 +1,346 @@
+"""The compiled-library cache against hostile and shared directories (issue #10, items 5-8).
+
+Loading a shared library runs its constructors before any check, so a cache entry is loaded only
+from a directory and a file that this user owns and nobody else can write; each build is loaded
+under a name no earlier load used (a rebuilt entry is really reloaded); the key says what
+``-march=native`` meant; a hanging compiler is killed with all its children.
+"""
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import stat
+import subprocess
+import sys
+import textwrap
+import time
+from typing import Tuple
+
+import numpy as np
+import pytest
+
+import micrograd_c as mc
+from micrograd_c import compiler
+from micrograd_c.compiler import codecache
+from micrograd_c.nn import MLP
+
+try:
+    CC = compiler.find_compiler()
+except mc.CompileError:
+    CC = None
+needs_cc = pytest.mark.skipif(CC is None, reason="no C compiler")
+posix_only = pytest.mark.skipif(os.name != "posix", reason="POSIX permissions and process groups")
+
+
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("MICROGRAD_C_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def program(backend: str = "c", **kw) -> Tuple[MLP, mc.Program]:
+    random.seed(0)
+    model = MLP(3, [4, 2])
+    x, y = mc.inputs(3), mc.inputs(1)
+    out = model(x)
+    loss = mc.cross_entropy(out, y[0])
+    return model, mc.compile(loss, inputs=x, targets=y, params=model.parameters(), outputs=out,
+                             backend=backend, **kw)
+
+
+def works(model: MLP, prog: mc.Program) -> bool:
+    return bool(np.array_equal(prog.forward([0.1, 0.2, 0.3], [1]), [o.data for o in model([0.1, 0.2, 0.3])]))
+
+
+def entry_path(cache) -> str:
+    """Where this test's program is cached (its key does not depend on the directory)."""
+    _, tape_prog = program("tape")
+    key = codecache._cache_key(tape_prog.c_source(), CC, compiler.default_flags(CC))
+    return os.path.join(str(cache), f"mg_{key}.so")
+
+
+def build_shared(path: str, source: str) -> None:
+    src = path + ".src.c"
+    with open(src, "w") as f:
+        f.write(source)
+    subprocess.run(CC.command + ["-shared", "-fPIC", "-o", path, src], check=True, capture_output=True)
+    os.remove(src)
+
+
+def planted(path: str, marker: str, extra: str = "") -> None:
+    """A library whose constructor creates `marker`: planted code that runs when loaded."""
+    build_shared(path, textwrap.dedent(f"""
+        #include <stdio.h>
+        __attribute__((constructor)) static void planted(void) {{
+            FILE *f = fopen("{marker}", "w");
+            if (f) fclose(f);
+        }}
+        {extra}
+    """))
+
+
+# ---- item 5: only private, owned entries are loaded -------------------------------------------
+
+@needs_cc
+@posix_only
+def test_new_cache_directory_is_private(private_cache):
+    model, prog = program()
+    assert prog.backend == "c" and works(model, prog)
+    assert stat.S_IMODE(os.stat(private_cache).st_mode) == 0o700
+    lib = os.stat(prog.info["library"])
+    assert lib.st_uid == os.geteuid() and not lib.st_mode & 0o022
+
+
+@needs_cc
+@posix_only
+def test_shared_writable_cache_directory_is_not_trusted(tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o777)  # anyone can plant a library here, under a predictable name
+    marker = tmp_path / "planted-code-ran"
+    planted(entry_path(shared), str(marker))
+    with pytest.warns(RuntimeWarning, match="not private"):
+        model, prog = program(cache=str(shared))
+    assert not marker.exists()
+    assert prog.backend == "c" and works(model, prog)
+    assert not prog.info["library"].startswith(str(shared))
+
+
+@needs_cc
+@posix_only
+def test_cache_entry_writable_by_others_is_refused(private_cache, tmp_path):
+    os.makedirs(private_cache, mode=0o700)
+    marker = tmp_path / "planted-code-ran"
+    path = entry_path(private_cache)
+    planted(path, str(marker))
+    os.chmod(path, 0o666)
+    with pytest.warns(RuntimeWarning, match="writable by group or others"):
+        model, prog = program()
+    assert not marker.exists()
+    assert prog.backend == "c" and works(model, prog)
+    st = os.stat(prog.info["library"])
+    assert st.st_uid == os.geteuid() and not st.st_mode & 0o022
+
+
+@needs_cc
+@posix_only
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="chown needs root")
+def test_cache_entry_of_another_user_is_refused(private_cache, tmp_path):
+    os.makedirs(private_cache, mode=0o700)
+    marker = tmp_path / "planted-code-ran"
+    path = entry_path(private_cache)
+    planted(path, str(marker))
+    os.chown(path, 65534, 65534)
+    with pytest.warns(RuntimeWarning, match="owned by uid 65534"):
+        model, prog = program()
+    assert not marker.exists()
+    assert prog.backend == "c" and works(model, prog)
+
+
+@needs_cc
+@posix_only
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="chown needs root")
+def test_cache_directory_of_another_user_is_refused(private_cache, tmp_path):
+    os.makedirs(private_cache, mode=0o700)
+    marker = tmp_path / "planted-code-ran"
+    planted(entry_path(private_cache), str(marker))
+    os.chown(private_cache, 65534, 65534)
+    with pytest.warns(RuntimeWarning, match="not private"):
+        model, prog = program()
+    assert not marker.exists()
+    assert prog.backend == "c" and works(model, prog)
+    assert not prog.info["library"].startswith(str(private_cache))
+
+
+@needs_cc
+def test_library_without_the_expected_symbols_is_rebuilt(private_cache):
+    os.makedirs(private_cache, mode=0o700, exist_ok=True)
+    build_shared(entry_path(private_cache), "int mg_unrelated = 1;\n")
+    model, prog = program()
+    assert prog.backend == "c" and prog.info["cached"] is False and works(model, prog)
+
+
+@needs_cc
+def test_load_library_raises_a_documented_error(tmp_path):
+    os.chmod(tmp_path, 0o700)
+    path = str(tmp_path / "lib.so")
+    build_shared(path, "int mg_unrelated = 1;\n")
+    _, prog = program("tape")
+    assert issubclass(codecache.LibraryLoadError, OSError)
+    with pytest.raises(codecache.LibraryLoadError, match="lacks"):
+        codecache.load_library(path, prog.tape, "mgc_")
+    with open(path, "wb") as f:
+        f.write(b"\x7fELF not really")
+    with pytest.raises(codecache.LibraryLoadError):
+        codecache.load_library(path, prog.tape, "mgc_")
+
+
+@needs_cc
+def test_auto_falls_back_when_no_build_loads(monkeypatch):
+    def refuse(path):
+        raise codecache.LibraryLoadError(f"{path}: refused for the test")
+
+    monkeypatch.setattr(codecache, "load_verified", refuse)
+    with pytest.raises(mc.CompileError, match="does not load"):
+        program("c")
+    with pytest.warns(RuntimeWarning, match="falling back"):
+        model, prog = program("auto")
+    assert prog.backend == "tape" and works(model, prog)
+
+
+# ---- item 7: a rebuilt entry is loaded again -------------------------------------------------
+
+@needs_cc
+def test_rebuilt_entry_is_reloaded_in_the_same_process(private_cache):
+    # a stale entry with the right symbols but another layout: the first load refuses it, the
+    # entry is rebuilt at the same path, and the rebuilt library must be what the second load gets
+    _, tape_prog = program("tape")
+    source = tape_prog.c_source()
+    fp = f"0x{tape_prog.tape.fingerprint:016x}ULL"
+    assert fp in source
+    os.makedirs(private_cache, mode=0o700, exist_ok=True)
+    # an entry generated for another program (another fingerprint) where this one's belongs
+    build_shared(entry_path(private_cache), source.replace(fp, f"0x{tape_prog.tape.fingerprint ^ 1:016x}ULL"))
+    model, prog = program()
+    assert prog.backend == "c" and prog.info["cached"] is False and works(model, prog)
+    # and again, after the entry changes under a process that loaded it
+    os.remove(prog.info["library"])
+    model, prog2 = program()
+    assert prog2.info["cached"] is False and works(model, prog2)
+
+
+@needs_cc
+def test_each_build_at_one_path_loads_as_itself(tmp_path):
+    os.chmod(tmp_path, 0o700)
+    path = str(tmp_path / "lib.so")
+    values = []
+    for v in (1, 2, 3):
+        tmp = str(tmp_path / f"new{v}.so")
+        build_shared(tmp, f"int mg_answer(void) {{ return {v}; }}\n")
+        os.replace(tmp, path)  # as a rebuild does
+        values.append(codecache.load_verified(path).mg_answer())
+    assert values == [1, 2, 3]
+    assert codecache.load_verified(path).mg_answer() == 3  # unchanged file: the same library
+
+
+# ---- item 6: the key says what -march=native means -------------------------------------------
+
+def fake_cpu_compiler(tmp_path) -> str:
+    """A compiler that reports another CPU for -march=native, as the same compiler on another
+    machine would (the real one does the compiling)."""
+    path = tmp_path / "fakecc"
+    path.write_text(textwrap.dedent(f"""\
+        #!/bin/sh
+        for a in "$@"; do
+            case "$a" in
+            --help=target) printf '  -march=  \\t\\t%s\\n  -mavx512f  \\t\\t[%s]\\n' "$FAKE_CPU" "$FAKE_AVX512"; exit 0;;
+            esac
+        done
+        exec {CC.path} "$@"
+    """))
+    path.chmod(0o755)
+    return str(path)
+
+
+@needs_cc
+@posix_only
+def test_cache_key_depends_on_what_march_native_resolves_to(tmp_path):
+    cc = fake_cpu_compiler(tmp_path)
+    code = ("from micrograd_c import compiler\n"
+            "tc = compiler.find_compiler()\n"
+            "fl = compiler.default_flags(tc)\n"
+            "print('-march=native' in fl, compiler.codecache._cache_key('int x;', tc, fl))\n")
+    keys = []
+    for cpu, avx in (("znver3", "disabled"), ("sapphirerapids", "enabled"), ("znver3", "disabled")):
+        env = dict(os.environ, CC=cc, FAKE_CPU=cpu, FAKE_AVX512=avx)
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+        assert r.returncode == 0, r.stderr
+        native, key = r.stdout.split()
+        assert native == "True"
+        keys.append(key)
+    assert keys[0] != keys[1] and keys[0] == keys[2]
+
+
+@needs_cc
+def test_resolved_target_describes_this_machine():
+    flags = compiler.default_flags(CC)
+    if "-march=native" in flags:
+        assert compiler.toolchain.resolved_target(CC, flags).strip()
+    assert compiler.toolchain.resolved_target(CC, ["-O2", "-ffp-contract=off"]) == ""
+
+
+# ---- item 8: hanging compilers and fallback directories --------------------------------------
+
+def pid_gone(pid: int) -> bool:
+    """Whether `pid` has exited (a zombie waiting for its parent counts as exited)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+    except OSError:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        return False
+
+
+@needs_cc
+@posix_only
+def test_compiler_timeout_kills_the_whole_process_group(tmp_path):
+    pidfile = tmp_path / "grandchild.pid"
+    cc = tmp_path / "hangcc"
+    cc.write_text(textwrap.dedent(f"""\
+        #!/bin/sh
+        for a in "$@"; do case "$a" in *.c) if grep -q mgc_program "$a"; then
+            sleep 1000 &
+            echo $! > {pidfile}
+            wait
+        fi;; esac; done
+        exec {CC.path} "$@"
+    """))
+    cc.chmod(0o755)
+    with pytest.raises(mc.CompileError, match="timed out"):
+        program("c", cc=str(cc), timeout=1.0)
+    pid = int(pidfile.read_text())
+    try:
+        deadline = time.monotonic() + 30  # not a time limit on the code: SIGKILL is asynchronous
+        while not pid_gone(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert pid_gone(pid), "the compiler's child survived the timeout"
+    finally:
+        try:
+            os.kill(pid, 9)
+        except OSError:
+            pass
+
+
+@needs_cc
+def test_fallback_cache_directory_is_removed_at_exit(tmp_path):
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    script = textwrap.dedent(f"""
+        import os, random, warnings
+        import micrograd_c as mc
+        from micrograd_c.nn import MLP
+        random.seed(0)
+        m = MLP(3, [2])
+        x = mc.inputs(3)
+        out = m(x)
+        with warnings.catch_warnings(record=True):
+            warnings.simplefilter("always")
+            p = mc.compile(mc.vsum(out), inputs=x, params=m.parameters(), backend="c",
+                           cache={str(blocker / "cache")!r})
+        print(os.path.dirname(p.info["library"]))
+    """)
+    env = dict(os.environ, TMPDIR=str(tmp))
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr
+    used = r.stdout.strip()
+    assert used.startswith(str(tmp)) and os.path.basename(used).startswith("micrograd_c-cache-")
+    assert not os.path.exists(used)
+    assert [p for p in os.listdir(tmp) if p.startswith("micrograd_c-")] == []

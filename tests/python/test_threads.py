@@ -1,0 +1,130 @@
+"""Threads: each thread's ``checkpoint()`` releases only what that thread created inside it.
+
+Two threads that each train their own model with the documented pattern (build the loss and
+call backward inside ``with checkpoint():``, update the parameters after it) must get exactly
+the parameters they get when run one after the other.
+"""
+from __future__ import annotations
+
+import sys
+import threading
+from typing import Dict, List
+
+import numpy as np
+import pytest
+
+import micrograd_c as mc
+from micrograd_c.engine import Value
+from micrograd_c.nn import MLP
+
+
+def initial_state(seed: int, sizes: List[int]) -> Dict[str, np.ndarray]:
+    rs = np.random.RandomState(seed)
+    out = {}
+    for i in range(len(sizes) - 1):
+        out[f"layers.{i}.weight"] = rs.uniform(-1, 1, (sizes[i + 1], sizes[i]))
+        out[f"layers.{i}.bias"] = np.zeros(sizes[i + 1])
+    return out
+
+
+def train(seed: int, steps: int, start: threading.Barrier = None) -> Dict[str, np.ndarray]:
+    """The documented pattern; the model and the data are created by the training thread."""
+    if start is not None:
+        start.wait()
+    sizes = [2, 8, 8, 1]
+    model = MLP(sizes[0], sizes[1:])
+    model.load_state_dict(initial_state(seed, sizes))
+    rs = np.random.RandomState(100 + seed)
+    X, Y = rs.uniform(-1, 1, (8, 2)), rs.choice([-1.0, 1.0], 8)
+    for _ in range(steps):
+        with mc.checkpoint():
+            scores = [model([Value(float(a)), Value(float(b))]) for a, b in X]
+            loss = mc.hinge(scores, list(Y)) + 1e-4 * sum(p * p for p in model.parameters())
+            model.zero_grad()
+            loss.backward()
+        for p in model.parameters():
+            p.data -= 0.05 * p.grad
+    return model.state_dict()
+
+
+@pytest.fixture
+def fast_switching():
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # hand the GIL over as often as possible: maximal interleaving
+    yield
+    sys.setswitchinterval(old)
+
+
+def run_threads(seeds: List[int], steps: int) -> List[Dict[str, np.ndarray]]:
+    results: List = [None] * len(seeds)
+    errors: List[BaseException] = []
+    start = threading.Barrier(len(seeds))
+
+    def worker(i: int) -> None:
+        try:
+            results[i] = train(seeds[i], steps, start)
+        except BaseException as e:  # noqa: BLE001 -- reported by the main thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(seeds))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return results
+
+
+def test_two_threads_train_their_own_models_as_if_alone(fast_switching):
+    base = mc.graph_len()
+    alone = [train(1, 15), train(2, 15)]
+    together = run_threads([1, 2], 15)
+    for a, b in zip(alone, together):
+        assert a.keys() == b.keys()
+        for k in a:
+            assert np.array_equal(a[k], b[k]), k
+    assert mc.graph_len() == base  # every step's graph was released, in both threads
+
+
+def test_a_thread_does_not_release_values_created_meanwhile_by_another(fast_switching):
+    inside, outside = threading.Event(), threading.Event()
+    made: List[Value] = []
+    seen: List[float] = []
+
+    def holder() -> None:
+        with mc.checkpoint():
+            tmp = Value(1.0) * 2
+            inside.set()
+            outside.wait()  # the main thread creates values while this checkpoint is open
+            seen.append(tmp.data)
+        seen.append(tmp._alive)
+
+    t = threading.Thread(target=holder)
+    t.start()
+    inside.wait()
+    made.extend(Value(float(i)) for i in range(10))
+    w = made[0] + made[1]
+    outside.set()
+    t.join()
+    assert seen == [2.0, False]  # the holder's own value was released
+    assert all(v._alive for v in made) and w._alive and w.data == 1.0
+    w.backward()
+    assert made[0].grad == 1.0
+
+
+def test_many_short_lived_threads_reuse_domains():
+    # more threads than there are checkpoint domains, one after the other
+    def step(out: List[float]) -> None:
+        x = Value(3.0)
+        with mc.checkpoint():
+            y = x * x
+            y.backward()
+        out.append(x.grad)
+
+    out: List[float] = []
+    for _ in range(300):
+        t = threading.Thread(target=step, args=(out,))
+        t.start()
+        t.join()
+    assert out == [6.0] * 300
