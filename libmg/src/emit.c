@@ -290,7 +290,7 @@ char *mg_tape_emit_c(mg_tape *t, const mg_emit_options *opt, size_t *len) {
     pick_hot(t, budget, hot, inference);
 
     emit_header(&b, t, inference);
-    if (f32) puts_(&b, "#define MGK_REAL float /* float32 storage */\n");
+    if (f32) puts_(&b, "#define MGK_REAL float /* float32 storage */\n#define MGK_REAL_BYTES 4\n");
     puts_(&b, mg__kernels_text);
     puts_(&b, "\n/* ---- the op table's formulas ---- */\n");
     emit_ops(&b);

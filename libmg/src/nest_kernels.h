@@ -71,6 +71,48 @@ typedef struct mgk_run {
 #define MGK_HOT static inline
 #endif
 
+/* Vector lanes: with GNU C vector extensions (gcc, clang) a block of MGK_LANES outputs is held
+ * in MGK_NV native vectors of MGK_VW lanes (one AVX-512 register, two AVX ones or four SSE2 ones
+ * for doubles: the width follows the target the code is compiled for); elsewhere (tcc, MSVC) the
+ * plain lane loops below do the same arithmetic. Lanewise IEEE operations in the same order:
+ * the same bits either way. MGK_REAL_BYTES is sizeof(mgk_real), for the preprocessor. */
+#ifndef MGK_REAL_BYTES
+#define MGK_REAL_BYTES 8
+#endif
+#if (defined(__GNUC__) || defined(__clang__)) && !defined(__TINYC__) && !defined(MGK_NO_VECTOR)
+#define MGK_VECTOR 1
+#if defined(__AVX512F__)
+#define MGK_VBYTES 64
+#elif defined(__AVX__)
+#define MGK_VBYTES 32
+#else
+#define MGK_VBYTES 16
+#endif
+#if MGK_VBYTES > MGK_LANES * MGK_REAL_BYTES
+#undef MGK_VBYTES
+#define MGK_VBYTES (MGK_LANES * MGK_REAL_BYTES)
+#endif
+#define MGK_VW (MGK_VBYTES / MGK_REAL_BYTES) /* lanes per native vector */
+#define MGK_NV (MGK_LANES / MGK_VW)          /* native vectors per block */
+typedef mgk_real mgk_vec __attribute__((vector_size(MGK_VBYTES)));
+/* unaligned loads and stores; macros, since a function passing such vectors by value would
+ * change the ABI on targets without registers that wide */
+#define MGK_VLOAD(v, p) __builtin_memcpy(&(v), (p), sizeof(mgk_vec))
+#define MGK_VSTORE(p, v) __builtin_memcpy((p), &(v), sizeof(mgk_vec))
+/* every lane x (not {0} + x: adding zero turns -0.0 into +0.0) */
+#if MGK_VW == 2
+#define MGK_VSPLAT(x) ((mgk_vec){(x), (x)})
+#elif MGK_VW == 4
+#define MGK_VSPLAT(x) ((mgk_vec){(x), (x), (x), (x)})
+#elif MGK_VW == 8
+#define MGK_VSPLAT(x) ((mgk_vec){(x), (x), (x), (x), (x), (x), (x), (x)})
+#else
+#error "unexpected vector width"
+#endif
+#else
+#define MGK_VECTOR 0
+#endif
+
 /* Element pointer of ref X at position `pos` (base and strides applied). */
 #define MGK_AT(R, X, pos) ((X)->gather ? (R)->a[(X)->arr] + (R)->ix[pos] : (R)->a[(X)->arr] + (pos))
 
@@ -132,6 +174,29 @@ MGK_HOT void mgk_point(const mgk_nest *N, const mgk_run *R, const int term, cons
                     mgk_real part[MGK_LANES], s;
                     int l;
                     for (l = 0; l < MGK_LANES; l++) part[l] = (mgk_real)0;
+#if MGK_VECTOR
+                    if ((term == MGK_T_MUL || term == MGK_T_ONE) && !X[0].gather && !X[1].gather &&
+                        (X[0].s[7] == 0 || X[0].s[7] == 1) && (term == MGK_T_ONE || X[1].s[7] == 0 || X[1].s[7] == 1)) {
+                        /* the same partial sums, lane l of vector k holding part[k * MGK_VW + l] */
+                        mgk_vec v[MGK_NV], a = MGK_VSPLAT((mgk_real)0), b = a;
+                        const mgk_real *y0 = R->a[X[0].arr] + q0, *y1 = R->a[X[1].arr] + q1;
+                        int k;
+                        for (k = 0; k < MGK_NV; k++) v[k] = MGK_VSPLAT((mgk_real)0);
+                        if (!X[0].s[7]) a = MGK_VSPLAT(*y0);
+                        if (term == MGK_T_MUL && !X[1].s[7]) b = MGK_VSPLAT(*y1);
+                        for (; r7 + MGK_LANES <= n[7]; r7 += MGK_LANES)
+                            for (k = 0; k < MGK_NV; k++) {
+                                if (X[0].s[7]) MGK_VLOAD(a, y0 + r7 + k * MGK_VW);
+                                if (term == MGK_T_ONE) {
+                                    v[k] += a;
+                                } else {
+                                    if (X[1].s[7]) MGK_VLOAD(b, y1 + r7 + k * MGK_VW);
+                                    v[k] += a * b;
+                                }
+                            }
+                        for (k = 0; k < MGK_NV; k++) MGK_VSTORE(part + k * MGK_VW, v[k]);
+                    }
+#endif
                     for (; r7 + MGK_LANES <= n[7]; r7 += MGK_LANES)
                         for (l = 0; l < MGK_LANES; l++)
                             part[l] += MGK_TERM_AT(N, R, term, op, q0 + (r7 + l) * X[0].s[7], q1 + (r7 + l) * X[1].s[7],
@@ -170,6 +235,51 @@ MGK_HOT void mgk_block(const mgk_nest *N, const mgk_run *R, const int term, cons
     mgk_real acc[MGK_LANES];
     mgk_i64 r4, r5, r6, r7;
     int l;
+#if MGK_VECTOR
+    /* sums of products (or of values) over unit-stride or broadcast lanes, as vectors */
+    if ((term == MGK_T_MUL || term == MGK_T_ONE) && so == 1 && (s0 == 0 || s0 == 1) &&
+        (term == MGK_T_ONE || s1 == 0 || s1 == 1) && (N->mode != MGK_SUMI || N->init.s[3] <= 1) &&
+        (!step || N->init.s[3] == 1) && N->mode != MGK_SET && N->init.s[3] >= 0) {
+        mgk_vec v[MGK_NV], a = MGK_VSPLAT((mgk_real)0), b = a;
+        int k;
+        for (k = 0; k < MGK_NV; k++) {
+            if (N->mode == MGK_SUM0 || step) v[k] = MGK_VSPLAT((mgk_real)0);
+            else if (N->mode == MGK_SUMI && N->init.s[3] == 0) v[k] = MGK_VSPLAT(R->a[N->init.arr][pi]);
+            else if (N->mode == MGK_SUMI) MGK_VLOAD(v[k], R->a[N->init.arr] + pi + k * MGK_VW);
+            else MGK_VLOAD(v[k], o + k * MGK_VW);
+        }
+        for (r4 = 0; r4 < n[4]; r4++)
+            for (r5 = 0; r5 < n[5]; r5++)
+                for (r6 = 0; r6 < n[6]; r6++)
+                    for (r7 = 0; r7 < n[7]; r7++) {
+                        const mgk_real *y0 = x0 + MGK_RPOS(&X[0], r4, r5, r6, r7);
+                        const mgk_real *y1 = x1 + MGK_RPOS(&X[1], r4, r5, r6, r7);
+                        if (!s0) a = MGK_VSPLAT(*y0);
+                        if (term == MGK_T_MUL && !s1) b = MGK_VSPLAT(*y1);
+                        for (k = 0; k < MGK_NV; k++) {
+                            if (s0) MGK_VLOAD(a, y0 + k * MGK_VW);
+                            if (term == MGK_T_ONE) {
+                                v[k] += a;
+                            } else {
+                                if (s1) MGK_VLOAD(b, y1 + k * MGK_VW);
+                                v[k] += a * b;
+                            }
+                        }
+                    }
+        if (step) {
+            mgk_real *w = R->a[N->init.arr] + pi;
+            const mgk_vec lr = MGK_VSPLAT(R->lr);
+            for (k = 0; k < MGK_NV; k++) {
+                MGK_VLOAD(a, w + k * MGK_VW);
+                a -= lr * v[k];
+                MGK_VSTORE(w + k * MGK_VW, a);
+            }
+        } else {
+            for (k = 0; k < MGK_NV; k++) MGK_VSTORE(o + k * MGK_VW, v[k]);
+        }
+        return;
+    }
+#endif
     if (N->mode == MGK_SET) {
         for (l = 0; l < MGK_LANES; l++)
             acc[l] = mgk_term(term, op, N->k, x0 + l * s0, x1 + l * s1, x2 + l * s2, x3 + l * s3);

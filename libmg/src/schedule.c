@@ -279,6 +279,15 @@ done:
     return st;
 }
 
+/* Whether every operand reads consecutive or broadcast elements along dim d. */
+static int lanes_contiguous(mgk_nest *N, int d) {
+    mgk_ref *refs[6];
+    int nr = active_refs(N, refs);
+    for (int j = 1; j < nr; j++)
+        if (refs[j]->s[d] != 0 && refs[j]->s[d] != 1) return 0;
+    return refs[0]->s[d] == 0 || refs[0]->s[d] == 1 || d >= MGK_MAXO;
+}
+
 /* ---- 3. merged dims -------------------------------------------------------------------------- */
 
 static void merge_range(mgk_nest *N, int lo, int hi) {
@@ -566,8 +575,13 @@ int mg_schedule(mg_tape *t) {
         merge_range(N, MGK_MAXO, MGK_MAXD);
         N->flags &= ~(MGK_F_BLOCK | MGK_F_SPLIT);
         if (N->flags & MGK_F_SCATTER) continue;
-        if (!I->has_gather && !I->alias && N->n[3] >= MGK_LANES) N->flags |= MGK_F_BLOCK;
-        else if (I->grad && !I->has_gather && N->mode != MGK_SET && N->n[7] >= 2 * MGK_LANES) N->flags |= MGK_F_SPLIT;
+        int can_block = !I->has_gather && !I->alias && N->n[3] >= MGK_LANES;
+        int can_split = I->grad && !I->has_gather && N->mode != MGK_SET && N->n[7] >= MGK_LANES;
+        /* a gradient sum whose lanes would be strided (a packed weight read transposed) but
+         * whose innermost reduction dim is contiguous: split sums along it instead */
+        if (can_block && can_split && !lanes_contiguous(N, 3) && lanes_contiguous(N, 7)) can_block = 0;
+        if (can_block) N->flags |= MGK_F_BLOCK;
+        else if (can_split && (N->n[7] >= 2 * MGK_LANES || lanes_contiguous(N, 7))) N->flags |= MGK_F_SPLIT;
     }
     if ((st = fuse_steps(t)) != MG_OK || (st = plan_steps(t)) != MG_OK) return st;
     return t->rerolled ? plan_zeroing(t) : MG_OK;
