@@ -310,8 +310,8 @@ char *mg_tape_emit_c(mg_tape *t, const mg_emit_options *opt, size_t *len) {
         putf(&b, "static const mgk_idx mg_out_slots[] = {");
         for (size_t i = 0; i < t->noutputs; i++) putf(&b, "%s%u", i ? ", " : "", (unsigned)t->outputs[i]);
         puts_(&b, t->noutputs ? "};\n" : "0};\n");
-        putf(&b, "\n#define %sWORK %zu\n#define %sNINPUTS %zu\n#define %sNOUTPUTS %zu\n", P, t->nslots, P, t->ninputs,
-             P, t->noutputs);
+        putf(&b, "\n#define %sWORK %zu\n#define %sNINPUTS %zu\n#define %sNOUTPUTS %zu\n", P, t->nslots + MGK_PAD, P,
+             t->ninputs, P, t->noutputs);
         putf(&b,
              "/* y[%zu] = model(x[%zu]). work holds %sWORK doubles, or is NULL to use a static buffer\n"
              " * (then the call is not reentrant). */\n"
@@ -324,7 +324,7 @@ char *mg_tape_emit_c(mg_tape *t, const mg_emit_options *opt, size_t *len) {
              "    R.ix = mg_ix;\n    R.t = 0;\n    R.lr = 0.0;\n"
              "    for (i = 0; i < %zu; i++) d[i] = mg_init_values[i];\n"
              "    for (i = 0; i < %zu; i++) d[%zu + i] = x[i];\n",
-             t->noutputs, t->ninputs, P, P, t->nslots ? t->nslots : 1, t->input0, t->ninputs, t->input0);
+             t->noutputs, t->ninputs, P, P, t->nslots + MGK_PAD, t->input0, t->ninputs, t->input0);
         emit_walk(&b, t);
         putf(&b, "    for (i = 0; i < %zu; i++) y[i] = d[mg_out_slots[i]];\n}\n", t->noutputs);
     } else {

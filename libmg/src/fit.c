@@ -309,16 +309,16 @@ int mg_tape_fit(mg_tape *t, const double *X, const double *Y, size_t n, const mg
     F.threads = threads;
     for (size_t c = 0; c < nch; c++) {
         fit_chunk *ch = &F.ch[c];
-        ch->d = mg_tape__alloc(t, t->nslots, sizeof(double));
-        ch->g = mg_tape__alloc(t, t->nslots, sizeof(double));
-        ch->pg = mg_tape__alloc(t, t->npacked ? t->npacked : 1, sizeof(double));
+        ch->d = mg_tape__alloc(t, t->nslots + MGK_PAD, sizeof(double));
+        ch->g = mg_tape__alloc(t, t->nslots + MGK_PAD, sizeof(double));
+        ch->pg = mg_tape__alloc(t, t->npacked + MGK_PAD, sizeof(double));
         if (!ch->d || !ch->g || !ch->pg) {
             st = MG_ENOMEM;
             break;
         }
-        memcpy(ch->d, t->data, t->nslots * sizeof(double));
-        memset(ch->g, 0, t->nslots * sizeof(double));
-        memset(ch->pg, 0, (t->npacked ? t->npacked : 1) * sizeof(double));
+        memcpy(ch->d, t->data, (t->nslots + MGK_PAD) * sizeof(double));
+        memset(ch->g, 0, (t->nslots + MGK_PAD) * sizeof(double));
+        memset(ch->pg, 0, (t->npacked + MGK_PAD) * sizeof(double));
     }
     pthread_t tid[MG_FIT_CHUNKS];
     worker_arg wa[MG_FIT_CHUNKS];

@@ -283,8 +283,9 @@ mg_tape *mg_tape_freeze(mg_graph *g, const mg_tape_spec *spec) {
     if ((st = mg_schedule(t)) != MG_OK) goto done;
 
     /* the slot arrays */
-    t->data = mg_tape__alloc(t, t->nslots, sizeof(double));
-    t->grad = mg_tape__alloc(t, t->nslots, sizeof(double));
+    /* padded: the last vector block of a row may read past it (nest_kernels.h) */
+    t->data = mg_tape__alloc(t, t->nslots + MGK_PAD, sizeof(double));
+    t->grad = mg_tape__alloc(t, t->nslots + MGK_PAD, sizeof(double));
     t->outputs = mg_tape__alloc(t, spec->noutputs, sizeof(mgk_idx));
     t->param_values = mg_tape__alloc(t, spec->nparams, sizeof(mg_value *));
     t->param_serials = mg_tape__alloc(t, spec->nparams, sizeof(uint64_t));
@@ -292,8 +293,8 @@ mg_tape *mg_tape_freeze(mg_graph *g, const mg_tape_spec *spec) {
         st = MG_ENOMEM;
         goto done;
     }
-    memset(t->data, 0, t->nslots * sizeof(double));
-    memset(t->grad, 0, t->nslots * sizeof(double));
+    memset(t->data, 0, (t->nslots + MGK_PAD) * sizeof(double));
+    memset(t->grad, 0, (t->nslots + MGK_PAD) * sizeof(double));
     for (size_t k = 0; k < n; k++)
         if (f.slot[k] != UINT32_MAX) t->data[f.slot[k]] = f.data[k];
     for (size_t i = 0; i < spec->nparams; i++) {

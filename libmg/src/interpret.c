@@ -1,50 +1,53 @@
-/* The interpreter: runs programs over slot arrays. Each nest runs the kernel of nest_kernels.h,
- * instantiated here once per term kind and op (so that no per-element dispatch remains), or the
- * compiled kernel a generated library provides for it. */
+/* The interpreter: runs programs over slot arrays. Each nest runs the kernel of nest_kernels.h
+ * (interp_kernels.c's instances, built for the widest vector unit the CPU has), or the compiled
+ * kernel a generated library provides for it. */
 #include "ir.h"
 
+#include <stdatomic.h>
 #include <string.h>
 
-static void nest_one(const mgk_nest *N, const mgk_run *R) { mgk_nest_run(N, R, MGK_T_ONE, 0); }
-static void nest_mul(const mgk_nest *N, const mgk_run *R) { mgk_nest_run(N, R, MGK_T_MUL, 0); }
+/* The kernel builds (interp_kernels.c), the widest the CPU runs chosen on first use. */
+typedef void (*run_fn)(const mgk_nest *, const mgk_run *);
+void mg__run_nest_base(const mgk_nest *N, const mgk_run *R);
+#if defined(MG_HAVE_ISA_BUILDS)
+void mg__run_nest_avx2(const mgk_nest *N, const mgk_run *R);
+void mg__run_nest_avx512(const mgk_nest *N, const mgk_run *R);
+#endif
 
-#define MG__NEST_FNS(id, name, sym, ar, f, da, db)                                                          \
-    static void nest_op_##id(const mgk_nest *N, const mgk_run *R) { mgk_nest_run(N, R, MGK_T_OP, MG_OP_##id); } \
-    static void nest_da_##id(const mgk_nest *N, const mgk_run *R) { mgk_nest_run(N, R, MGK_T_DA, MG_OP_##id); } \
-    static void nest_db_##id(const mgk_nest *N, const mgk_run *R) { mgk_nest_run(N, R, MGK_T_DB, MG_OP_##id); }
-#define MG__NEST_NONE(id, name, sym)
-MG_OP_LIST(MG__NEST_FNS, MG__NEST_NONE)
-#undef MG__NEST_FNS
+static _Atomic(run_fn) chosen;
 
-typedef void (*nest_fn)(const mgk_nest *, const mgk_run *);
+static run_fn choose(void) {
+    run_fn fn = mg__run_nest_base;
+#if defined(MG_HAVE_ISA_BUILDS)
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
+        __builtin_cpu_supports("avx512bw"))
+        fn = mg__run_nest_avx512;
+    else if (__builtin_cpu_supports("avx2"))
+        fn = mg__run_nest_avx2;
+#endif
+    atomic_store_explicit(&chosen, fn, memory_order_relaxed);
+    return fn;
+}
 
-#define MG__ROW_OP(id, name, sym, ar, f, da, db) [MG_OP_##id] = nest_op_##id,
-#define MG__ROW_DA(id, name, sym, ar, f, da, db) [MG_OP_##id] = nest_da_##id,
-#define MG__ROW_DB(id, name, sym, ar, f, da, db) [MG_OP_##id] = nest_db_##id,
-static const nest_fn op_fns[MG_OP_COUNT] = {MG_OP_LIST(MG__ROW_OP, MG__NEST_NONE)};
-static const nest_fn da_fns[MG_OP_COUNT] = {MG_OP_LIST(MG__ROW_DA, MG__NEST_NONE)};
-static const nest_fn db_fns[MG_OP_COUNT] = {MG_OP_LIST(MG__ROW_DB, MG__NEST_NONE)};
-#undef MG__ROW_OP
-#undef MG__ROW_DA
-#undef MG__ROW_DB
-#undef MG__NEST_NONE
+const char *mg_ir__isa(void) {
+    run_fn fn = atomic_load_explicit(&chosen, memory_order_relaxed);
+    if (!fn) fn = choose();
+#if defined(MG_HAVE_ISA_BUILDS)
+    if (fn == mg__run_nest_avx512) return "avx512";
+    if (fn == mg__run_nest_avx2) return "avx2";
+#endif
+    return "baseline";
+}
 
 void mg_ir__run_nest(const mg_tape *t, size_t k, const mgk_run *R) {
     if (t->kern && t->kern[k]) {
         t->kern[k](R);
         return;
     }
-    const mgk_nest *N = &t->nests[k];
-    nest_fn fn = NULL;
-    switch (N->term) {
-    case MGK_T_ONE: fn = nest_one; break;
-    case MGK_T_MUL: fn = nest_mul; break;
-    case MGK_T_OP: fn = op_fns[N->op]; break;
-    case MGK_T_DA: fn = da_fns[N->op]; break;
-    case MGK_T_DB: fn = db_fns[N->op]; break;
-    default: break;
-    }
-    if (fn) fn(N, R);
+    run_fn fn = atomic_load_explicit(&chosen, memory_order_relaxed);
+    if (!fn) fn = choose();
+    fn(&t->nests[k], R);
 }
 
 static void run_one(const mg_tape *t, const mg_instr *in, mgk_run *R) {

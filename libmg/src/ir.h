@@ -170,6 +170,8 @@ void mg_ir__run_nest(const mg_tape *t, size_t nest, const mgk_run *R);
 /* Runs a program; with `cone` nonzero, only instructions with one of those cone flags. */
 void mg_ir__run(const mg_tape *t, const mg_instr *prog, size_t len, mgk_run *R, int cone);
 uint64_t mg_ir__fingerprint(const mg_tape *t);
+/* The kernel build the interpreter runs: "baseline", "avx2" or "avx512". */
+const char *mg_ir__isa(void);
 
 /* fit.c: packing in and out of calls */
 void mg_tape__pack(mg_tape *t);

@@ -9,7 +9,10 @@
  *
  * A nest has up to four outer dims (0..3) and four reduction dims (4..7); unused dims have size 1.
  * Dim 3 is the vector dim: MGK_F_BLOCK computes MGK_LANES outputs along it at once (each
- * output's terms still added in order, so blocking never changes a value). Per output point
+ * output's terms still added in order, so blocking never changes a value); the last block of a
+ * row may be partial: it computes every lane but stores the valid ones, and may read up to
+ * MGK_LANES - 1 elements past the row, so every array a nest reads has MGK_PAD elements of
+ * padding after its last slot. Per output point
  * (i0..i3):
  *   MGK_SET   out = term(i)                                   (no reduction dims)
  *   MGK_SUM0  out = 0 + term(i, r0) + term(i, r1) + ...       (r in row-major order)
@@ -33,6 +36,7 @@
 #define MGK_MAXR 4
 #define MGK_MAXD 8
 #define MGK_LANES 8
+#define MGK_PAD MGK_LANES /* elements of padding after every slot array */
 
 typedef long long mgk_i64;
 
@@ -141,8 +145,10 @@ MGK_HOT int mgk_term_arity(const int term, const int op_arity) {
 /* One output point, scalar (also the remainder of blocked nests): positions at the outer point
  * are po (out), pi (init), p0..p3 (term operands). `step`: the run applies SGD (MGK_F_STEP). */
 MGK_HOT void mgk_point(const mgk_nest *N, const mgk_run *R, const int term, const int op, const int step,
-                       mgk_i64 po, mgk_i64 pi, mgk_i64 p0, mgk_i64 p1, mgk_i64 p2, mgk_i64 p3) {
-    const mgk_i64 *n = N->n;
+                       const int small, mgk_i64 po, mgk_i64 pi, mgk_i64 p0, mgk_i64 p1, mgk_i64 p2, mgk_i64 p3) {
+    const mgk_i64 *nn = N->n;
+    const mgk_i64 n[MGK_MAXD] = {small ? 1 : nn[0], small ? 1 : nn[1], nn[2], nn[3],
+                                 small ? 1 : nn[4], small ? 1 : nn[5], nn[6], nn[7]};
     const mgk_ref *X = N->x;
     mgk_real acc;
     mgk_i64 r4, r5, r6, r7;
@@ -224,8 +230,11 @@ MGK_HOT void mgk_point(const mgk_nest *N, const mgk_run *R, const int term, cons
  * p_j + l * s_j. The lane loops are what the C compiler vectorises; each lane's terms are added
  * in the order the scalar path adds them. */
 MGK_HOT void mgk_block(const mgk_nest *N, const mgk_run *R, const int term, const int op, const int step,
-                       mgk_i64 po, mgk_i64 pi, mgk_i64 p0, mgk_i64 p1, mgk_i64 p2, mgk_i64 p3) {
-    const mgk_i64 *n = N->n;
+                       const int small, const int nl, mgk_i64 po, mgk_i64 pi, mgk_i64 p0, mgk_i64 p1, mgk_i64 p2,
+                       mgk_i64 p3) {
+    const mgk_i64 *nn = N->n;
+    const mgk_i64 n[MGK_MAXD] = {small ? 1 : nn[0], small ? 1 : nn[1], nn[2], nn[3],
+                                 small ? 1 : nn[4], small ? 1 : nn[5], nn[6], nn[7]};
     const mgk_ref *X = N->x;
     mgk_real *o = R->a[N->out.arr] + po;
     const mgk_i64 so = N->out.s[3];
@@ -271,29 +280,33 @@ MGK_HOT void mgk_block(const mgk_nest *N, const mgk_run *R, const int term, cons
             const mgk_vec lr = MGK_VSPLAT(R->lr);
             for (k = 0; k < MGK_NV; k++) {
                 MGK_VLOAD(a, w + k * MGK_VW);
-                a -= lr * v[k];
-                MGK_VSTORE(w + k * MGK_VW, a);
+                v[k] = a - lr * v[k];
             }
-        } else {
+            o = w;
+        }
+        if (nl == MGK_LANES) {
             for (k = 0; k < MGK_NV; k++) MGK_VSTORE(o + k * MGK_VW, v[k]);
+        } else {
+            for (k = 0; k < MGK_NV; k++) MGK_VSTORE(acc + k * MGK_VW, v[k]);
+            for (l = 0; l < nl; l++) o[l] = acc[l];
         }
         return;
     }
 #endif
     if (N->mode == MGK_SET) {
-        for (l = 0; l < MGK_LANES; l++)
+        for (l = 0; l < nl; l++)
             acc[l] = mgk_term(term, op, N->k, x0 + l * s0, x1 + l * s1, x2 + l * s2, x3 + l * s3);
-        for (l = 0; l < MGK_LANES; l++) o[l * so] = acc[l];
+        for (l = 0; l < nl; l++) o[l * so] = acc[l];
         return;
     }
     if (N->mode == MGK_SUM0 || step) {
-        for (l = 0; l < MGK_LANES; l++) acc[l] = (mgk_real)0;
+        for (l = 0; l < nl; l++) acc[l] = (mgk_real)0;
     } else if (N->mode == MGK_SUMI) {
         const mgk_real *in = R->a[N->init.arr] + pi;
         const mgk_i64 si = N->init.s[3];
-        for (l = 0; l < MGK_LANES; l++) acc[l] = in[l * si];
+        for (l = 0; l < nl; l++) acc[l] = in[l * si];
     } else {
-        for (l = 0; l < MGK_LANES; l++) acc[l] = o[l * so];
+        for (l = 0; l < nl; l++) acc[l] = o[l * so];
     }
     for (r4 = 0; r4 < n[4]; r4++)
         for (r5 = 0; r5 < n[5]; r5++)
@@ -307,16 +320,16 @@ MGK_HOT void mgk_block(const mgk_nest *N, const mgk_run *R, const int term, cons
                      * vectorise too; a constant descriptor keeps only the branch it takes */
                     if (term == MGK_T_MUL && s0 == 0 && s1 == 1) {
                         const mgk_real a = *y0;
-                        for (l = 0; l < MGK_LANES; l++) acc[l] += a * y1[l];
+                        for (l = 0; l < nl; l++) acc[l] += a * y1[l];
                     } else if (term == MGK_T_MUL && s0 == 1 && s1 == 0) {
                         const mgk_real b = *y1;
-                        for (l = 0; l < MGK_LANES; l++) acc[l] += y0[l] * b;
+                        for (l = 0; l < nl; l++) acc[l] += y0[l] * b;
                     } else if (term == MGK_T_MUL && s0 == 1 && s1 == 1) {
-                        for (l = 0; l < MGK_LANES; l++) acc[l] += y0[l] * y1[l];
+                        for (l = 0; l < nl; l++) acc[l] += y0[l] * y1[l];
                     } else if (term == MGK_T_ONE && s0 == 1) {
-                        for (l = 0; l < MGK_LANES; l++) acc[l] += y0[l];
+                        for (l = 0; l < nl; l++) acc[l] += y0[l];
                     } else {
-                        for (l = 0; l < MGK_LANES; l++)
+                        for (l = 0; l < nl; l++)
                             acc[l] += mgk_term(term, op, N->k, y0 + l * s0, y1 + l * s1, y2 + l * s2, y3 + l * s3);
                     }
                 }
@@ -324,9 +337,9 @@ MGK_HOT void mgk_block(const mgk_nest *N, const mgk_run *R, const int term, cons
         mgk_real *w = R->a[N->init.arr] + pi;
         const mgk_i64 sw = N->init.s[3];
         const mgk_real lr = R->lr;
-        for (l = 0; l < MGK_LANES; l++) w[l * sw] -= lr * acc[l];
+        for (l = 0; l < nl; l++) w[l * sw] -= lr * acc[l];
     } else {
-        for (l = 0; l < MGK_LANES; l++) o[l * so] = acc[l];
+        for (l = 0; l < nl; l++) o[l * so] = acc[l];
     }
 }
 
@@ -334,28 +347,57 @@ MGK_HOT void mgk_block(const mgk_nest *N, const mgk_run *R, const int term, cons
 #define MGK_OPOS(X, t, i0, i1, i2, i3) \
     ((X)->base + (t) * (X)->ts + (i0) * (X)->s[0] + (i1) * (X)->s[1] + (i2) * (X)->s[2] + (i3) * (X)->s[3])
 
-/* Runs a nest. `term` and `op` repeat N->term and N->op as constants, so that each call site
- * (an interpreter instance, or a generated function) keeps only its own term's code. */
-MGK_HOT void mgk_nest_run(const mgk_nest *N, const mgk_run *R, const int term, const int op) {
+/* Runs a nest with `small` given: 1 when dims 0, 1, 4 and 5 have size 1 (a nest with at most two
+ * outer and two reduction dims, which is nearly every nest once contiguous dims are merged): the
+ * interpreter's instances for such nests skip those loops. */
+MGK_HOT void mgk_nest_shape(const mgk_nest *N, const mgk_run *R, const int term, const int op, const int small) {
     const mgk_i64 *n = N->n;
     const mgk_ref *O = &N->out, *I = &N->init, *X = N->x;
     const mgk_i64 t = R->t;
     const int step = (N->flags & MGK_F_STEP) && R->lr != (mgk_real)0;
+    const mgk_i64 n0 = small ? 1 : n[0], n1 = small ? 1 : n[1];
+    const mgk_i64 so = O->s[3], si = I->s[3], s0 = X[0].s[3], s1 = X[1].s[3], s2 = X[2].s[3], s3 = X[3].s[3];
     mgk_i64 i0, i1, i2, i3;
-    for (i0 = 0; i0 < n[0]; i0++)
-        for (i1 = 0; i1 < n[1]; i1++)
+    for (i0 = 0; i0 < n0; i0++)
+        for (i1 = 0; i1 < n1; i1++)
             for (i2 = 0; i2 < n[2]; i2++) {
+                /* positions at (i0, i1, i2, 0), advanced along the vector dim */
+                mgk_i64 po = MGK_OPOS(O, t, i0, i1, i2, 0), pi = MGK_OPOS(I, t, i0, i1, i2, 0);
+                mgk_i64 q0 = MGK_OPOS(&X[0], t, i0, i1, i2, 0), q1 = MGK_OPOS(&X[1], t, i0, i1, i2, 0);
+                mgk_i64 q2 = MGK_OPOS(&X[2], t, i0, i1, i2, 0), q3 = MGK_OPOS(&X[3], t, i0, i1, i2, 0);
                 i3 = 0;
-                if (N->flags & MGK_F_BLOCK)
-                    for (; i3 + MGK_LANES <= n[3]; i3 += MGK_LANES)
-                        mgk_block(N, R, term, op, step, MGK_OPOS(O, t, i0, i1, i2, i3), MGK_OPOS(I, t, i0, i1, i2, i3),
-                                  MGK_OPOS(&X[0], t, i0, i1, i2, i3), MGK_OPOS(&X[1], t, i0, i1, i2, i3),
-                                  MGK_OPOS(&X[2], t, i0, i1, i2, i3), MGK_OPOS(&X[3], t, i0, i1, i2, i3));
-                for (; i3 < n[3]; i3++)
-                    mgk_point(N, R, term, op, step, MGK_OPOS(O, t, i0, i1, i2, i3), MGK_OPOS(I, t, i0, i1, i2, i3),
-                              MGK_OPOS(&X[0], t, i0, i1, i2, i3), MGK_OPOS(&X[1], t, i0, i1, i2, i3),
-                              MGK_OPOS(&X[2], t, i0, i1, i2, i3), MGK_OPOS(&X[3], t, i0, i1, i2, i3));
+                if (N->flags & MGK_F_BLOCK) {
+                    for (; i3 < n[3]; i3 += MGK_LANES) {
+                        const int nl = n[3] - i3 < MGK_LANES ? (int)(n[3] - i3) : MGK_LANES;
+                        if (nl == MGK_LANES)
+                            mgk_block(N, R, term, op, step, small, MGK_LANES, po, pi, q0, q1, q2, q3);
+                        else /* the partial last block */
+                            mgk_block(N, R, term, op, step, small, nl, po, pi, q0, q1, q2, q3);
+                        po += MGK_LANES * so;
+                        pi += MGK_LANES * si;
+                        q0 += MGK_LANES * s0;
+                        q1 += MGK_LANES * s1;
+                        q2 += MGK_LANES * s2;
+                        q3 += MGK_LANES * s3;
+                    }
+                } else {
+                    for (; i3 < n[3]; i3++) {
+                        mgk_point(N, R, term, op, step, small, po, pi, q0, q1, q2, q3);
+                        po += so;
+                        pi += si;
+                        q0 += s0;
+                        q1 += s1;
+                        q2 += s2;
+                        q3 += s3;
+                    }
+                }
             }
+}
+
+/* Runs a nest. `term` and `op` repeat N->term and N->op as constants, so that each call site
+ * (an interpreter instance, or a generated function) keeps only its own term's code. */
+MGK_HOT void mgk_nest_run(const mgk_nest *N, const mgk_run *R, const int term, const int op) {
+    mgk_nest_shape(N, R, term, op, 0);
 }
 
 #endif /* MGK_NEST_KERNELS_H */

@@ -267,10 +267,11 @@ static int plan_packs(mg_tape *t) {
     t->packed = owned;
     owned = NULL;
     if (t->npacked) {
-        t->pw = mg_tape__alloc(t, t->npacked, sizeof(double));
-        t->pg = mg_tape__alloc(t, t->npacked, sizeof(double));
+        t->pw = mg_tape__alloc(t, t->npacked + MGK_PAD, sizeof(double));
+        t->pg = mg_tape__alloc(t, t->npacked + MGK_PAD, sizeof(double));
         if (!t->pw || !t->pg) goto done;
-        memset(t->pg, 0, t->npacked * sizeof(double));
+        memset(t->pw, 0, (t->npacked + MGK_PAD) * sizeof(double));
+        memset(t->pg, 0, (t->npacked + MGK_PAD) * sizeof(double));
     }
     st = MG_OK;
 done:

@@ -1,0 +1,59 @@
+/* The interpreter's instances of the nest kernel (nest_kernels.h): one per term kind and op, so
+ * that no per-element dispatch remains. This file is compiled once for the baseline target and,
+ * on x86-64 with gcc or clang, again with AVX2 and with AVX-512 enabled (MG_ISA names the build);
+ * interpret.c picks the widest the CPU runs. Each build adds the same terms in the same order
+ * (lanewise IEEE arithmetic, no contraction), so all compute the same bits. */
+#include "ir.h"
+
+#ifndef MG_ISA
+#define MG_ISA base
+#endif
+#define MG__CAT2(a, b) a##b
+#define MG__CAT(a, b) MG__CAT2(a, b)
+
+/* Nests with at most two outer and two reduction dims (nearly all) run an instance that skips the
+ * other loops (mgk_nest_shape's `small`). */
+#define MG__SMALL(N) ((N)->n[0] == 1 && (N)->n[1] == 1 && (N)->n[4] == 1 && (N)->n[5] == 1)
+#define MG__RUN(N, R, term, op)                                                                               \
+    do {                                                                                                      \
+        if (MG__SMALL(N)) mgk_nest_shape(N, R, term, op, 1);                                                   \
+        else mgk_nest_shape(N, R, term, op, 0);                                                               \
+    } while (0)
+
+typedef void (*nest_fn)(const mgk_nest *, const mgk_run *);
+
+static void nest_one(const mgk_nest *N, const mgk_run *R) { MG__RUN(N, R, MGK_T_ONE, 0); }
+static void nest_mul(const mgk_nest *N, const mgk_run *R) { MG__RUN(N, R, MGK_T_MUL, 0); }
+
+#define MG__NEST_FNS(id, name, sym, ar, f, da, db)                                                          \
+    static void nest_op_##id(const mgk_nest *N, const mgk_run *R) { MG__RUN(N, R, MGK_T_OP, MG_OP_##id); } \
+    static void nest_da_##id(const mgk_nest *N, const mgk_run *R) { MG__RUN(N, R, MGK_T_DA, MG_OP_##id); } \
+    static void nest_db_##id(const mgk_nest *N, const mgk_run *R) { MG__RUN(N, R, MGK_T_DB, MG_OP_##id); }
+#define MG__NEST_NONE(id, name, sym)
+MG_OP_LIST(MG__NEST_FNS, MG__NEST_NONE)
+#undef MG__NEST_FNS
+
+#define MG__ROW_OP(id, name, sym, ar, f, da, db) [MG_OP_##id] = nest_op_##id,
+#define MG__ROW_DA(id, name, sym, ar, f, da, db) [MG_OP_##id] = nest_da_##id,
+#define MG__ROW_DB(id, name, sym, ar, f, da, db) [MG_OP_##id] = nest_db_##id,
+static const nest_fn op_fns[MG_OP_COUNT] = {MG_OP_LIST(MG__ROW_OP, MG__NEST_NONE)};
+static const nest_fn da_fns[MG_OP_COUNT] = {MG_OP_LIST(MG__ROW_DA, MG__NEST_NONE)};
+static const nest_fn db_fns[MG_OP_COUNT] = {MG_OP_LIST(MG__ROW_DB, MG__NEST_NONE)};
+#undef MG__ROW_OP
+#undef MG__ROW_DA
+#undef MG__ROW_DB
+#undef MG__NEST_NONE
+
+void MG__CAT(mg__run_nest_, MG_ISA)(const mgk_nest *N, const mgk_run *R);
+void MG__CAT(mg__run_nest_, MG_ISA)(const mgk_nest *N, const mgk_run *R) {
+    nest_fn fn = NULL;
+    switch (N->term) {
+    case MGK_T_ONE: fn = nest_one; break;
+    case MGK_T_MUL: fn = nest_mul; break;
+    case MGK_T_OP: fn = op_fns[N->op]; break;
+    case MGK_T_DA: fn = da_fns[N->op]; break;
+    case MGK_T_DB: fn = db_fns[N->op]; break;
+    default: break;
+    }
+    if (fn) fn(N, R);
+}
