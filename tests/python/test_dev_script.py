@@ -51,3 +51,8 @@ def test_dev_test_names_the_stages_it_skipped(tmp_path):
 def test_dev_test_refuses_an_unknown_stage(tmp_path):
     r = dev("test", "nonsense", cwd=tmp_path)
     assert r.returncode == 2 and "unknown stage nonsense" in r.stderr
+
+
+def test_dev_test_does_not_recurse(tmp_path):
+    r = dev("test", "python", cwd=tmp_path, env={"MICROGRAD_C_DEV_TEST": "1"})
+    assert r.returncode == 2 and "nested run refused" in r.stderr
