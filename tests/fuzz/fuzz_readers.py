@@ -140,10 +140,19 @@ def fuzz_export(data: bytes) -> None:
 
 TARGETS = {"idx": fuzz_idx, "model": fuzz_model, "export": fuzz_export}
 
+#: For testing ./dev's failure report: an input equal to this (bytes) fails on purpose.
+CANARY = os.environ.get("MICROGRAD_C_FUZZ_CANARY", "").encode()
+
 
 def main() -> None:
     which = sys.argv.pop(1) if len(sys.argv) > 1 else "idx"
-    atheris.Setup(sys.argv, TARGETS[which])
+    target = TARGETS[which]
+    if CANARY:
+        def target(data: bytes, _real=TARGETS[which]) -> None:  # type: ignore[misc]
+            if data == CANARY:
+                raise AssertionError("the canary input (MICROGRAD_C_FUZZ_CANARY)")
+            _real(data)
+    atheris.Setup(sys.argv, target)
     atheris.Fuzz()
 
 

@@ -139,6 +139,12 @@ def test_every_readme_block_runs_as_written(tmp_path):
             ran += len(script) - 1
             if "./prog" in script[-1]:
                 assert "y = 4, dy/da = -3" in r.stdout
+    # the C quick start installed the C library and nothing else (no _core, no site-packages)
+    local = home / ".local"
+    if local.exists():
+        installed = [str(p.relative_to(local)) for p in local.rglob("*")]
+        assert any(p.endswith("libmg.pc") for p in installed), installed
+        assert not [p for p in installed if "site-packages" in p or "_core" in p or p.endswith(".py")], installed
     print(f"ran {ran} README lines and snippets; skipped:")
     for line, reason in skipped:
         print(f"  {line}  [{reason}]")
