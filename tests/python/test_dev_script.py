@@ -56,3 +56,27 @@ def test_dev_test_refuses_an_unknown_stage(tmp_path):
 def test_dev_test_does_not_recurse(tmp_path):
     r = dev("test", "python", cwd=tmp_path, env={"MICROGRAD_C_DEV_TEST": "1"})
     assert r.returncode == 2 and "nested run refused" in r.stderr
+
+
+def test_a_fuzzer_failure_names_the_input_shows_the_traceback_and_the_tally(tmp_path):
+    pytest.importorskip("atheris")
+    corpus = tmp_path / "corpus" / "idx"
+    corpus.mkdir(parents=True)
+    (corpus / "ok").write_bytes(b"\x00\x00\x08\x01\x00\x00\x00\x02ab")
+    (corpus / "canary").write_bytes(b"CANARY!")
+    env = {"MG_FUZZ_TARGETS": "idx", "MG_FUZZ_CORPUS": str(tmp_path / "corpus"), "FUZZ_RUNS": "50",
+           "MICROGRAD_C_FUZZ_CANARY": "CANARY!"}
+    r = dev("test", "fuzz", cwd=tmp_path, env=env)
+    assert r.returncode != 0
+    assert f"input: {corpus / 'canary'}" in r.stderr  # the replayed seed that failed
+    assert "AssertionError: the canary input" in r.stderr and "Traceback" in r.stderr
+    assert r.stdout.strip().splitlines()[-1].startswith("tests: ") and " failed" in r.stdout
+    assert "tests: 0 failed" not in r.stdout and ", 0 failed" not in r.stdout.strip().splitlines()[-1]
+    # without the canary the same corpus replays and explores cleanly, the same way each time
+    env.pop("MICROGRAD_C_FUZZ_CANARY")
+    outs = []
+    for _ in range(2):
+        r = dev("test", "fuzz", cwd=tmp_path, env=env)
+        assert r.returncode == 0, r.stdout + r.stderr
+        outs.append([line for line in r.stdout.splitlines() if line.startswith("fuzz idx")])
+    assert outs[0] == outs[1] == ["fuzz idx (replay): 2 inputs, no failure", "fuzz idx (explore): 50 runs, no failure"]
