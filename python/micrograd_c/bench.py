@@ -1,13 +1,19 @@
-"""``micrograd-c bench``: one table comparing micrograd, micrograd_c (eager, tape, compiled) and
-PyTorch (when installed) on per-sample SGD, each figure a median of several runs, with the ratio
-against micrograd measured in the same run.
+"""``micrograd-c bench``: one table comparing micrograd, micrograd_c (eager, tape, compiled),
+PyTorch and JAX on per-sample SGD, each figure a median of several runs, with ratios against a
+reference measured in the same run (micrograd when it is installed).
 
 Workloads: micrograd's moons model MLP(2,[16,16,1]) with the hinge loss, and the MNIST-shaped
 MLP(784,[50,10]) with a squared error against a one-hot target (micrograd has no exp/log for a
-cross-entropy); one SGD step per sample, float64, one thread.
+cross-entropy); one SGD step per sample, float64, one thread. Every engine starts from the same
+parameters (micrograd_c's MLP under ``random.seed(0)``), so they all train the same model.
+
+References that are not installed are listed as skipped with the command that installs them
+(all of them: ``pip install 'micrograd-c[bench]'``).
 """
 from __future__ import annotations
 
+import os
+import platform
 import random
 import statistics
 import sys
@@ -18,6 +24,38 @@ import numpy as np
 
 Workload = Tuple[str, int, List[int], int]  # name, nin, nouts, samples for fast engines
 
+#: The environment references are pinned with: one thread each. Thread pools read these when
+#: they load, so ``micrograd-c bench`` restarts itself with them (and XLA reads its flags when
+#: jax is imported).
+PIN_ENV = {
+    "OPENBLAS_NUM_THREADS": "1",
+    "OMP_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+    "XLA_FLAGS": "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1",
+    "JAX_PLATFORMS": "cpu",
+}
+
+LR = 1e-3
+
+#: How to get each optional reference.
+INSTALL = {
+    "micrograd": "pip install micrograd==0.1.0",
+    "PyTorch": "pip install torch==2.13.0",
+    "JAX": "pip install jax jaxlib",
+}
+
+
+class Engine:
+    """One engine on one workload: ``train(X, y)`` runs per-sample SGD over the rows; ``prepare``
+    does untimed one-off work for the shapes (JIT compilation); ``state()`` returns the
+    parameters as PyTorch-shaped arrays (``layers.{i}.weight`` (out, in), ``layers.{i}.bias``)."""
+
+    def __init__(self, train: Callable[[np.ndarray, np.ndarray], None], state: Callable[[], Dict[str, np.ndarray]],
+                 prepare: Optional[Callable[[np.ndarray, np.ndarray], None]] = None) -> None:
+        self.train = train
+        self.state = state
+        self.prepare = prepare or (lambda X, y: None)
+
 
 def _data(nin: int, nout: int, n: int) -> Tuple[np.ndarray, np.ndarray]:
     rng = np.random.RandomState(0)
@@ -26,7 +64,15 @@ def _data(nin: int, nout: int, n: int) -> Tuple[np.ndarray, np.ndarray]:
     return X, y
 
 
-def _values_engine(Value: Any, MLP: Any, nin: int, nouts: List[int]) -> Callable[[np.ndarray, np.ndarray], None]:
+def initial_state(nin: int, nouts: List[int]) -> Dict[str, np.ndarray]:
+    """The parameters every engine starts from: micrograd_c's (= micrograd's) init, seed 0."""
+    from micrograd_c.nn import MLP
+
+    random.seed(0)
+    return MLP(nin, nouts).state_dict()
+
+
+def _values_engine(Value: Any, MLP: Any, nin: int, nouts: List[int]) -> Engine:
     """micrograd-style training written against a given Value/MLP pair."""
     random.seed(0)
     model = MLP(nin, nouts)
@@ -43,11 +89,21 @@ def _values_engine(Value: Any, MLP: Any, nin: int, nouts: List[int]) -> Callable
             model.zero_grad()
             loss.backward()
             for p in params:
-                p.data -= 1e-3 * p.grad
-    return train
+                p.data -= LR * p.grad
+
+    def state() -> Dict[str, np.ndarray]:
+        flat = np.array([p.data for p in params])
+        sizes = [nin] + nouts
+        out, k = {}, 0
+        for i in range(len(nouts)):
+            block = flat[k:k + sizes[i + 1] * (sizes[i] + 1)].reshape(sizes[i + 1], sizes[i] + 1)
+            out[f"layers.{i}.weight"], out[f"layers.{i}.bias"] = block[:, :sizes[i]], block[:, sizes[i]]
+            k += block.size
+        return out
+    return Engine(train, state)
 
 
-def _program_engine(backend: str, nin: int, nouts: List[int]) -> Callable[[np.ndarray, np.ndarray], None]:
+def _program_engine(backend: str, nin: int, nouts: List[int]) -> Engine:
     import micrograd_c as mc
     from micrograd_c.nn import MLP
 
@@ -67,15 +123,17 @@ def _program_engine(backend: str, nin: int, nouts: List[int]) -> Callable[[np.nd
 
     def train(X: np.ndarray, t: np.ndarray) -> None:
         Y = t.reshape(-1, 1) if nout == 1 else np.eye(nout)[t.astype(int)]
-        prog.fit(X, Y, epochs=1, lr=1e-3, batch_size=1, shuffle=False)
-    return train
+        prog.fit(X, Y, epochs=1, lr=LR, batch_size=1, shuffle=False)
+
+    def state() -> Dict[str, np.ndarray]:
+        prog.write_back()
+        return model.state_dict()
+    return Engine(train, state)
 
 
-def _torch_engine(nin: int, nouts: List[int]) -> Optional[Callable[[np.ndarray, np.ndarray], None]]:
-    try:
-        import torch
-    except ImportError:
-        return None
+def _torch_engine(nin: int, nouts: List[int]) -> Engine:
+    import torch
+
     torch.set_num_threads(1)
     layers: List[Any] = []
     sizes = [nin] + nouts
@@ -84,7 +142,13 @@ def _torch_engine(nin: int, nouts: List[int]) -> Optional[Callable[[np.ndarray, 
         if i < len(nouts) - 1:
             layers.append(torch.nn.ReLU())
     net = torch.nn.Sequential(*layers).double()
-    opt = torch.optim.SGD(net.parameters(), lr=1e-3)
+    linears = [m for m in net if isinstance(m, torch.nn.Linear)]
+    init = initial_state(nin, nouts)
+    with torch.no_grad():
+        for i, lin in enumerate(linears):
+            lin.weight.copy_(torch.from_numpy(init[f"layers.{i}.weight"]))
+            lin.bias.copy_(torch.from_numpy(init[f"layers.{i}.bias"]))
+    opt = torch.optim.SGD(net.parameters(), lr=LR)
     nout = nouts[-1]
 
     def train(X: np.ndarray, y: np.ndarray) -> None:
@@ -100,67 +164,177 @@ def _torch_engine(nin: int, nouts: List[int]) -> Optional[Callable[[np.ndarray, 
             opt.zero_grad()
             loss.backward()
             opt.step()
-    return train
+
+    def state() -> Dict[str, np.ndarray]:
+        return {k: v for i, lin in enumerate(linears)
+                for k, v in ((f"layers.{i}.weight", lin.weight.detach().numpy().copy()),
+                             (f"layers.{i}.bias", lin.bias.detach().numpy().copy()))}
+    return Engine(train, state)
 
 
-def _measure(train: Callable[[np.ndarray, np.ndarray], None], X: np.ndarray, y: np.ndarray, repeat: int) -> float:
+def _import_jax() -> Any:
+    for k in ("XLA_FLAGS", "JAX_PLATFORMS"):  # read once, when jax is first imported
+        os.environ.setdefault(k, PIN_ENV[k])
+    import jax
+
+    jax.config.update("jax_enable_x64", True)
+    return jax
+
+
+def _jax_engine(nin: int, nouts: List[int], scan: bool) -> Engine:
+    """JAX, float64, one thread: ``jax.jit`` of one SGD step called per sample, or (``scan``) one
+    jitted ``lax.scan`` of that step over the whole epoch."""
+    jax = _import_jax()
+    import jax.numpy as jnp
+
+    init = initial_state(nin, nouts)
+    params: List[Any] = [[jnp.asarray(init[f"layers.{i}.weight"]), jnp.asarray(init[f"layers.{i}.bias"])]
+                         for i in range(len(nouts))]
+    nout = nouts[-1]
+
+    def loss_fn(ps: Any, x: Any, t: Any) -> Any:
+        h = x
+        for i, (w, b) in enumerate(ps):
+            h = w @ h + b
+            if i < len(ps) - 1:
+                h = jax.nn.relu(h)
+        if nout == 1:
+            return jax.nn.relu(1.0 - t * h[0])
+        return jnp.sum((h - jax.nn.one_hot(t.astype(jnp.int32), nout, dtype=h.dtype)) ** 2)
+
+    def sgd(ps: Any, x: Any, t: Any) -> Any:
+        g = jax.grad(loss_fn)(ps, x, t)
+        return jax.tree_util.tree_map(lambda p, gp: p - LR * gp, ps, g)
+
+    def epoch(ps: Any, X: Any, T: Any) -> Any:
+        return jax.lax.scan(lambda p, xt: (sgd(p, xt[0], xt[1]), None), ps, (X, T))[0]
+
+    box = {"params": params}
+    compiled: Dict[Any, Any] = {}
+
+    def prepare(X: np.ndarray, y: np.ndarray) -> None:  # ahead-of-time compilation, untimed
+        if scan:
+            compiled[X.shape] = jax.jit(epoch).lower(box["params"], jnp.asarray(X), jnp.asarray(y)).compile()
+        else:
+            compiled["step"] = jax.jit(sgd).lower(box["params"], jnp.asarray(X[0]), jnp.asarray(y[0])).compile()
+
+    def train(X: np.ndarray, y: np.ndarray) -> None:
+        if scan:
+            if X.shape not in compiled:
+                prepare(X, y)
+            box["params"] = jax.block_until_ready(compiled[X.shape](box["params"], jnp.asarray(X), jnp.asarray(y)))
+            return
+        if "step" not in compiled:
+            prepare(X, y)
+        step, ps = compiled["step"], box["params"]
+        for xi, yi in zip(X, y):  # numpy rows: slicing a jax array would dispatch an op per row
+            ps = step(ps, xi, yi)
+        box["params"] = jax.block_until_ready(ps)
+
+    def state() -> Dict[str, np.ndarray]:
+        return {k: np.asarray(v) for i, (w, b) in enumerate(box["params"])
+                for k, v in ((f"layers.{i}.weight", w), (f"layers.{i}.bias", b))}
+    return Engine(train, state, prepare)
+
+
+def _measure(engine: Engine, X: np.ndarray, y: np.ndarray, repeat: int) -> float:
+    engine.prepare(X, y)
     rates = []
     for _ in range(repeat):
         t = time.perf_counter()
-        train(X, y)
+        engine.train(X, y)
         rates.append(len(X) / (time.perf_counter() - t))
     return statistics.median(rates)
 
 
-def run(repeat: int = 5, quick: bool = False) -> int:
-    """Print the benchmark table; returns 0."""
+def cpu_model() -> str:
+    """The CPU's model name (from /proc/cpuinfo on Linux), for the table's caption."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+EngineSpec = Tuple[str, Callable[[int, List[int]], Engine], Callable[[str, int], int]]
+
+
+def available_engines(quick: bool = False) -> Tuple[List[EngineSpec], List[str]]:
+    """The engines to run and the references skipped (each with how to install it)."""
     import micrograd_c as mc
     from micrograd_c.engine import Value as CValue
     from micrograd_c.nn import MLP as CMLP
 
+    skipped: List[str] = []
+    ref_samples = {"moons MLP(2,[16,16,1])": 20 if quick else 100, "MLP(784,[50,10])": 1 if quick else 2}
+    eager_samples = {"moons MLP(2,[16,16,1])": 100 if quick else 500, "MLP(784,[50,10])": 5 if quick else 20}
+    engines: List[EngineSpec] = []
     try:
         import micrograd.engine as ref_engine
         import micrograd.nn as ref_nn
     except ImportError:
-        ref_engine = ref_nn = None  # type: ignore[assignment]
-    sys.setrecursionlimit(max(sys.getrecursionlimit(), 100_000))
-
-    workloads: List[Workload] = [("moons MLP(2,[16,16,1])", 2, [16, 16, 1], 100 if quick else 2000),
-                                 ("MLP(784,[50,10])", 784, [50, 10], 20 if quick else 1000)]
-    ref_samples = {"moons MLP(2,[16,16,1])": 20 if quick else 100, "MLP(784,[50,10])": 1 if quick else 2}
-    eager_samples = {"moons MLP(2,[16,16,1])": 100 if quick else 500, "MLP(784,[50,10])": 5 if quick else 20}
-    engines: List[Tuple[str, Callable[[int, List[int]], Any], Callable[[str, int], int]]] = []
-    if ref_engine is not None:
+        skipped.append(f"micrograd ({INSTALL['micrograd']})")
+    else:
         engines.append(("micrograd 0.1.0", lambda i, o: _values_engine(ref_engine.Value, ref_nn.MLP, i, o),
                         lambda w, n: ref_samples[w]))
     engines.append(("micrograd_c eager", lambda i, o: _values_engine(CValue, CMLP, i, o), lambda w, n: eager_samples[w]))
     engines.append(("micrograd_c tape", lambda i, o: _program_engine("tape", i, o), lambda w, n: n))
     try:
         mc.compiler.find_compiler()
-        engines.append(("micrograd_c compiled", lambda i, o: _program_engine("c", i, o), lambda w, n: n))
     except mc.CompileError:
-        print("(no C compiler: the compiled row is skipped)")
-    if _torch_engine(2, [1]) is not None:
-        engines.append(("PyTorch (float64, 1 thread)", lambda i, o: _torch_engine(i, o), lambda w, n: min(n, 1000)))
+        skipped.append("micrograd_c compiled (no working C compiler: install gcc or clang, or set $CC)")
+    else:
+        engines.append(("micrograd_c compiled", lambda i, o: _program_engine("c", i, o), lambda w, n: n))
+    try:
+        import torch
+    except ImportError:
+        skipped.append(f"PyTorch ({INSTALL['PyTorch']})")
+    else:
+        engines.append((f"PyTorch {torch.__version__.split('+')[0]} float64", _torch_engine, lambda w, n: min(n, 1000)))
+    try:
+        jax = _import_jax()
+    except ImportError:
+        skipped.append(f"JAX ({INSTALL['JAX']})")
+    else:
+        engines.append((f"JAX {jax.__version__} jit step", lambda i, o: _jax_engine(i, o, scan=False),
+                        lambda w, n: min(n, 1000)))
+        engines.append((f"JAX {jax.__version__} jit lax.scan epoch", lambda i, o: _jax_engine(i, o, scan=True),
+                        lambda w, n: n))
+    return engines, skipped
+
+
+def run(repeat: int = 5, quick: bool = False, out: Callable[[str], None] = print) -> int:
+    """Print the benchmark table (through ``out``); returns 0."""
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), 100_000))
+    workloads: List[Workload] = [("moons MLP(2,[16,16,1])", 2, [16, 16, 1], 100 if quick else 2000),
+                                 ("MLP(784,[50,10])", 784, [50, 10], 20 if quick else 1000)]
+    engines, skipped = available_engines(quick)
 
     results: Dict[Tuple[str, str], float] = {}
     for ename, make, count in engines:
         for wname, nin, nouts, n in workloads:
             X, y = _data(nin, nouts[-1], count(wname, n))
-            train = make(nin, nouts)
+            engine = make(nin, nouts)
             reps = max(1, repeat if not ename.startswith("micrograd 0") else min(repeat, 3))
-            results[(ename, wname)] = _measure(train, X, y, reps)
-            print(f"  {ename:30s} {wname:24s} {results[(ename, wname)]:12,.1f} samples/s", file=sys.stderr)
+            results[(ename, wname)] = _measure(engine, X, y, reps)
+            print(f"  {ename:34s} {wname:24s} {results[(ename, wname)]:12,.1f} samples/s", file=sys.stderr)
 
-    print(f"\n{'engine':30s}" + "".join(f" {w[0]:>24s} {'ratio':>8s}" for w in workloads))
+    base = "micrograd 0.1.0" if any(e[0] == "micrograd 0.1.0" for e in engines) else "micrograd_c eager"
+    out(f"\n{'engine':34s}" + "".join(f" {w[0]:>24s} {'ratio':>8s}" for w in workloads))
     for ename, _, _ in engines:
-        row = f"{ename:30s}"
+        row = f"{ename:34s}"
         for wname, *_ in workloads:
             r = results[(ename, wname)]
-            ref = results.get(("micrograd 0.1.0", wname))
+            ref = results.get((base, wname))
             ratio = f"{r / ref:7.0f}x" if ref else "       -"
             row += f" {r:20,.1f}/s  {ratio}"
-        print(row)
-    print(f"samples/s of per-sample SGD training; medians of {repeat} runs (micrograd: up to 3); "
-          "ratios against micrograd in this run")
+        out(row)
+    out(f"samples/s of per-sample SGD training, float64, one thread; medians of {repeat} runs (micrograd: up to 3); "
+        f"ratios against {base} in this run; CPU: {cpu_model()}")
+    if skipped:
+        out("skipped references (not installed): " + "; ".join(skipped))
+        out("all references at once: pip install 'micrograd-c[bench]'")
     return 0

@@ -12,7 +12,7 @@ import time
 import urllib.error
 import urllib.request
 import zlib
-from typing import Callable, Dict, Optional, Sequence, Tuple
+from typing import BinaryIO, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -52,37 +52,73 @@ def make_xor(n: int = 200, noise: float = 0.1, seed: Optional[int] = 0) -> Array
     return X.astype(np.float64), y
 
 
-def _open(path: str) -> bytes:
+#: The largest IDX payload read_idx accepts by default (MNIST's training images are 47 MB).
+IDX_MAX_BYTES = 1 << 30
+
+
+def read_idx(path: str, max_bytes: int = IDX_MAX_BYTES) -> np.ndarray:
+    """Read an IDX file (raw or gzip) as a numpy array, validating magic, dims and size.
+
+    Only unsigned-byte data (type 0x08), as MNIST uses, is accepted. The header is read first
+    and bounds everything after it: at most the declared number of bytes (plus one, to detect
+    trailing data) is ever decompressed, so a gzip bomb costs no more memory than an honest
+    file. Shapes with a zero dimension or more than ``max_bytes`` bytes are refused.
+    """
     try:
-        with open(path, "rb") as f:
-            head = f.read(2)
-        opener = gzip.open if head == b"\x1f\x8b" else open
-        with opener(path, "rb") as f:  # type: ignore[operator]
-            return f.read()
+        with open(path, "rb") as raw:
+            head = raw.read(2)
+            raw.seek(0)
+            if head == b"\x1f\x8b":
+                with gzip.GzipFile(fileobj=raw, mode="rb") as f:
+                    return _read_idx_stream(path, f, max_bytes, None)
+            return _read_idx_stream(path, raw, max_bytes, os.fstat(raw.fileno()).st_size)
     except FileNotFoundError:
         raise DatasetError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise DatasetError(f"{path}: is a directory, not an IDX file") from None
     except (OSError, EOFError, zlib.error) as e:  # zlib.error: a corrupt gzip stream (found by fuzzing)
         raise DatasetError(f"{path}: cannot read ({e})") from None
 
 
-def read_idx(path: str) -> np.ndarray:
-    """Read an IDX file (raw or gzip) as a numpy array, validating magic, dims and size.
+def _read_exactly(f: BinaryIO, n: int) -> bytes:
+    chunks, left = [], n
+    while left > 0:
+        block = f.read(min(left, 1 << 20))
+        if not block:
+            break
+        chunks.append(block)
+        left -= len(block)
+    return b"".join(chunks)
 
-    Only unsigned-byte data (type 0x08), as MNIST uses, is accepted.
-    """
-    data = _open(path)
-    if len(data) < 4:
+
+def _read_idx_stream(path: str, f: BinaryIO, max_bytes: int, file_size: Optional[int]) -> np.ndarray:
+    magic = _read_exactly(f, 4)
+    if len(magic) < 4:
         raise DatasetError(f"{path}: too short for an IDX header")
-    zero, dtype, ndim = struct.unpack(">HBB", data[:4])
+    zero, dtype, ndim = struct.unpack(">HBB", magic)
     if zero != 0 or dtype != 0x08 or not 1 <= ndim <= 4:
-        raise DatasetError(f"{path}: not an unsigned-byte IDX file (magic {data[:4].hex()})")
-    if len(data) < 4 + 4 * ndim:
+        raise DatasetError(f"{path}: not an unsigned-byte IDX file (magic {magic.hex()})")
+    raw_dims = _read_exactly(f, 4 * ndim)
+    if len(raw_dims) < 4 * ndim:
         raise DatasetError(f"{path}: truncated header")
-    dims = struct.unpack(">" + "I" * ndim, data[4:4 + 4 * ndim])
-    expected = int(np.prod(dims, dtype=np.int64))
-    body = data[4 + 4 * ndim:]
-    if len(body) != expected:
-        raise DatasetError(f"{path}: header says {expected} bytes of data for shape {dims}, file has {len(body)}")
+    dims = struct.unpack(">" + "I" * ndim, raw_dims)
+    expected = 1
+    for d in dims:  # Python integers: no wrap-around
+        expected *= d
+    if expected == 0:
+        raise DatasetError(f"{path}: the header's shape {dims} holds no data")
+    if expected > max_bytes:
+        raise DatasetError(f"{path}: the header's shape {dims} needs {expected:,} bytes, more than the "
+                           f"{max_bytes:,} accepted")
+    header = 4 + 4 * ndim
+    if file_size is not None and file_size - header != expected:  # raw file: check before reading
+        raise DatasetError(f"{path}: header says {expected} bytes of data for shape {dims}, "
+                           f"file has {file_size - header}")
+    body = _read_exactly(f, expected)
+    extra = f.read(1)
+    if len(body) != expected or extra:
+        have = f"{len(body)}" if not extra else f"more than {expected}"
+        raise DatasetError(f"{path}: header says {expected} bytes of data for shape {dims}, file has {have}")
     return np.frombuffer(body, dtype=np.uint8).reshape(dims)
 
 
@@ -193,44 +229,74 @@ def download(name: str, dest_dir: str, sha256: str, mirrors: Sequence[str] = MNI
 
     Partial downloads are kept as ``<name>.part`` and resumed (also across runs); the verified
     file is renamed into place, so a reader never sees a partial file. Each mirror is tried up
-    to ``retries`` times. Raises :class:`DatasetError` when no mirror gives the right bytes.
+    to ``retries`` times. Raises :class:`DatasetError` when no mirror gives the right bytes; its
+    message names each mirror once, with its last error and the number of attempts.
     """
     os.makedirs(dest_dir, exist_ok=True)
     final = os.path.join(dest_dir, name)
     if os.path.exists(final) and _sha256(final) == sha256:
         return final
     part = final + ".part"
-    errors = []
+    errors: List[str] = []
     for base in mirrors:
         url = base.rstrip("/") + "/" + name
+        last, attempts = "", 0
         for attempt in range(retries):
+            attempts += 1
             try:
                 if log:
                     log(f"downloading {url}" + (f" (attempt {attempt + 1})" if attempt else ""))
                 _fetch(url, part, timeout)
             except (urllib.error.URLError, OSError, ValueError) as e:
-                errors.append(f"{url}: {getattr(e, 'reason', e)}")
+                last = str(getattr(e, "reason", e))
                 time.sleep(min(0.2 * (attempt + 1), 1.0))
                 continue
             got = _sha256(part)
             if got == sha256:
                 os.replace(part, final)
                 return final
-            errors.append(f"{url}: SHA-256 {got[:16]}... does not match {sha256[:16]}...")
+            last = f"SHA-256 {got[:16]}... does not match {sha256[:16]}..."
             os.remove(part)  # wrong bytes: start over rather than resume them
             break
-    raise DatasetError(f"could not download {name}: " + "; ".join(errors[-3:]))
+        errors.append(f"{url}: {last}" + (f" ({attempts} attempts)" if attempts > 1 else ""))
+    raise DatasetError(f"could not download {name}: " + "; ".join(errors))
 
 
-def download_mnist(dest_dir: Optional[str] = None, mirrors: Sequence[str] = MNIST_MIRRORS,
+def mnist_mirrors() -> Tuple[str, ...]:
+    """``$MICROGRAD_C_MNIST_MIRRORS`` (URLs separated by spaces), else :data:`MNIST_MIRRORS`."""
+    env = os.environ.get("MICROGRAD_C_MNIST_MIRRORS", "").split()
+    return tuple(env) or MNIST_MIRRORS
+
+
+def download_mnist(dest_dir: Optional[str] = None, mirrors: Optional[Sequence[str]] = None,
                    sha256: Optional[Dict[str, str]] = None, retries: int = 3, timeout: float = 60.0,
                    log: Optional[Callable[[str], None]] = None) -> str:
-    """Download and verify the four MNIST files; returns the directory holding them."""
-    dest = dest_dir or default_data_dir()
-    for name, digest in (sha256 or MNIST_SHA256).items():
-        download(name, dest, digest, mirrors, retries, timeout, log)
+    """Download and verify the four MNIST files; returns the directory holding them.
+
+    Stops at the first file no mirror provides; directories this call created are removed
+    again when they are left empty (resumable ``.part`` files are kept).
+    """
+    dest = os.path.abspath(dest_dir or default_data_dir())
+    created = []
+    d = dest
+    while not os.path.exists(d):
+        created.append(d)
+        parent = os.path.dirname(d)
+        if parent == d:
+            break
+        d = parent
+    try:
+        for name, digest in (sha256 or MNIST_SHA256).items():
+            download(name, dest, digest, mirrors or mnist_mirrors(), retries, timeout, log)
+    except BaseException:
+        for d in created:  # innermost first
+            try:
+                os.rmdir(d)
+            except OSError:
+                break  # not empty (a partial download to resume) or not ours to remove
+        raise
     return dest
 
 
 __all__ = ["make_moons", "make_xor", "read_idx", "load_mnist", "load_digits", "download",
-           "download_mnist", "default_data_dir", "DatasetError", "MNIST_MIRRORS", "MNIST_SHA256"]
+           "download_mnist", "mnist_mirrors", "default_data_dir", "DatasetError", "MNIST_MIRRORS", "MNIST_SHA256"]

@@ -204,12 +204,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                 mg_tape_backward(t);
                 mg_tape_step(t, 0.01, 1);
                 size_t bs = 1 + byte(&in) % 5, th = 1 + byte(&in) % 2;
-                int st = mg_tape_fit_threads(t, X, NULL, nin <= 8 ? 16 : 0, bs, 0.01, 1, 7, 0, th, NULL);
+                mg_fit_options fo = {bs, 0.01, 1, 7, 0, th};
+                int st = mg_tape_fit(t, X, NULL, nin <= 8 ? 16 : 0, &fo, NULL);
                 CHECK(st == MG_OK || st == MG_ENOMEM);
                 if (nin <= 8) mg_tape_predict(t, X, 16, out);
                 char *src = mg_tape_emit_c(t, NULL, NULL);
                 mg_tape_free_source(t, src);
-                mg_emit_options o = {"fz_", 1, (int)(byte(&in) & 1)};
+                mg_emit_options o = {"fz_", 1, (int)(byte(&in) & 1), 0};
                 src = mg_tape_emit_c(t, &o, NULL);
                 mg_tape_free_source(t, src);
                 mg_tape_write_back(t, g);

@@ -216,3 +216,381 @@ def test_nan_loss_is_warned_about(tmp_path):
             cwd=tmp_path)
     assert r.returncode == 0
     assert "warning: the loss became NaN" in r.stderr
+
+
+# ---- issue #11: the newcomer's path --------------------------------------------------------------
+
+def write_small_mnist(d, n=40):
+    """A small MNIST-shaped test set (IDX, gzip) in d, as ../shared holds: no training files."""
+    import gzip
+    import struct
+    d.mkdir(parents=True, exist_ok=True)
+    rng = np.random.RandomState(0)
+    for name, arr in (("t10k-images-idx3-ubyte", rng.randint(0, 256, size=(n, 28, 28))),
+                      ("t10k-labels-idx1-ubyte", rng.randint(0, 10, size=n))):
+        head = struct.pack(">HBB", 0, 8, arr.ndim) + struct.pack(">" + "I" * arr.ndim, *arr.shape)
+        (d / (name + ".gz")).write_bytes(gzip.compress(head + arr.astype(np.uint8).tobytes()))
+    return d
+
+
+def test_version():
+    import micrograd_c
+    r = run("--version")
+    assert r.returncode == 0 and r.stdout.startswith(f"micrograd-c {micrograd_c.__version__} ")
+
+
+def test_help_shows_the_defaults():
+    r = run("train", "--help")
+    assert r.returncode == 0
+    text = " ".join(r.stdout.split())
+    for expected in ["--epochs N default: 100 for moons, 50 for xor, 20 for digits, 1 for mnist",
+                     "--lr X learning rate; default: 0.1 for moons", "--hidden W,W hidden layer widths; default: 16,16 for moons",
+                     "--batch-size N default: 10 for moons", "--seed SEED default: 0", "--threads N threads per batch",
+                     "--backend {eager,tape,c,auto}", "else tape (default)", "default: DATASET.png"]:
+        assert expected in text, expected
+
+
+def test_eval_finds_mnist_where_train_does_and_says_what_it_does(tmp_path):
+    cache = write_small_mnist(tmp_path / "cache" / "mnist")
+    env = {"MICROGRAD_C_DATA_DIR": str(cache)}
+    r = run("train", "--dataset", "mnist", "--epochs", "1", "--no-plot", "--save", "m.npz", env=env, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "training on the first 8,000 test images" in r.stderr
+    r = run("eval", "m.npz", env=env, cwd=tmp_path)  # the dataset comes from the model file
+    assert r.returncode == 0, r.stderr
+    assert "training on" not in r.stderr and "evaluating on the last 2,000 test images" in r.stderr
+    assert r.stdout.startswith("mnist: accuracy ")
+    r = run("eval", "m.npz", "--dataset", "mnist", "--data-dir", str(cache), cwd=tmp_path)  # the same data, named
+    assert r.returncode == 0, r.stderr
+    # no data anywhere: the error names both ways to get it
+    r = run("eval", "m.npz", "--dataset", "mnist", env={"MICROGRAD_C_DATA_DIR": str(tmp_path / "empty")}, cwd=tmp_path)
+    assert r.returncode == 2
+    assert "--data-dir" in r.stderr and "--download" in r.stderr and "Traceback" not in r.stderr
+    r = run("train", "--dataset", "mnist", "--data-dir", str(tmp_path), cwd=tmp_path)  # a directory without the files
+    assert r.returncode == 2 and "no MNIST test files" in r.stderr and "--download" in r.stderr
+
+
+def test_relative_data_dir_is_relative_to_the_current_directory(tmp_path):
+    write_small_mnist(tmp_path / "work" / "data")
+    r = run("train", "--dataset", "mnist", "--data-dir", "data", "--epochs", "1", "--no-plot", "--quiet",
+            cwd=tmp_path / "work")
+    assert r.returncode == 0, r.stderr
+
+
+def test_download_without_network_fails_once_clearly_and_leaves_nothing(tmp_path):
+    cache = tmp_path / "cache" / "micrograd_c" / "mnist"
+    env = {"MICROGRAD_C_DATA_DIR": str(cache), "MICROGRAD_C_MNIST_MIRRORS": "http://127.0.0.1:9/a/ http://127.0.0.1:9/b/"}
+    r = run("train", "--dataset", "mnist", "--download", "--quiet", env=env, cwd=tmp_path)
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in r.stderr
+    assert lines[0].count("http://127.0.0.1:9/a/") == 1 and lines[0].count("http://127.0.0.1:9/b/") == 1
+    assert "(3 attempts)" in lines[0] and "pass --data-dir DIR" in lines[0]
+    assert not (tmp_path / "cache").exists()  # no empty directories left behind
+
+
+def test_a_log_gets_plain_progress_lines_not_a_frozen_bar(tmp_path):
+    r = run("train", "--epochs", "100", "--no-plot", cwd=tmp_path)  # stderr is a pipe here, not a terminal
+    assert r.returncode == 0, r.stderr
+    lines = [line for line in r.stderr.splitlines() if line.startswith("epoch ")]
+    import re
+    assert not re.search(r"(?<![0-9])0/100", r.stderr) and "\r" not in r.stderr
+    assert [line.split()[1] for line in lines] == [f"{k}/100" for k in range(10, 101, 10)]
+
+
+@pytest.mark.parametrize("backend", ["tape", "eager"])
+def test_one_epoch_still_draws_a_curve(tmp_path, monkeypatch, backend):
+    seen = {}
+
+    def fake_plot(path, data, prog, model, history, curve=()):
+        seen.update(history=list(history), curve=list(curve))
+        return path
+    monkeypatch.setattr(cli, "plot", fake_plot)
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["train", "--dataset", "xor", "--epochs", "1", "--batch-size", "1", "--backend", backend,
+                     "--quiet", "--plot", "x.png"]) == 0
+    assert len(seen["history"]) == 1
+    xs = [t for t, _ in seen["curve"]]
+    assert len(xs) == 100 and xs == sorted(xs) and xs[-1] == 1.0  # 200 samples: a point per 2
+    losses = [v for _, v in seen["curve"]]
+    assert len(set(losses)) > 50
+    # the per-part losses, weighted, are the epoch's mean loss
+    assert abs(np.mean(losses) - seen["history"][0][0]) < 1e-9
+
+
+def test_chunked_epochs_train_the_same_model_on_every_backend(tmp_path):
+    outs = {}
+    for backend in ["tape", "eager"] + (["c"] if _have_cc() else []):
+        path = tmp_path / f"{backend}.npz"
+        r = run("train", "--dataset", "xor", "--epochs", "2", "--batch-size", "4", "--backend", backend,
+                "--no-plot", "--quiet", "--save", str(path), cwd=tmp_path)
+        assert r.returncode == 0, r.stderr
+        outs[backend] = cli.load_model(str(path))[0].state_dict()
+    for backend, sd in outs.items():
+        for k in sd:
+            assert np.allclose(sd[k], outs["tape"][k], rtol=1e-12, atol=1e-12), (backend, k)
+
+
+def test_bench_says_which_references_it_skipped_and_how_to_get_them(tmp_path):
+    block = tmp_path / "block"
+    for mod in ("micrograd", "torch", "jax"):
+        (block / mod).mkdir(parents=True)
+        (block / mod / "__init__.py").write_text(f"raise ImportError('{mod} hidden by the test')\n")
+    r = run("bench", "--quick", "--repeat", "1", env={"PYTHONPATH": str(block)}, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    assert "micrograd 0.1.0" not in out and "PyTorch" not in out.split("skipped")[0]
+    skipped = next(line for line in out.splitlines() if line.startswith("skipped references"))
+    assert "micrograd (pip install micrograd==0.1.0)" in skipped
+    assert "PyTorch (pip install torch==2.13.0)" in skipped and "JAX (pip install jax jaxlib)" in skipped
+    assert "pip install 'micrograd-c[bench]'" in out
+    assert "ratios against micrograd_c eager in this run" in out and "against micrograd in" not in out
+    assert "CPU: " in out
+
+
+def _bench_states(names, nin, nouts, n):
+    from micrograd_c import bench
+    X, y = bench._data(nin, nouts[-1], n)
+    states = {}
+    for name, make in names.items():
+        eng = make(nin, nouts)
+        eng.prepare(X, y)
+        eng.train(X, y)
+        states[name] = eng.state()
+    return states
+
+
+@pytest.mark.parametrize("nin, nouts, n", [(2, [16, 16, 1], 40), (784, [50, 10], 3)])
+def test_bench_references_train_the_same_model(nin, nouts, n):
+    """Each reference row runs the same SGD from the same start: equal parameters afterwards."""
+    from micrograd_c import bench
+    names = {"tape": lambda i, o: bench._program_engine("tape", i, o)}
+    try:
+        import micrograd.engine as me
+        import micrograd.nn as mn
+        names["micrograd"] = lambda i, o: bench._values_engine(me.Value, mn.MLP, i, o)
+    except ImportError:
+        pass
+    try:
+        import torch  # noqa: F401
+        names["torch"] = bench._torch_engine
+    except ImportError:
+        pass
+    try:
+        import jax  # noqa: F401
+        names["jax step"] = lambda i, o: bench._jax_engine(i, o, scan=False)
+        names["jax scan"] = lambda i, o: bench._jax_engine(i, o, scan=True)
+    except ImportError:
+        pass
+    if len(names) == 1:
+        pytest.skip("no reference installed (pip install 'micrograd-c[bench]')")
+    states = _bench_states(names, nin, nouts, n)
+    start = bench.initial_state(nin, nouts)
+    for name, sd in states.items():
+        moved = sum(float(np.abs(sd[k] - start[k]).sum()) for k in sd)
+        assert moved > 0, name
+        for k in sd:
+            assert np.allclose(sd[k], states["tape"][k], rtol=1e-10, atol=1e-12), (name, k)
+
+
+# ---- issue #10: files, arguments, output ---------------------------------------------------------
+
+def _moons_model(tmp_path):
+    model = tmp_path / "m.npz"
+    if not model.exists():
+        r = run("train", "--epochs", "5", "--no-plot", "--quiet", "--save", str(model), cwd=tmp_path)
+        assert r.returncode == 0, r.stderr
+    return model
+
+
+def _rewrite_meta(src, dst, **changes):
+    import json
+    with np.load(src) as z:
+        arrays = {k: z[k] for k in z.files}
+    meta = json.loads(str(arrays.pop("__meta__")))
+    meta.update(changes)
+    with open(dst, "wb") as f:
+        np.savez(f, __meta__=np.array(json.dumps(meta)), **arrays)
+
+
+HOSTILE = ["x */ int planted_by_the_dataset = 1; /*", "a\n#define model_infer evil\n", "\\", "*/", "??/"]
+
+
+@pytest.mark.parametrize("hostile", HOSTILE)
+def test_export_c_writes_nothing_from_the_file_but_numbers(tmp_path, hostile):
+    model = _moons_model(tmp_path)
+    r = run("export-c", str(model), "-o", str(tmp_path / "clean.c"))
+    assert r.returncode == 0, r.stderr
+    clean = (tmp_path / "clean.c").read_text()
+    bad_dir = tmp_path / "bad"
+    bad_dir.mkdir()
+    bad = bad_dir / ("m " + hostile.replace("/", "_") + " planted_by_the_name.npz")
+    _rewrite_meta(model, bad, dataset=hostile, loss=hostile, extra=hostile)
+    r = run("export-c", str(bad), "-o", str(tmp_path / "bad.c"))
+    assert r.returncode == 0, r.stderr
+    out = (tmp_path / "bad.c").read_text()
+    assert "planted" not in out and "evil" not in out
+    assert out == clean.replace(", trained on moons", "")
+
+
+def test_export_c_refuses_a_prefix_that_is_not_an_identifier(tmp_path):
+    model = _moons_model(tmp_path)
+    r = run("export-c", str(model), "-o", str(tmp_path / "x.c"), "--prefix", "a*/b")
+    assert r.returncode == 2 and "must be a C identifier" in r.stderr
+    assert not (tmp_path / "x.c").exists()
+
+
+@pytest.mark.xfail(strict=True, reason="emitter (lead): gcc -Wtype-limits on 's < 0' in mg_load_init, clang "
+                   "-Wunused-function on the unused static kernels of kernels.h in inference-only sources")
+def test_exported_c_compiles_without_warnings(tmp_path):
+    model = _moons_model(tmp_path)
+    assert run("export-c", str(model), "-o", str(tmp_path / "m.c")).returncode == 0
+    import shutil
+    compilers = [c for c in ("gcc", "clang") if shutil.which(c)]
+    if not compilers:
+        pytest.skip("no gcc or clang")
+    for c in compilers:
+        r = subprocess.run([c, "-std=c11", "-Wall", "-Wextra", "-Werror", "-c", str(tmp_path / "m.c"), "-o",
+                            str(tmp_path / "m.o")], capture_output=True, text=True)
+        assert r.returncode == 0, f"{c}: {r.stderr}"
+
+
+def _npz(path, members):
+    """A zip of .npy members written by hand: {name: (header dict, data, compress)}; data is bytes,
+    or an int n for n zero bytes written in chunks."""
+    import io
+    import zipfile
+    with zipfile.ZipFile(path, "w") as zf:
+        for name, (header, data, compress) in members.items():
+            buf = io.BytesIO()
+            np.lib.format.write_array_header_1_0(buf, header)
+            info = zipfile.ZipInfo(name + ".npy")
+            info.compress_type = zipfile.ZIP_DEFLATED if compress else zipfile.ZIP_STORED
+            with zf.open(info, "w", force_zip64=True) as f:
+                f.write(buf.getvalue())
+                if isinstance(data, int):
+                    block = bytes(1 << 22)
+                    for _ in range(data // len(block)):
+                        f.write(block)
+                else:
+                    f.write(data)
+
+
+def _meta_member(sizes):
+    import json
+    arr = np.array(json.dumps({"format": cli.MODEL_FORMAT, "version": 1, "sizes": sizes, "activation": "relu"}))
+    return ({"descr": arr.dtype.str, "fortran_order": False, "shape": ()}, arr.tobytes(), False)
+
+
+HOSTILE_MODELS = {
+    # a tiny file whose metadata claims 20M parameters, arrays shaped to match, no data
+    "claims-20M": lambda: {"__meta__": _meta_member([2000, 10000, 10]),
+                           "layers.0.weight": ({"descr": "<f8", "fortran_order": False, "shape": (10000, 2000)}, b"", False),
+                           "layers.0.bias": ({"descr": "<f8", "fortran_order": False, "shape": (10000,)}, b"", False),
+                           "layers.1.weight": ({"descr": "<f8", "fortran_order": False, "shape": (10, 10000)}, b"", False),
+                           "layers.1.bias": ({"descr": "<f8", "fortran_order": False, "shape": (10,)}, b"", False)},
+    # the same with no arrays at all
+    "claims-20M-no-arrays": lambda: {"__meta__": _meta_member([2000, 10000, 10])},
+    # a deflate bomb: 1.2 GB of zeros for a 2x2 model's bias, in a file of about 1.2 MB
+    "bomb": lambda: {"__meta__": _meta_member([2, 2]),
+                     "layers.0.weight": ({"descr": "<f8", "fortran_order": False, "shape": (2, 2)}, b"\0" * 32, False),
+                     "layers.0.bias": ({"descr": "<f8", "fortran_order": False, "shape": (150 << 20,)},
+                                       1200 << 20, True)},
+}
+
+
+@pytest.mark.parametrize("kind", sorted(HOSTILE_MODELS))
+def test_hostile_model_files_are_refused_before_allocating(tmp_path, kind):
+    if "asan" in os.environ.get("LD_PRELOAD", ""):
+        pytest.skip("address-space limits and ASan do not mix")
+    path = tmp_path / f"{kind}.npz"
+    _npz(path, HOSTILE_MODELS[kind]())
+    assert path.stat().st_size < 2_000_000
+    if not os.path.exists("/proc/self/status"):
+        pytest.skip("needs /proc/self/status (VmHWM)")
+    # VmHWM: this process's own peak RSS (getrusage's ru_maxrss would include the parent's at fork)
+    code = textwrap.dedent(f"""
+        from micrograd_c import cli
+        try:
+            cli.load_model({str(path)!r})
+        except cli.UsageError as e:
+            print("refused:", e)
+        hwm = next(line for line in open("/proc/self/status") if line.startswith("VmHWM:"))
+        print("peak MB:", int(hwm.split()[1]) // 1024)
+        """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0 and r.stdout.startswith("refused: "), r.stdout + r.stderr
+    # the file is refused before its claims are believed: the old reader built the 20M-parameter
+    # MLP (3.6 GB) or inflated the 1.2 GB array before refusing
+    assert int(r.stdout.split("peak MB:")[1]) < 400, r.stdout
+
+
+def test_eval_of_a_file_that_is_not_a_model_says_so(tmp_path):
+    r = run("eval", "/etc/passwd")
+    assert r.returncode == 2 and "pickle" not in r.stderr
+    assert r.stderr.strip() == "micrograd-c: error: /etc/passwd: not a micrograd-c model file (not a .npz archive)"
+    r = run("eval", str(tmp_path))
+    assert r.returncode == 2 and "is a directory" in r.stderr
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--batch-size", "0"], "argument --batch-size: must be between 1"),
+    (["--limit", "0"], "argument --limit: must be between 1"),
+    (["--limit", "-5"], "argument --limit: must be between 1"),
+    (["--epochs", str(10**30)], "argument --epochs: must be between 1 and 1,000,000,000"),
+    (["--epochs", "0"], "argument --epochs: must be between 1"),
+    (["--l2", "nan"], "argument --l2: must be a finite number at least 0"),
+    (["--l2", "-1"], "argument --l2: must be a finite number at least 0"),
+    (["--lr", "inf"], "argument --lr: must be a finite number greater than 0"),
+    (["--lr", "0"], "argument --lr: must be a finite number greater than 0"),
+    (["--threads", "0"], "argument --threads: must be between 1"),
+    (["--seed", "-1"], "argument --seed: must be between 0"),
+    (["--hidden", "16,0"], "every width must be between 1"),
+    (["--hidden", "100000,100000"], "more than 100,000,000"),
+])
+def test_bad_numbers_are_refused_before_training(tmp_path, args, message):
+    r = run("train", "--no-plot", *args, cwd=tmp_path)
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], r.stderr
+
+
+@pytest.mark.parametrize("where", ["missing-dir/m.npz", "."])
+def test_save_path_is_checked_before_training(tmp_path, where):
+    r = run("train", "--epochs", "5", "--no-plot", "--save", where, cwd=tmp_path)
+    assert r.returncode == 2
+    assert "ready in" not in r.stderr and "final loss" not in r.stdout  # refused before training
+    assert r.stderr.strip().splitlines()[-1].startswith(f"micrograd-c: error: --save {where}: ")
+
+
+def test_a_failed_save_leaves_no_temporary_file(tmp_path, monkeypatch):
+    from micrograd_c.nn import MLP
+    model = MLP(2, [2, 1])
+
+    def failing_savez(f, *a, **kw):
+        if isinstance(f, str):
+            f = open(f if f.endswith(".npz") else f + ".npz", "wb")
+        f.write(b"partial")
+        f.flush()
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(np, "savez", failing_savez)
+    with pytest.raises(cli.UsageError, match="No space left on device"):
+        cli.save_model(str(tmp_path / "m.npz"), model, {})
+    assert os.listdir(tmp_path) == []
+
+
+def test_eval_into_a_closed_pipe_is_quiet(tmp_path):
+    model = _moons_model(tmp_path)
+    p = subprocess.Popen([sys.executable, "-m", "micrograd_c", "eval", str(model)], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, cwd=tmp_path)
+    p.stdout.close()  # `| head -0`: the reader is gone before anything is written
+    err = p.stderr.read().decode()
+    assert p.wait(timeout=120) == 0, err
+    assert "BrokenPipeError" not in err and "Traceback" not in err and "Exception ignored" not in err
+
+
+def test_a_saved_model_has_the_usual_permissions(tmp_path):
+    model = _moons_model(tmp_path)
+    umask = os.umask(0)
+    os.umask(umask)
+    assert model.stat().st_mode & 0o777 == 0o666 & ~umask

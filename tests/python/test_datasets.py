@@ -78,7 +78,7 @@ def test_idx_validation(tmp_path):
     corrupt = bytearray(gzip.compress(good))
     corrupt[20:30] = b"\xff" * 10  # a valid gzip header over a broken deflate stream (found by fuzzing)
     (tmp_path / "t10k-images-idx3-ubyte.gz").write_bytes(bytes(corrupt))
-    with pytest.raises(ds.DatasetError, match="cannot read"):
+    with pytest.raises(ds.DatasetError, match="cannot read|shape"):  # garbage from the header on
         ds.load_mnist(str(tmp_path))
     (tmp_path / "t10k-images-idx3-ubyte.gz").write_bytes(b"\x1f\x8bgarbage")  # corrupt gzip wins
     with pytest.raises(ds.DatasetError, match="cannot read"):
@@ -203,3 +203,80 @@ def test_download_rejects_a_corrupt_file_and_tries_the_next_mirror(tmp_path):
 def test_download_reports_unreachable_mirrors(tmp_path):
     with pytest.raises(ds.DatasetError, match="could not download"):
         ds.download("x.gz", str(tmp_path), "0" * 64, mirrors=["http://127.0.0.1:9/"], retries=1, timeout=2)
+
+
+# ---- issue #10 item 16: the header bounds everything read after it -----------------------------
+
+def test_a_gzip_bomb_costs_no_more_than_its_header_declares(tmp_path):
+    import tracemalloc
+    header = struct.pack(">HBB", 0, 0x08, 3) + struct.pack(">III", 10, 28, 28)  # 7,840 bytes declared
+    bomb = tmp_path / "bomb.gz"
+    with gzip.open(bomb, "wb", compresslevel=9) as f:
+        f.write(header)
+        block = b"\0" * (1 << 20)
+        for _ in range(200):  # 200 MB of zeros after the declared data, in a ~200 KB file
+            f.write(block)
+    assert bomb.stat().st_size < 1_000_000
+    tracemalloc.start()
+    try:
+        with pytest.raises(ds.DatasetError, match="header says 7840 bytes"):
+            ds.read_idx(str(bomb))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 8_000_000  # the old reader decompressed all 200 MB first
+
+
+@pytest.mark.parametrize("dims, message", [
+    ((0, 28, 28), "holds no data"),
+    ((5, 0), "holds no data"),
+    ((2**32 - 1,) * 4, "more than the"),           # the product wraps a 64-bit integer
+    ((2**16, 2**16, 2**16, 2**16), "more than the"),  # exactly 2**64: wrapped to 0 before
+    ((60000, 28, 28, 28), "more than the"),
+])
+def test_absurd_or_empty_shapes_are_refused(tmp_path, dims, message):
+    p = tmp_path / "x-idx"
+    p.write_bytes(struct.pack(">HBB", 0, 0x08, len(dims)) + struct.pack(">" + "I" * len(dims), *dims) + b"\1" * 16)
+    with pytest.raises(ds.DatasetError, match=message):
+        ds.read_idx(str(p))
+    with gzip.open(tmp_path / "x-idx.gz", "wb") as f:
+        f.write(p.read_bytes())
+    with pytest.raises(ds.DatasetError, match=message):
+        ds.read_idx(str(tmp_path / "x-idx.gz"))
+
+
+def test_trailing_data_and_short_bodies_are_refused_in_gzip_too(tmp_path):
+    arr = np.arange(12).reshape(3, 4)
+    for body, what in ((idx_bytes(arr) + b"\0", "more than 12"), (idx_bytes(arr)[:-1], "file has 11")):
+        (tmp_path / "a.gz").write_bytes(gzip.compress(body))
+        with pytest.raises(ds.DatasetError, match=what):
+            ds.read_idx(str(tmp_path / "a.gz"))
+    (tmp_path / "a.gz").write_bytes(gzip.compress(idx_bytes(arr)))
+    assert np.array_equal(ds.read_idx(str(tmp_path / "a.gz")), arr)
+
+
+def test_reader_on_a_directory_is_a_dataset_error(tmp_path):
+    with pytest.raises(ds.DatasetError):
+        ds.read_idx(str(tmp_path))
+
+
+# ---- issue #11 item 3: a failed download says so once and leaves nothing behind ------------------
+
+def test_failed_download_names_each_mirror_once_and_removes_what_it_created(tmp_path):
+    dest = tmp_path / "cache" / "micrograd_c" / "mnist"
+    with pytest.raises(ds.DatasetError) as e:
+        ds.download_mnist(str(dest), mirrors=["http://127.0.0.1:9/m1/", "http://127.0.0.1:9/m2/"], retries=3,
+                          timeout=2)
+    msg = str(e.value)
+    assert msg.count("http://127.0.0.1:9/m1/") == 1 and msg.count("http://127.0.0.1:9/m2/") == 1
+    assert msg.count("(3 attempts)") == 2
+    assert not (tmp_path / "cache").exists()
+
+
+def test_mirrors_can_be_set_in_the_environment(tmp_path, monkeypatch):
+    files, sums = small_mnist_files(tmp_path)
+    with Server(files) as srv:
+        monkeypatch.setenv("MICROGRAD_C_MNIST_MIRRORS", "http://127.0.0.1:9/ " + srv.url)
+        assert ds.mnist_mirrors() == ("http://127.0.0.1:9/", srv.url)
+        d = ds.download_mnist(str(tmp_path / "dl"), sha256=sums, retries=1, timeout=10)
+    assert ds.load_mnist(d, "train")[0].shape == (60, 784)
