@@ -11,24 +11,31 @@
 #define MG__CAT2(a, b) a##b
 #define MG__CAT(a, b) MG__CAT2(a, b)
 
-/* Nests with at most two outer and two reduction dims (nearly all) run an instance that skips the
- * other loops (mgk_nest_shape's `small`). */
+/* Nests with at most two outer and two reduction dims (nearly all) run an instance for their term
+ * and op that skips the other loops (mgk_nest_shape's `small`); the others run one instance per
+ * term kind with the op dispatched per element (rare, and kept few: every instance costs compile
+ * time, three times over). */
 #define MG__SMALL(N) ((N)->n[0] == 1 && (N)->n[1] == 1 && (N)->n[4] == 1 && (N)->n[5] == 1)
-#define MG__RUN(N, R, term, op)                                                                               \
-    do {                                                                                                      \
-        if (MG__SMALL(N)) mgk_nest_shape(N, R, term, op, 1);                                                   \
-        else mgk_nest_shape(N, R, term, op, 0);                                                               \
-    } while (0)
+
+static void general_op(const mgk_nest *N, const mgk_run *R) { mgk_nest_shape(N, R, MGK_T_OP, N->op, 0); }
+static void general_da(const mgk_nest *N, const mgk_run *R) { mgk_nest_shape(N, R, MGK_T_DA, N->op, 0); }
+static void general_db(const mgk_nest *N, const mgk_run *R) { mgk_nest_shape(N, R, MGK_T_DB, N->op, 0); }
 
 typedef void (*nest_fn)(const mgk_nest *, const mgk_run *);
 
-static void nest_one(const mgk_nest *N, const mgk_run *R) { MG__RUN(N, R, MGK_T_ONE, 0); }
-static void nest_mul(const mgk_nest *N, const mgk_run *R) { MG__RUN(N, R, MGK_T_MUL, 0); }
+static void nest_one(const mgk_nest *N, const mgk_run *R) {
+    if (MG__SMALL(N)) mgk_nest_shape(N, R, MGK_T_ONE, 0, 1);
+    else mgk_nest_shape(N, R, MGK_T_ONE, 0, 0);
+}
+static void nest_mul(const mgk_nest *N, const mgk_run *R) {
+    if (MG__SMALL(N)) mgk_nest_shape(N, R, MGK_T_MUL, 0, 1);
+    else mgk_nest_shape(N, R, MGK_T_MUL, 0, 0);
+}
 
 #define MG__NEST_FNS(id, name, sym, ar, f, da, db)                                                          \
-    static void nest_op_##id(const mgk_nest *N, const mgk_run *R) { MG__RUN(N, R, MGK_T_OP, MG_OP_##id); } \
-    static void nest_da_##id(const mgk_nest *N, const mgk_run *R) { MG__RUN(N, R, MGK_T_DA, MG_OP_##id); } \
-    static void nest_db_##id(const mgk_nest *N, const mgk_run *R) { MG__RUN(N, R, MGK_T_DB, MG_OP_##id); }
+    static void nest_op_##id(const mgk_nest *N, const mgk_run *R) { mgk_nest_shape(N, R, MGK_T_OP, MG_OP_##id, 1); } \
+    static void nest_da_##id(const mgk_nest *N, const mgk_run *R) { mgk_nest_shape(N, R, MGK_T_DA, MG_OP_##id, 1); } \
+    static void nest_db_##id(const mgk_nest *N, const mgk_run *R) { mgk_nest_shape(N, R, MGK_T_DB, MG_OP_##id, 1); }
 #define MG__NEST_NONE(id, name, sym)
 MG_OP_LIST(MG__NEST_FNS, MG__NEST_NONE)
 #undef MG__NEST_FNS
@@ -47,12 +54,13 @@ static const nest_fn db_fns[MG_OP_COUNT] = {MG_OP_LIST(MG__ROW_DB, MG__NEST_NONE
 void MG__CAT(mg__run_nest_, MG_ISA)(const mgk_nest *N, const mgk_run *R);
 void MG__CAT(mg__run_nest_, MG_ISA)(const mgk_nest *N, const mgk_run *R) {
     nest_fn fn = NULL;
+    int small = MG__SMALL(N);
     switch (N->term) {
     case MGK_T_ONE: fn = nest_one; break;
     case MGK_T_MUL: fn = nest_mul; break;
-    case MGK_T_OP: fn = op_fns[N->op]; break;
-    case MGK_T_DA: fn = da_fns[N->op]; break;
-    case MGK_T_DB: fn = db_fns[N->op]; break;
+    case MGK_T_OP: fn = small ? op_fns[N->op] : general_op; break;
+    case MGK_T_DA: fn = small ? da_fns[N->op] : general_da; break;
+    case MGK_T_DB: fn = small ? db_fns[N->op] : general_db; break;
     default: break;
     }
     if (fn) fn(N, R);
