@@ -183,20 +183,20 @@ template <class M> void set_param_data(const M &m, py::handle values, const char
         throw py::value_error(std::string(what) + ": expected " + std::to_string(ps.size()) +
                               " parameters, got " + std::to_string(arr.size()));
     const double *d = arr.data();
-    for (size_t i = 0; i < ps.size(); i++) mg_set_data(ps[i], d[i]);
+    for (size_t i = 0; i < ps.size(); i++) mg_value_set_data(ps[i], d[i]);
 }
 
 py::array_t<double> get_param_data(const std::vector<mg_value *> &ps) {
     py::array_t<double> out(ps.size());
     double *d = out.mutable_data();
-    for (size_t i = 0; i < ps.size(); i++) d[i] = mg_data(ps[i]);
+    for (size_t i = 0; i < ps.size(); i++) d[i] = mg_value_data(ps[i]);
     return out;
 }
 
 py::array_t<double> get_param_grad(const std::vector<mg_value *> &ps) {
     py::array_t<double> out(ps.size());
     double *d = out.mutable_data();
-    for (size_t i = 0; i < ps.size(); i++) d[i] = mg_grad(ps[i]);
+    for (size_t i = 0; i < ps.size(); i++) d[i] = mg_value_grad(ps[i]);
     return out;
 }
 
@@ -408,7 +408,7 @@ PYBIND11_MODULE(_core, m, py::mod_gil_used()) {
     py::class_<Neuron>(m, "Neuron")
         .def(py::init([](py::handle nin, py::handle act) {
                  size_t n_in = count_arg(nin, "Neuron", "nin", 1);
-                 mg_neuron *n = mg_neuron_init(graph(), n_in, activation_of(act), MG_INIT_UNIFORM, nullptr);
+                 mg_neuron *n = mg_neuron_new(graph(), n_in, activation_of(act), MG_INIT_UNIFORM, nullptr);
                  if (!n) throw_graph_error("Neuron");
                  Owner o(n, [](void *p) { mg_neuron_free(static_cast<mg_neuron *>(p)); });
                  return Neuron{o, n};
@@ -434,7 +434,7 @@ PYBIND11_MODULE(_core, m, py::mod_gil_used()) {
     py::class_<Layer>(m, "Layer")
         .def(py::init([](py::handle nin, py::handle nout, py::handle act) {
                  size_t n_in = count_arg(nin, "Layer", "nin", 1), n_out = count_arg(nout, "Layer", "nout", 1);
-                 mg_layer *l = mg_layer_init(graph(), n_in, n_out, activation_of(act), MG_INIT_UNIFORM, nullptr);
+                 mg_layer *l = mg_layer_new(graph(), n_in, n_out, activation_of(act), MG_INIT_UNIFORM, nullptr);
                  if (!l) throw_graph_error("Layer");
                  Owner o(l, [](void *p) { mg_layer_free(static_cast<mg_layer *>(p)); });
                  return Layer{o, l};
@@ -470,7 +470,7 @@ PYBIND11_MODULE(_core, m, py::mod_gil_used()) {
                      widths.push_back(count_arg(w, "MLP", "layer width", 1));
                  }
                  if (widths.empty()) throw py::value_error("MLP: at least one layer is needed");
-                 mg_mlp *mm = mg_mlp_init(graph(), n_in, widths.data(), widths.size(), activation_of(act),
+                 mg_mlp *mm = mg_mlp_new(graph(), n_in, widths.data(), widths.size(), activation_of(act),
                                           MG_INIT_UNIFORM, nullptr);
                  if (!mm) throw_graph_error("MLP");
                  Owner o(mm, [](void *p) { mg_mlp_free(static_cast<mg_mlp *>(p)); });

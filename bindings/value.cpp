@@ -1,6 +1,8 @@
 // The native Value type. See value.hpp for why it is not a pybind11 class.
 #include "value.hpp"
 
+#include "ptrmap.h" // libmg/src/ptrmap.h: libmg's internal pointer map
+
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -83,83 +85,25 @@ PyObject *raise_graph_error(const char *what) {
     return nullptr;
 }
 
-// ---- node -> handle map (open addressing, linear probing, backward-shift deletion) ---------
+// ---- node -> handle map -----------------------------------------------------------------
 
 namespace {
 
-struct HandleMap {
-    struct Slot {
-        mg_value *key;
-        ValueObject *val;
-    };
-    Slot *slots = nullptr;
-    size_t cap = 0, len = 0; // cap is a power of two
+// node -> its canonical handle (a ValueObject *), so `_prev` returns the same objects; libmg's
+// pointer map (libmg/src/ptrmap.h), allocating through the C library as libmg does.
+mg_ptrmap handles = MG_PTRMAP_INIT;
 
-    size_t index(mg_value *k) const {
-        uint64_t h = (uint64_t)(uintptr_t)k * 0x9E3779B97F4A7C15ull;
-        return (size_t)(h >> 32) & (cap - 1);
-    }
-    bool grow() {
-        size_t nc = cap ? cap * 2 : 1024;
-        Slot *ns = static_cast<Slot *>(std::calloc(nc, sizeof(Slot)));
-        if (!ns) return false;
-        Slot *old = slots;
-        size_t oc = cap;
-        slots = ns;
-        cap = nc;
-        len = 0;
-        for (size_t i = 0; i < oc; i++)
-            if (old[i].key) put(old[i].key, old[i].val);
-        std::free(old);
-        return true;
-    }
-    ValueObject *get(mg_value *k) const {
-        if (!cap) return nullptr;
-        for (size_t i = index(k);; i = (i + 1) & (cap - 1)) {
-            if (slots[i].key == k) return slots[i].val;
-            if (!slots[i].key) return nullptr;
-        }
-    }
-    bool put(mg_value *k, ValueObject *v) {
-        if ((len + 1) * 4 > cap * 3 && !grow()) return false;
-        for (size_t i = index(k);; i = (i + 1) & (cap - 1)) {
-            if (slots[i].key == k) {
-                slots[i].val = v;
-                return true;
-            }
-            if (!slots[i].key) {
-                slots[i] = {k, v};
-                len++;
-                return true;
-            }
-        }
-    }
-    void erase(mg_value *k, ValueObject *v) { // only when the entry is still `v`'s
-        if (!cap) return;
-        size_t i = index(k);
-        for (;; i = (i + 1) & (cap - 1)) {
-            if (!slots[i].key) return;
-            if (slots[i].key == k) break;
-        }
-        if (slots[i].val != v) return;
-        // backward shift: keep every later entry of the probe run reachable
-        size_t j = i;
-        for (;;) {
-            slots[i].key = nullptr;
-            for (;;) {
-                j = (j + 1) & (cap - 1);
-                if (!slots[j].key) return;
-                size_t home = index(slots[j].key);
-                bool movable = i <= j ? (home <= i || home > j) : (home <= i && home > j);
-                if (movable) break;
-            }
-            slots[i] = slots[j];
-            i = j;
-        }
-    }
-};
+ValueObject *handle_of(mg_value *v) {
+    size_t i = mg_ptrmap_find(&handles, v);
+    return i == MG_PTRMAP_NONE ? nullptr : reinterpret_cast<ValueObject *>(handles.slots[i].val);
+}
 
-HandleMap handles;
+// Forgets `h` as its node's handle, unless another handle has taken the node over since.
+void forget_handle(ValueObject *h) {
+    size_t i = mg_ptrmap_find(&handles, h->v);
+    if (i != MG_PTRMAP_NONE && handles.slots[i].val == reinterpret_cast<uintptr_t>(h))
+        mg_ptrmap_erase_at(&handles, i);
+}
 
 inline bool read_number(PyObject *o, double *out) {
     if (PyFloat_CheckExact(o)) {
@@ -187,10 +131,12 @@ PyObject *attach(ValueObject *h, mg_value *v) {
     h->v = v;
     h->serial = mg_value_serial(v);
     mg_value_retain(v);
-    if (!handles.put(v, h)) {
+    uintptr_t *entry = mg_ptrmap_put(&handles, v, mg_default_allocator(), nullptr);
+    if (!entry) {
         Py_DECREF(h);
         return PyErr_NoMemory();
     }
+    *entry = reinterpret_cast<uintptr_t>(h); // replaces a stale handle's entry, if any
     return reinterpret_cast<PyObject *>(h);
 }
 
@@ -202,7 +148,7 @@ PyObject *stale_error() {
 
 // The live canonical handle of (v, serial), or nullptr.
 ValueObject *canonical(mg_value *v, uint64_t serial) {
-    ValueObject *h = handles.get(v);
+    ValueObject *h = handle_of(v);
     return h && h->serial == serial ? h : nullptr;
 }
 
@@ -265,7 +211,7 @@ namespace {
 
 void value_dealloc(PyObject *self) {
     ValueObject *h = reinterpret_cast<ValueObject *>(self);
-    handles.erase(h->v, h);
+    forget_handle(h);
     if (mg_value_is_live(h->v, h->serial)) mg_value_release(graph(), h->v);
     Py_TYPE(self)->tp_free(self);
 }
@@ -335,7 +281,7 @@ PyObject *divide(PyObject *lhs, PyObject *rhs, bool lv, bool rv, double x) {
     mg_value *a = nullptr, *t = nullptr;
     if (rv) {
         mg_value *b = live(reinterpret_cast<ValueObject *>(rhs));
-        if (!b || !pow_allowed(mg_data(b), -1.0)) return nullptr;
+        if (!b || !pow_allowed(mg_value_data(b), -1.0)) return nullptr;
         a = lv ? live(reinterpret_cast<ValueObject *>(lhs)) : constant(x);
         if (!a) return nullptr;
         t = mg_apply(graph(), MG_OP_POW, b, nullptr, -1.0);
@@ -411,7 +357,7 @@ PyObject *nb_pow(PyObject *base, PyObject *exp, PyObject *mod) {
             Py_RETURN_NOTIMPLEMENTED;
         }
         mg_value *a = live(reinterpret_cast<ValueObject *>(base));
-        if (!a || !pow_allowed(mg_data(a), k)) return nullptr;
+        if (!a || !pow_allowed(mg_value_data(a), k)) return nullptr;
         return unary(MG_OP_POW, base, k);
     }
     return binary(MG_OP_POWV, base, exp); // a Value as exponent, or number ** Value
@@ -465,11 +411,11 @@ PyObject *m_backward(PyObject *self, PyObject *) {
 
 PyObject *get_data(PyObject *self, void *) {
     mg_value *v = live(reinterpret_cast<ValueObject *>(self));
-    return v ? PyFloat_FromDouble(mg_data(v)) : nullptr;
+    return v ? PyFloat_FromDouble(mg_value_data(v)) : nullptr;
 }
 PyObject *get_grad(PyObject *self, void *) {
     mg_value *v = live(reinterpret_cast<ValueObject *>(self));
-    return v ? PyFloat_FromDouble(mg_grad(v)) : nullptr;
+    return v ? PyFloat_FromDouble(mg_value_grad(v)) : nullptr;
 }
 int set_number(PyObject *self, PyObject *o, void (*set)(mg_value *, double), const char *what) {
     if (!o) {
@@ -489,8 +435,8 @@ int set_number(PyObject *self, PyObject *o, void (*set)(mg_value *, double), con
     set(v, x);
     return 0;
 }
-int set_data(PyObject *self, PyObject *o, void *) { return set_number(self, o, mg_set_data, "data"); }
-int set_grad(PyObject *self, PyObject *o, void *) { return set_number(self, o, mg_set_grad, "grad"); }
+int set_data(PyObject *self, PyObject *o, void *) { return set_number(self, o, mg_value_set_data, "data"); }
+int set_grad(PyObject *self, PyObject *o, void *) { return set_number(self, o, mg_value_set_grad, "grad"); }
 
 PyObject *get_prev(PyObject *self, void *) {
     mg_value *v = live(reinterpret_cast<ValueObject *>(self));
@@ -551,7 +497,7 @@ PyObject *value_repr(PyObject *self) {
     ValueObject *h = reinterpret_cast<ValueObject *>(self);
     if (!mg_value_is_live(h->v, h->serial)) return PyUnicode_FromString("Value(<released>)");
     mg_value *v = h->v;
-    PyObject *d = PyFloat_FromDouble(mg_data(v)), *g = PyFloat_FromDouble(mg_grad(v));
+    PyObject *d = PyFloat_FromDouble(mg_value_data(v)), *g = PyFloat_FromDouble(mg_value_grad(v));
     PyObject *r = (d && g) ? PyUnicode_FromFormat("Value(data=%R, grad=%R)", d, g) : nullptr;
     Py_XDECREF(d);
     Py_XDECREF(g);
@@ -567,7 +513,7 @@ PyObject *value_reduce(PyObject *self, PyObject *) {
         return nullptr;
     }
     // Value(data) with the gradient restored through __setstate__
-    return Py_BuildValue("(O(d)d)", reinterpret_cast<PyObject *>(&ValueType), mg_data(v), mg_grad(v));
+    return Py_BuildValue("(O(d)d)", reinterpret_cast<PyObject *>(&ValueType), mg_value_data(v), mg_value_grad(v));
 }
 
 PyObject *value_setstate(PyObject *self, PyObject *state) {
@@ -621,7 +567,7 @@ PyTypeObject ValueType = [] {
     t.tp_repr = value_repr;
     t.tp_as_number = &value_as_number;
     t.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE;
-    t.tp_doc = "Value(data)\n--\n\nA scalar with a gradient: a node of the process-wide libmg graph.\n"
+    t.tp_doc = "Value(data, _children=(), _op='')\n--\n\nA scalar with a gradient: a node of the process-wide libmg graph.\n"
                "Arithmetic with Values and real numbers builds the graph; backward() fills .grad.";
     t.tp_methods = value_methods;
     t.tp_getset = value_getset;

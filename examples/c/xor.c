@@ -15,7 +15,7 @@ int main(void) {
     mg_rng rng;
     mg_rng_seed(&rng, 42);
     size_t sizes[2] = {4, 1};
-    mg_mlp *model = mg_mlp_init(g, 2, sizes, 2, MG_ACT_TANH, MG_INIT_UNIFORM, &rng);
+    mg_mlp *model = mg_mlp_new(g, 2, sizes, 2, MG_ACT_TANH, MG_INIT_UNIFORM, &rng);
     if (!model) {
         fprintf(stderr, "xor: %s\n", mg_graph_last_error(g));
         mg_graph_free(g);
@@ -40,10 +40,10 @@ int main(void) {
             fprintf(stderr, "xor: %s\n", mg_graph_last_error(g));
             break;
         }
-        loss = mg_data(l);
+        loss = mg_value_data(l);
         for (size_t i = 0; i < nparams; i++) {
-            mg_set_data(params[i], mg_data(params[i]) - 0.5 * mg_grad(params[i]));
-            mg_set_grad(params[i], 0.0);
+            mg_value_set_data(params[i], mg_value_data(params[i]) - 0.5 * mg_value_grad(params[i]));
+            mg_value_set_grad(params[i], 0.0);
         }
         if (step % 100 == 0) printf("step %4d  loss %.6f\n", step, loss);
         mg_graph_restore(g, cp);
@@ -54,8 +54,8 @@ int main(void) {
     for (int i = 0; i < 4; i++) {
         mg_value *x[2] = {mg_scalar(g, X[i][0]), mg_scalar(g, X[i][1])}, *y = NULL;
         if (mg_mlp_call(g, model, x, &y) != MG_OK) break;
-        printf("xor(%g, %g) = %.4f\n", X[i][0], X[i][1], mg_data(y));
-        correct += (mg_data(y) > 0.5) == (Y[i] > 0.5);
+        printf("xor(%g, %g) = %.4f\n", X[i][0], X[i][1], mg_value_data(y));
+        correct += (mg_value_data(y) > 0.5) == (Y[i] > 0.5);
         mg_graph_restore(g, cp);
     }
     mg_mlp_free(model);

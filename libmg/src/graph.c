@@ -256,17 +256,17 @@ size_t mg_graph_restore(mg_graph *g, mg_graph_checkpoint cp) {
     return before - g->len;
 }
 
-void mg_zero_grad(mg_graph *g) {
+void mg_graph_zero_grad(mg_graph *g) {
     if (!g) return;
     for (mg_value *v = g->head; v; v = v->next) v->grad = 0.0;
 }
 
 /* ---- value accessors --------------------------------------------------------------------- */
 
-double mg_data(const mg_value *v) { return v ? v->data : NAN; }
-double mg_grad(const mg_value *v) { return v ? v->grad : NAN; }
-void mg_set_data(mg_value *v, double x) { if (v) v->data = x; }
-void mg_set_grad(mg_value *v, double x) { if (v) v->grad = x; }
+double mg_value_data(const mg_value *v) { return v ? v->data : NAN; }
+double mg_value_grad(const mg_value *v) { return v ? v->grad : NAN; }
+void mg_value_set_data(mg_value *v, double x) { if (v) v->data = x; }
+void mg_value_set_grad(mg_value *v, double x) { if (v) v->grad = x; }
 int mg_value_op(const mg_value *v) { return v ? (int)v->op : -1; }
 size_t mg_value_noperands(const mg_value *v) { return v ? mg_value__nops(v) : 0; }
 

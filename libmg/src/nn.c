@@ -1,34 +1,9 @@
-/* Seeded generator, neurons, layers and MLPs over graph values. */
+/* Neurons, layers and MLPs over graph values. */
 #include "graph_impl.h"
 #include "mg/nn.h"
 
 #include <math.h>
 #include <string.h>
-
-/* ---- rng: the kernels' xoshiro256** (one implementation for libmg and generated code) ----- */
-
-void mg_rng_seed(mg_rng *rng, uint64_t seed) {
-    if (!rng) return;
-    mgk_rng r;
-    mgk_rng_seed(&r, seed);
-    for (int i = 0; i < 4; i++) rng->s[i] = r.s[i];
-}
-
-uint64_t mg_rng_next(mg_rng *rng) {
-    if (!rng) return 0;
-    mgk_rng r;
-    for (int i = 0; i < 4; i++) r.s[i] = rng->s[i];
-    uint64_t x = mgk_rng_next(&r);
-    for (int i = 0; i < 4; i++) rng->s[i] = r.s[i];
-    return x;
-}
-
-double mg_rng_uniform(mg_rng *rng, double lo, double hi) {
-    if (!rng) return NAN;
-    /* 53 bits -> [0, 1) exactly; one multiply and one add, both correctly rounded. */
-    double u = (double)(mg_rng_next(rng) >> 11) * 0x1.0p-53;
-    return lo + (hi - lo) * u;
-}
 
 /* ---- structs ----------------------------------------------------------------------------- */
 
@@ -131,18 +106,18 @@ void mg_neuron_free(mg_neuron *n) {
     mg_graph__free(g, n);
 }
 
-mg_neuron *mg_neuron_init(mg_graph *g, size_t nin, mg_activation act, mg_init init, mg_rng *rng) {
+mg_neuron *mg_neuron_new(mg_graph *g, size_t nin, mg_activation act, mg_init init, mg_rng *rng) {
     if (!g) return NULL;
     if (!valid_act(act) || (init != MG_INIT_UNIFORM && init != MG_INIT_SCALED)) {
-        mg_graph__fail(g, MG_EINVAL, "mg_neuron_init: bad activation or init");
+        mg_graph__fail(g, MG_EINVAL, "mg_neuron_new: bad activation or init");
         return NULL;
     }
     if (nin == 0) {
-        mg_graph__fail(g, MG_EINVAL, "mg_neuron_init: a neuron needs at least one input");
+        mg_graph__fail(g, MG_EINVAL, "mg_neuron_new: a neuron needs at least one input");
         return NULL;
     }
     if (nin > MG_NN_MAX) {
-        mg_graph__fail(g, MG_ERANGE, "mg_neuron_init: %zu inputs is too many", nin);
+        mg_graph__fail(g, MG_ERANGE, "mg_neuron_new: %zu inputs is too many", nin);
         return NULL;
     }
     mg_graph_checkpoint cp = mg_graph_save(g);
@@ -233,19 +208,19 @@ void mg_layer_free(mg_layer *l) {
     mg_graph__free(l->g, l);
 }
 
-mg_layer *mg_layer_init(mg_graph *g, size_t nin, size_t nout, mg_activation act, mg_init init,
+mg_layer *mg_layer_new(mg_graph *g, size_t nin, size_t nout, mg_activation act, mg_init init,
                         mg_rng *rng) {
     if (!g) return NULL;
     if (nout == 0) {
-        mg_graph__fail(g, MG_EINVAL, "mg_layer_init: a layer needs at least one neuron");
+        mg_graph__fail(g, MG_EINVAL, "mg_layer_new: a layer needs at least one neuron");
         return NULL;
     }
     if (nin == 0) {
-        mg_graph__fail(g, MG_EINVAL, "mg_layer_init: a layer needs at least one input");
+        mg_graph__fail(g, MG_EINVAL, "mg_layer_new: a layer needs at least one input");
         return NULL;
     }
     if (nin > MG_NN_MAX || nout > MG_NN_MAX) {
-        mg_graph__fail(g, MG_ERANGE, "mg_layer_init: %zu x %zu weights is too many", nout, nin);
+        mg_graph__fail(g, MG_ERANGE, "mg_layer_new: %zu x %zu weights is too many", nout, nin);
         return NULL;
     }
     mg_graph_checkpoint cp = mg_graph_save(g);
@@ -257,7 +232,7 @@ mg_layer *mg_layer_init(mg_graph *g, size_t nin, size_t nout, mg_activation act,
     l->neurons = mg_graph__malloc(g, nout * sizeof(mg_neuron *));
     if (!l->neurons) goto fail;
     for (size_t i = 0; i < nout; i++) {
-        mg_neuron *n = mg_neuron_init(g, nin, act, init, rng);
+        mg_neuron *n = mg_neuron_new(g, nin, act, init, rng);
         if (!n) goto fail;
         l->neurons[l->nout++] = n;
     }
@@ -320,32 +295,32 @@ void mg_mlp_free(mg_mlp *m) {
     mg_graph__free(m->g, m);
 }
 
-mg_mlp *mg_mlp_init(mg_graph *g, size_t nin, const size_t *nouts, size_t nlayers,
+mg_mlp *mg_mlp_new(mg_graph *g, size_t nin, const size_t *nouts, size_t nlayers,
                     mg_activation act, mg_init init, mg_rng *rng) {
     if (!g) return NULL;
     if (nlayers == 0 || !nouts) {
-        mg_graph__fail(g, MG_EINVAL, "mg_mlp_init: an MLP needs at least one layer");
+        mg_graph__fail(g, MG_EINVAL, "mg_mlp_new: an MLP needs at least one layer");
         return NULL;
     }
     if (nin == 0) {
-        mg_graph__fail(g, MG_EINVAL, "mg_mlp_init: an MLP needs at least one input");
+        mg_graph__fail(g, MG_EINVAL, "mg_mlp_new: an MLP needs at least one input");
         return NULL;
     }
     if (nlayers > MG_NN_MAX) { /* before nouts is read: the count may not be its length */
-        mg_graph__fail(g, MG_EINVAL, "mg_mlp_init: %zu layers is too many", nlayers);
+        mg_graph__fail(g, MG_EINVAL, "mg_mlp_new: %zu layers is too many", nlayers);
         return NULL;
     }
     if (nin > MG_NN_MAX) {
-        mg_graph__fail(g, MG_ERANGE, "mg_mlp_init: %zu inputs is too many", nin);
+        mg_graph__fail(g, MG_ERANGE, "mg_mlp_new: %zu inputs is too many", nin);
         return NULL;
     }
     for (size_t i = 0; i < nlayers; i++) {
         if (nouts[i] == 0) {
-            mg_graph__fail(g, MG_EINVAL, "mg_mlp_init: layer %zu has zero width", i);
+            mg_graph__fail(g, MG_EINVAL, "mg_mlp_new: layer %zu has zero width", i);
             return NULL;
         }
         if (nouts[i] > MG_NN_MAX) {
-            mg_graph__fail(g, MG_ERANGE, "mg_mlp_init: layer %zu has %zu neurons, too many", i, nouts[i]);
+            mg_graph__fail(g, MG_ERANGE, "mg_mlp_new: layer %zu has %zu neurons, too many", i, nouts[i]);
             return NULL;
         }
     }
@@ -360,7 +335,7 @@ mg_mlp *mg_mlp_init(mg_graph *g, size_t nin, const size_t *nouts, size_t nlayers
     if (!m->layers) goto fail;
     for (size_t i = 0; i < nlayers; i++) {
         size_t in = i == 0 ? nin : nouts[i - 1];
-        mg_layer *l = mg_layer_init(g, in, nouts[i], i + 1 == nlayers ? MG_ACT_LINEAR : act, init, rng);
+        mg_layer *l = mg_layer_new(g, in, nouts[i], i + 1 == nlayers ? MG_ACT_LINEAR : act, init, rng);
         if (!l) goto fail;
         m->layers[m->nlayers++] = l;
         if (nouts[i] > m->max_width) m->max_width = nouts[i];

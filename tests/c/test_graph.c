@@ -25,8 +25,8 @@ static void test_graph__worked_example(void) {
     mg_value *a = mg_scalar(g, 2.0), *b = mg_scalar(g, -3.0), *c = mg_scalar(g, 10.0);
     mg_value *y = mg_add(g, mg_mul(g, a, b), c);
     CHECK(y && mg_backward(g, y) == MG_OK);
-    CHECK(mg_data(y) == 4.0);
-    CHECK(mg_grad(a) == -3.0 && mg_grad(b) == 2.0 && mg_grad(c) == 1.0 && mg_grad(y) == 1.0);
+    CHECK(mg_value_data(y) == 4.0);
+    CHECK(mg_value_grad(a) == -3.0 && mg_value_grad(b) == 2.0 && mg_value_grad(c) == 1.0 && mg_value_grad(y) == 1.0);
     CHECK(mg_graph_len(g) == 5);
     CHECK(mg_value_op(y) == MG_OP_ADD && mg_value_noperands(y) == 2);
     CHECK(mg_value_operand(y, 1) == c && mg_value_operand(y, 2) == NULL);
@@ -40,13 +40,13 @@ static void test_graph__reused_node_and_second_backward(void) {
     mg_value *b = mg_add(g, a, mg_scalar(g, 4.0));
     mg_value *c = mg_add(g, mg_mul(g, b, mg_scalar(g, 3.0)), mg_mul(g, b, mg_scalar(g, 5.0)));
     CHECK(mg_backward(g, c) == MG_OK);
-    CHECK(mg_grad(a) == 8.0);
-    CHECK(mg_grad(b) == 8.0);
+    CHECK(mg_value_grad(a) == 8.0);
+    CHECK(mg_value_grad(b) == 8.0);
     CHECK(mg_backward(g, c) == MG_OK);
-    CHECK(mg_grad(a) == 16.0);
-    CHECK(mg_grad(b) == 8.0); /* intermediates are recomputed afresh */
-    mg_zero_grad(g);
-    CHECK(mg_grad(a) == 0.0 && mg_grad(c) == 0.0);
+    CHECK(mg_value_grad(a) == 16.0);
+    CHECK(mg_value_grad(b) == 8.0); /* intermediates are recomputed afresh */
+    mg_graph_zero_grad(g);
+    CHECK(mg_value_grad(a) == 0.0 && mg_value_grad(c) == 0.0);
     teardown();
 }
 
@@ -54,12 +54,12 @@ static void test_graph__backward_touches_only_reachable_values(void) {
     setup();
     mg_value *a = mg_scalar(g, 1.0), *b = mg_scalar(g, 2.0);
     mg_value *u = mg_mul(g, a, b); /* not reachable from y */
-    mg_set_grad(u, 42.0);
+    mg_value_set_grad(u, 42.0);
     mg_value *y = mg_mul(g, a, a);
     CHECK(mg_backward(g, y) == MG_OK);
-    CHECK(mg_grad(a) == 2.0 && mg_grad(b) == 0.0 && mg_grad(u) == 42.0);
+    CHECK(mg_value_grad(a) == 2.0 && mg_value_grad(b) == 0.0 && mg_value_grad(u) == 42.0);
     /* backward from a leaf seeds it */
-    CHECK(mg_backward(g, b) == MG_OK && mg_grad(b) == 1.0);
+    CHECK(mg_backward(g, b) == MG_OK && mg_value_grad(b) == 1.0);
     teardown();
 }
 
@@ -67,7 +67,7 @@ static void test_graph__checkpoint_restore(void) {
     setup();
     mg_value *w = mg_scalar(g, 3.0);
     mg_value *x = mg_mul(g, w, w);
-    mg_set_grad(w, 5.0);
+    mg_value_set_grad(w, 5.0);
     size_t len = mg_graph_len(g);
     mg_graph_checkpoint cp = mg_graph_save(g);
     mg_value *later[100];
@@ -79,7 +79,7 @@ static void test_graph__checkpoint_restore(void) {
     CHECK(mg_graph_restore(g, cp) == 100);
     CHECK(mg_graph_len(g) == len);
     CHECK(!mg_value_is_live(later[50], s50)); /* detectable, not dangling: the slot is kept */
-    CHECK(mg_data(x) == 9.0 && mg_grad(w) == 5.0);
+    CHECK(mg_value_data(x) == 9.0 && mg_value_grad(w) == 5.0);
     /* slots are reused, with fresh serials */
     mg_value *again = mg_add(g, x, w);
     CHECK(again != NULL && mg_value_serial(again) > s50);
@@ -118,8 +118,8 @@ static void test_graph__null_propagates_and_errors_are_recorded(void) {
     CHECK(!mg_value_in_graph(g, b) && mg_value_in_graph(h, b));
     mg_graph_free(h);
     /* NULL-safe accessors */
-    CHECK(isnan(mg_data(NULL)) && isnan(mg_grad(NULL)));
-    mg_set_data(NULL, 1.0);
+    CHECK(isnan(mg_value_data(NULL)) && isnan(mg_value_grad(NULL)));
+    mg_value_set_data(NULL, 1.0);
     mg_graph_free(NULL);
     CHECK(mg_graph_len(NULL) == 0 && mg_scalar(NULL, 1.0) == NULL);
     teardown();
@@ -135,14 +135,14 @@ static void test_graph__deep_chain_ten_million(void) {
     CHECK(y != NULL);
     CHECK(mg_graph_len(g) == (size_t)depth + 1);
     CHECK(mg_backward(g, y) == MG_OK);
-    CHECK(mg_data(y) == 0.5 * (double)(depth + 1));
-    CHECK(mg_grad(a) == (double)(depth + 1));
+    CHECK(mg_value_data(y) == 0.5 * (double)(depth + 1));
+    CHECK(mg_value_grad(a) == (double)(depth + 1));
     printf("# chain of %ld adds: y = %.1f, dy/da = %.1f, graph bytes per value = %.2f\n", depth,
-           mg_data(y), mg_grad(a), (double)mg_graph_bytes(g) / (double)mg_graph_len(g));
+           mg_value_data(y), mg_value_grad(a), (double)mg_graph_bytes(g) / (double)mg_graph_len(g));
     /* the working memory is kept: a second backward needs no allocation and doubles the leaf */
     size_t bytes = mg_graph_bytes(g);
     CHECK(mg_backward(g, y) == MG_OK);
-    CHECK(mg_grad(a) == 2.0 * (double)(depth + 1));
+    CHECK(mg_value_grad(a) == 2.0 * (double)(depth + 1));
     CHECK(mg_graph_bytes(g) == bytes);
     teardown();
 }
@@ -193,7 +193,7 @@ static void test_graph__autofree_reclaims_iteratively(void) {
     mg_value *c = mg_mul(g, b, b);
     mg_value_retain(c);
     mg_value_release(g, b); /* still used by c */
-    CHECK(mg_graph_len(g) == 3 && mg_data(b) == 2.0);
+    CHECK(mg_graph_len(g) == 3 && mg_value_data(b) == 2.0);
     uint64_t sb = mg_value_serial(b);
     mg_value_release(g, c);
     CHECK(mg_graph_len(g) == 1 && !mg_value_is_live(b, sb));
@@ -213,7 +213,7 @@ static void test_graph__checkpoint_with_autofree(void) {
     CHECK(mg_graph_restore(g, cp) == 1);
     CHECK(!mg_value_is_live(y, sy));
     mg_value_release(g, y); /* release through a stale pointer does nothing */
-    CHECK(mg_graph_len(g) == 1 && mg_data(w) == 2.0);
+    CHECK(mg_graph_len(g) == 1 && mg_value_data(w) == 2.0);
     teardown();
 }
 
@@ -305,7 +305,7 @@ static void test_graph__lengths_are_checked_before_operands_are_read(void) {
     CHECK(mg_dot(g, two, two, SIZE_MAX / 2) == NULL && mg_graph_last_status(g) == MG_EINVAL);
     CHECK(mg_affine(g, two, two, SIZE_MAX, two[0]) == NULL);
     CHECK(mg_graph_len(g) == 2);
-    CHECK(mg_data(mg_sum(g, two, 2)) == 3.0);
+    CHECK(mg_value_data(mg_sum(g, two, 2)) == 3.0);
     teardown();
 }
 
@@ -341,14 +341,14 @@ static void test_graph__checkpoint_domains_release_only_their_values(void) {
     CHECK(mg_graph_restore(g, cp1) == 1);
     CHECK(!mg_value_is_live(c, sc));
     CHECK(mg_value_is_live(shared, ssh) && mg_value_is_live(a, sa));
-    CHECK(mg_value_is_live(w2, sw2) && mg_value_is_live(b, sb) && mg_data(b) == 3.0 * 6.0);
+    CHECK(mg_value_is_live(w2, sw2) && mg_value_is_live(b, sb) && mg_value_data(b) == 3.0 * 6.0);
     CHECK(mg_graph_len(g) == 5);
     mg_graph_set_domain(g, 2);
     CHECK(mg_graph_restore(g, cp2) == 1);
     CHECK(!mg_value_is_live(b, sb) && mg_value_is_live(w2, sw2));
     /* shared and a, kept for b, are still held by their handles and usable */
     mg_value *d = mg_mul(g, shared, w2);
-    CHECK(d && mg_backward(g, d) == MG_OK && mg_grad(w2) == 6.0 && mg_grad(w1) == 3.0 * 5.0);
+    CHECK(d && mg_backward(g, d) == MG_OK && mg_value_grad(w2) == 6.0 && mg_value_grad(w1) == 3.0 * 5.0);
     /* one domain: checkpoints are a stack, as before */
     mg_graph_set_domain(g, 0);
     mg_graph_checkpoint cp = mg_graph_save(g);

@@ -1,44 +1,11 @@
 /* Neurons, layers, MLPs: determinism, XOR training, and allocation failure at every step. */
 #include "tap.h"
 
+#include "failing_alloc.h"
+
 #include <mg/mg.h>
 #include <stdint.h>
 #include <string.h>
-
-/* ---- a failing allocator: fails allocation number `fail_at` (1-based), counts live blocks -- */
-
-typedef struct {
-    long count;   /* allocations so far */
-    long fail_at; /* 0: never */
-    long live;    /* outstanding blocks */
-    int failed;
-} fail_alloc;
-
-static void *fa_malloc(size_t n, void *ctx) {
-    fail_alloc *f = ctx;
-    if (++f->count == f->fail_at) {
-        f->failed = 1;
-        return NULL;
-    }
-    void *p = malloc(n);
-    if (p) f->live++;
-    return p;
-}
-static void *fa_realloc(void *p, size_t n, void *ctx) {
-    fail_alloc *f = ctx;
-    if (++f->count == f->fail_at) {
-        f->failed = 1;
-        return NULL;
-    }
-    void *q = realloc(p, n);
-    if (q && !p) f->live++;
-    return q;
-}
-static void fa_free(void *p, void *ctx) {
-    fail_alloc *f = ctx;
-    if (p) f->live--;
-    free(p);
-}
 
 /* One training step of MLP(2,[4,1]) on XOR: forward over 4 samples, MSE, backward, SGD update,
  * restore. Returns the loss, or NaN when an allocation failed (the graph must be as before). */
@@ -56,12 +23,12 @@ static double xor_step(mg_graph *g, mg_mlp *m, double lr) {
         mg_graph_restore(g, cp);
         return NAN;
     }
-    double l = mg_data(loss);
+    double l = mg_value_data(loss);
     mg_value *p[64];
     size_t np = mg_mlp_params(m, p);
     for (size_t i = 0; i < np; i++) {
-        mg_set_data(p[i], mg_data(p[i]) - lr * mg_grad(p[i]));
-        mg_set_grad(p[i], 0.0);
+        mg_value_set_data(p[i], mg_value_data(p[i]) - lr * mg_value_grad(p[i]));
+        mg_value_set_grad(p[i], 0.0);
     }
     mg_graph_restore(g, cp);
     return l;
@@ -72,7 +39,7 @@ static void test_nn__param_counts_and_order(void) {
     mg_rng r;
     mg_rng_seed(&r, 1);
     size_t sizes[3] = {16, 16, 1};
-    mg_mlp *m = mg_mlp_init(g, 2, sizes, 3, MG_ACT_RELU, MG_INIT_UNIFORM, &r);
+    mg_mlp *m = mg_mlp_new(g, 2, sizes, 3, MG_ACT_RELU, MG_INIT_UNIFORM, &r);
     CHECK(m && mg_mlp_param_count(m) == 337); /* micrograd's MLP(2, [16, 16, 1]) */
     CHECK(mg_mlp_nin(m) == 2 && mg_mlp_nout(m) == 1 && mg_mlp_nlayers(m) == 3);
     CHECK(mg_neuron_activation(mg_layer_neuron(mg_mlp_layer(m, 0), 0)) == MG_ACT_RELU);
@@ -82,16 +49,16 @@ static void test_nn__param_counts_and_order(void) {
     mg_neuron *n0 = mg_layer_neuron(mg_mlp_layer(m, 0), 0);
     mg_value *np0[3];
     CHECK(mg_neuron_params(n0, np0) == 3 && np0[0] == p[0] && np0[2] == p[2]);
-    CHECK(mg_data(p[2]) == 0.0); /* bias starts at 0 */
-    for (size_t i = 0; i < 337; i++) CHECK(mg_data(p[i]) >= -1.0 && mg_data(p[i]) < 1.0);
+    CHECK(mg_value_data(p[2]) == 0.0); /* bias starts at 0 */
+    for (size_t i = 0; i < 337; i++) CHECK(mg_value_data(p[i]) >= -1.0 && mg_value_data(p[i]) < 1.0);
     CHECK(mg_graph_len(g) == 337);
     /* bad shapes are errors, not crashes */
     size_t zero[2] = {4, 0};
-    CHECK(mg_mlp_init(g, 2, zero, 2, MG_ACT_RELU, MG_INIT_UNIFORM, &r) == NULL);
-    CHECK(mg_mlp_init(g, 2, sizes, 0, MG_ACT_RELU, MG_INIT_UNIFORM, &r) == NULL);
-    CHECK(mg_mlp_init(g, 0, sizes, 3, MG_ACT_RELU, MG_INIT_UNIFORM, &r) == NULL);
+    CHECK(mg_mlp_new(g, 2, zero, 2, MG_ACT_RELU, MG_INIT_UNIFORM, &r) == NULL);
+    CHECK(mg_mlp_new(g, 2, sizes, 0, MG_ACT_RELU, MG_INIT_UNIFORM, &r) == NULL);
+    CHECK(mg_mlp_new(g, 0, sizes, 3, MG_ACT_RELU, MG_INIT_UNIFORM, &r) == NULL);
     CHECK(strstr(mg_graph_last_error(g), "at least one input") != NULL);
-    CHECK(mg_neuron_init(g, 0, MG_ACT_RELU, MG_INIT_UNIFORM, &r) == NULL);
+    CHECK(mg_neuron_new(g, 0, MG_ACT_RELU, MG_INIT_UNIFORM, &r) == NULL);
     CHECK(mg_graph_len(g) == 337);
     mg_value *out[1];
     CHECK(mg_mlp_call(g, m, NULL, out) != MG_OK);
@@ -104,16 +71,16 @@ static void test_nn__neuron_matches_micrograd_formula(void) {
     mg_graph *g = mg_graph_new();
     mg_rng r;
     mg_rng_seed(&r, 7);
-    mg_neuron *n = mg_neuron_init(g, 3, MG_ACT_RELU, MG_INIT_SCALED, &r);
+    mg_neuron *n = mg_neuron_new(g, 3, MG_ACT_RELU, MG_INIT_SCALED, &r);
     mg_value *p[4];
     mg_neuron_params(n, p);
-    mg_set_data(p[3], 0.25);
-    for (int i = 0; i < 3; i++) CHECK(fabs(mg_data(p[i])) < 1.0 / sqrt(3.0));
+    mg_value_set_data(p[3], 0.25);
+    for (int i = 0; i < 3; i++) CHECK(fabs(mg_value_data(p[i])) < 1.0 / sqrt(3.0));
     mg_value *x[3] = {mg_scalar(g, 0.5), mg_scalar(g, -1.5), mg_scalar(g, 2.0)};
     mg_value *y = mg_neuron_call(g, n, x);
     double act = 0.25;
-    for (int i = 0; i < 3; i++) act = act + mg_data(p[i]) * mg_data(x[i]);
-    CHECK(mg_data(y) == (act < 0 ? 0.0 : act));
+    for (int i = 0; i < 3; i++) act = act + mg_value_data(p[i]) * mg_value_data(x[i]);
+    CHECK(mg_value_data(y) == (act < 0 ? 0.0 : act));
     mg_neuron_free(n);
     mg_graph_free(g);
 }
@@ -125,10 +92,10 @@ static void test_nn__same_seed_same_weights_bitwise(void) {
         mg_graph *g = mg_graph_new();
         mg_rng r;
         mg_rng_seed(&r, 1337);
-        mg_mlp *m = mg_mlp_init(g, 3, sizes, 2, MG_ACT_TANH, MG_INIT_SCALED, &r);
+        mg_mlp *m = mg_mlp_new(g, 3, sizes, 2, MG_ACT_TANH, MG_INIT_SCALED, &r);
         mg_value *p[59];
         CHECK(mg_mlp_params(m, p) == 59);
-        for (int i = 0; i < 59; i++) (run ? w2 : w1)[i] = mg_data(p[i]);
+        for (int i = 0; i < 59; i++) (run ? w2 : w1)[i] = mg_value_data(p[i]);
         mg_mlp_free(m);
         mg_graph_free(g);
     }
@@ -153,7 +120,7 @@ static void test_nn__xor_trains_below_1e3(void) {
     mg_rng r;
     mg_rng_seed(&r, 42);
     size_t sizes[2] = {4, 1};
-    mg_mlp *m = mg_mlp_init(g, 2, sizes, 2, MG_ACT_TANH, MG_INIT_UNIFORM, &r);
+    mg_mlp *m = mg_mlp_new(g, 2, sizes, 2, MG_ACT_TANH, MG_INIT_UNIFORM, &r);
     size_t len = mg_graph_len(g);
     double first = xor_step(g, m, 0.5), loss = first;
     for (int step = 0; step < 3000 && loss >= 1e-4; step++) loss = xor_step(g, m, 0.5);
@@ -169,8 +136,8 @@ static void test_nn__allocation_failure_at_every_k(void) {
      * call reports it, the graph is exactly as before, a retry succeeds, and nothing leaks. */
     int ks = 0, failures = 0;
     for (long k = 1;; k++) {
-        fail_alloc fa = {0, k, 0, 0};
-        mg_allocator al = {fa_malloc, fa_realloc, fa_free, &fa};
+        failing_alloc fa = {0, k, 0, 0};
+        mg_allocator al = failing_allocator(&fa);
         mg_graph *g = mg_graph_new_with(&al);
         if (!g) { /* the graph struct itself was the k-th */
             CHECK(fa.live == 0);
@@ -179,23 +146,23 @@ static void test_nn__allocation_failure_at_every_k(void) {
         mg_rng r;
         mg_rng_seed(&r, 5);
         size_t sizes[2] = {4, 1};
-        mg_mlp *m = mg_mlp_init(g, 2, sizes, 2, MG_ACT_TANH, MG_INIT_UNIFORM, &r);
+        mg_mlp *m = mg_mlp_new(g, 2, sizes, 2, MG_ACT_TANH, MG_INIT_UNIFORM, &r);
         if (!m) {
             CHECK(mg_graph_len(g) == 0);
             CHECK(mg_graph_last_status(g) == MG_ENOMEM);
             mg_rng_seed(&r, 5);
-            m = mg_mlp_init(g, 2, sizes, 2, MG_ACT_TANH, MG_INIT_UNIFORM, &r);
+            m = mg_mlp_new(g, 2, sizes, 2, MG_ACT_TANH, MG_INIT_UNIFORM, &r);
             CHECK(m != NULL);
         }
         size_t len = mg_graph_len(g);
         for (int step = 0; step < 2; step++) {
             mg_value *p[17];
             mg_mlp_params(m, p);
-            double before = mg_data(p[5]);
+            double before = mg_value_data(p[5]);
             double l = xor_step(g, m, 0.1);
             CHECK(mg_graph_len(g) == len);
             if (isnan(l)) {
-                CHECK(mg_data(p[5]) == before); /* nothing applied */
+                CHECK(mg_value_data(p[5]) == before); /* nothing applied */
                 CHECK(!isnan(xor_step(g, m, 0.1))); /* usable afterwards */
                 failures++;
             }
@@ -232,9 +199,9 @@ static void test_nn__restored_parameters_are_detected(void) {
     mg_rng_seed(&r, 3);
     mg_graph_checkpoint cp = mg_graph_save(g);
     size_t sizes[2] = {3, 1};
-    mg_mlp *m = mg_mlp_init(g, 2, sizes, 2, MG_ACT_RELU, MG_INIT_UNIFORM, &r);
-    mg_layer *l = mg_layer_init(g, 2, 2, MG_ACT_TANH, MG_INIT_UNIFORM, &r);
-    mg_neuron *n = mg_neuron_init(g, 2, MG_ACT_RELU, MG_INIT_UNIFORM, &r);
+    mg_mlp *m = mg_mlp_new(g, 2, sizes, 2, MG_ACT_RELU, MG_INIT_UNIFORM, &r);
+    mg_layer *l = mg_layer_new(g, 2, 2, MG_ACT_TANH, MG_INIT_UNIFORM, &r);
+    mg_neuron *n = mg_neuron_new(g, 2, MG_ACT_RELU, MG_INIT_UNIFORM, &r);
     CHECK(m && l && n);
     CHECK(mg_graph_restore(g, cp) == 13 + 6 + 3);
     mg_value *others[40];
@@ -257,8 +224,8 @@ static void test_nn__restored_parameters_are_detected(void) {
     mg_layer_free(l);
     mg_neuron_free(n);
     CHECK(mg_graph_len(g) == len); /* no unrelated value lost a reference */
-    for (int i = 0; i < 40; i++) CHECK(mg_data(others[i]) == 100.0 + i);
-    CHECK(mg_backward(g, s) == MG_OK && mg_grad(others[7]) == 1.0);
+    for (int i = 0; i < 40; i++) CHECK(mg_value_data(others[i]) == 100.0 + i);
+    CHECK(mg_backward(g, s) == MG_OK && mg_value_grad(others[7]) == 1.0);
     mg_graph_free(g);
 }
 
@@ -268,14 +235,14 @@ static void test_nn__sizes_that_overflow_are_refused(void) {
     mg_rng_seed(&r, 1);
     size_t one[1] = {1};
     /* a layer count whose array size wraps is refused before the widths are read */
-    CHECK(mg_mlp_init(g, 2, one, SIZE_MAX / 4, MG_ACT_RELU, MG_INIT_UNIFORM, &r) == NULL);
+    CHECK(mg_mlp_new(g, 2, one, SIZE_MAX / 4, MG_ACT_RELU, MG_INIT_UNIFORM, &r) == NULL);
     CHECK(mg_graph_last_status(g) == MG_EINVAL);
     CHECK(strstr(mg_graph_last_error(g), "too many") != NULL);
-    CHECK(mg_neuron_init(g, SIZE_MAX, MG_ACT_RELU, MG_INIT_UNIFORM, &r) == NULL);
-    CHECK(mg_layer_init(g, 2, SIZE_MAX, MG_ACT_RELU, MG_INIT_UNIFORM, &r) == NULL);
-    CHECK(mg_layer_init(g, SIZE_MAX / 2, 3, MG_ACT_RELU, MG_INIT_UNIFORM, &r) == NULL);
+    CHECK(mg_neuron_new(g, SIZE_MAX, MG_ACT_RELU, MG_INIT_UNIFORM, &r) == NULL);
+    CHECK(mg_layer_new(g, 2, SIZE_MAX, MG_ACT_RELU, MG_INIT_UNIFORM, &r) == NULL);
+    CHECK(mg_layer_new(g, SIZE_MAX / 2, 3, MG_ACT_RELU, MG_INIT_UNIFORM, &r) == NULL);
     size_t huge[2] = {SIZE_MAX / 3, 1};
-    CHECK(mg_mlp_init(g, 2, huge, 2, MG_ACT_RELU, MG_INIT_UNIFORM, &r) == NULL);
+    CHECK(mg_mlp_new(g, 2, huge, 2, MG_ACT_RELU, MG_INIT_UNIFORM, &r) == NULL);
     CHECK(mg_graph_len(g) == 0);
     mg_graph_free(g);
 }

@@ -14,7 +14,7 @@ static double eval(build_fn f, const double *x, int n, const void *ctx) {
     mg_value *leaf[MAXLEAF];
     for (int i = 0; i < n; i++) leaf[i] = mg_scalar(g, x[i]);
     mg_value *y = f(g, leaf, n, ctx);
-    double r = y ? mg_data(y) : NAN;
+    double r = y ? mg_value_data(y) : NAN;
     mg_graph_free(g);
     return r;
 }
@@ -38,7 +38,7 @@ static int grad_check(const char *what, build_fn f, const double *x, int n, cons
         /* two step sizes: a plain one and one relative to x (near poles such as log at 1e-8);
          * the check passes when either central difference agrees */
         double hs[2] = {1e-6 * (fabs(x[i]) > 1.0 ? fabs(x[i]) : 1.0), 1e-5 * fabs(x[i])};
-        double an = mg_grad(leaf[i]), fd[2] = {NAN, NAN};
+        double an = mg_value_grad(leaf[i]), fd[2] = {NAN, NAN};
         int ok = 0;
         for (int k = 0; k < 2 && !ok; k++) {
             if (hs[k] == 0.0) continue;
@@ -170,25 +170,25 @@ static void test_ops__elementwise_gradients_match_finite_differences(void) {
 static void test_ops__forward_values(void) {
     mg_graph *g = mg_graph_new();
     mg_value *a = mg_scalar(g, 2.0), *b = mg_scalar(g, -3.0);
-    CHECK(mg_data(mg_add(g, a, b)) == -1.0);
-    CHECK(mg_data(mg_sub(g, a, b)) == 5.0);
-    CHECK(mg_data(mg_mul(g, a, b)) == -6.0);
-    CHECK(mg_data(mg_div(g, a, b)) == 2.0 / -3.0);
-    CHECK(mg_data(mg_neg(g, a)) == -2.0);
-    CHECK(mg_data(mg_pow(g, a, 3)) == 8.0);
-    CHECK(mg_data(mg_powv(g, a, mg_scalar(g, 0.5))) == sqrt(2.0));
-    CHECK(mg_data(mg_square(g, b)) == 9.0);
-    CHECK(mg_data(mg_relu(g, b)) == 0.0 && mg_data(mg_relu(g, a)) == 2.0);
-    CHECK(mg_data(mg_tanh(g, a)) == tanh(2.0));
-    CHECK(mg_data(mg_exp(g, a)) == exp(2.0));
-    CHECK(mg_data(mg_log(g, a)) == log(2.0));
-    CHECK(mg_data(mg_sigmoid(g, mg_scalar(g, 0.0))) == 0.5);
-    CHECK(mg_data(mg_max(g, a, b)) == 2.0 && mg_data(mg_max(g, b, a)) == 2.0);
-    CHECK(isnan(mg_data(mg_max(g, mg_scalar(g, NAN), a))));
-    CHECK(isnan(mg_data(mg_max(g, a, mg_scalar(g, NAN)))));
+    CHECK(mg_value_data(mg_add(g, a, b)) == -1.0);
+    CHECK(mg_value_data(mg_sub(g, a, b)) == 5.0);
+    CHECK(mg_value_data(mg_mul(g, a, b)) == -6.0);
+    CHECK(mg_value_data(mg_div(g, a, b)) == 2.0 / -3.0);
+    CHECK(mg_value_data(mg_neg(g, a)) == -2.0);
+    CHECK(mg_value_data(mg_pow(g, a, 3)) == 8.0);
+    CHECK(mg_value_data(mg_powv(g, a, mg_scalar(g, 0.5))) == sqrt(2.0));
+    CHECK(mg_value_data(mg_square(g, b)) == 9.0);
+    CHECK(mg_value_data(mg_relu(g, b)) == 0.0 && mg_value_data(mg_relu(g, a)) == 2.0);
+    CHECK(mg_value_data(mg_tanh(g, a)) == tanh(2.0));
+    CHECK(mg_value_data(mg_exp(g, a)) == exp(2.0));
+    CHECK(mg_value_data(mg_log(g, a)) == log(2.0));
+    CHECK(mg_value_data(mg_sigmoid(g, mg_scalar(g, 0.0))) == 0.5);
+    CHECK(mg_value_data(mg_max(g, a, b)) == 2.0 && mg_value_data(mg_max(g, b, a)) == 2.0);
+    CHECK(isnan(mg_value_data(mg_max(g, mg_scalar(g, NAN), a))));
+    CHECK(isnan(mg_value_data(mg_max(g, a, mg_scalar(g, NAN)))));
     /* IEEE, not errors: division by zero and log of zero */
-    CHECK(isinf(mg_data(mg_div(g, a, mg_scalar(g, 0.0)))));
-    CHECK(mg_data(mg_log(g, mg_scalar(g, 0.0))) == -INFINITY);
+    CHECK(isinf(mg_value_data(mg_div(g, a, mg_scalar(g, 0.0)))));
+    CHECK(mg_value_data(mg_log(g, mg_scalar(g, 0.0))) == -INFINITY);
     mg_graph_free(g);
 }
 
@@ -198,7 +198,7 @@ static void test_ops__relu_at_zero_has_zero_gradient(void) {
     mg_value *a = mg_scalar(g, 0.0);
     mg_value *y = mg_relu(g, a);
     CHECK(mg_backward(g, y) == MG_OK);
-    CHECK(mg_data(y) == 0.0 && mg_grad(a) == 0.0);
+    CHECK(mg_value_data(y) == 0.0 && mg_value_grad(a) == 0.0);
     mg_graph_free(g);
 }
 
@@ -251,13 +251,13 @@ static void test_ops__variadic_forward_orders(void) {
     }
     /* micrograd's chain order: ((b + w0*x0) + w1*x1) + w2*x2 */
     double expect = ((0.1 + 0.3 * 1.1) + -0.7 * 0.2) + 1e-17 * 3.0;
-    CHECK(mg_data(mg_affine(g, w, x, 3, b)) == expect);
+    CHECK(mg_value_data(mg_affine(g, w, x, 3, b)) == expect);
     CHECK(mg_value_has_bias(mg_affine(g, w, x, 3, b)));
     CHECK(!mg_value_has_bias(mg_dot(g, w, x, 3)));
-    CHECK(mg_data(mg_sum(g, x, 0)) == 0.0);
+    CHECK(mg_value_data(mg_sum(g, x, 0)) == 0.0);
     /* hinge: sum(relu(1 + -y*s)) * (1/n) */
     mg_value *s[2] = {mg_scalar(g, 0.5), mg_scalar(g, -2.0)}, *y[2] = {mg_scalar(g, 1), mg_scalar(g, 1)};
-    CHECK(mg_data(mg_hinge(g, s, y, 2)) == (0.5 + 3.0) * 0.5);
+    CHECK(mg_value_data(mg_hinge(g, s, y, 2)) == (0.5 + 3.0) * 0.5);
     /* cross-entropy: bad target is an error, not a crash */
     mg_value *t = mg_scalar(g, 7.0);
     CHECK(mg_cross_entropy(g, x, 3, t) == NULL);
@@ -274,18 +274,18 @@ static void test_ops__powers_at_zero_have_pytorchs_gradients(void) {
     mg_value *a = mg_scalar(g, 0.0), *r = mg_relu(g, mg_scalar(g, -2.0));
     mg_value *y = mg_add(g, mg_pow(g, a, 0.0), mg_pow(g, r, 0.0));
     CHECK(mg_backward(g, y) == MG_OK);
-    CHECK(mg_data(y) == 2.0 && mg_grad(a) == 0.0 && mg_grad(r) == 0.0);
+    CHECK(mg_value_data(y) == 2.0 && mg_value_grad(a) == 0.0 && mg_value_grad(r) == 0.0);
     mg_value *b = mg_scalar(g, 2.0), *z = mg_scalar(g, 0.0);
     mg_value *p = mg_powv(g, a, b), *q = mg_powv(g, z, a);
     CHECK(mg_backward(g, p) == MG_OK);
-    CHECK(mg_data(p) == 0.0 && mg_grad(a) == 0.0 && mg_grad(b) == 0.0);
+    CHECK(mg_value_data(p) == 0.0 && mg_value_grad(a) == 0.0 && mg_value_grad(b) == 0.0);
     CHECK(mg_backward(g, q) == MG_OK); /* 0 ** 0 = 1 */
-    CHECK(mg_data(q) == 1.0 && mg_grad(z) == 0.0 && mg_grad(a) == 0.0);
+    CHECK(mg_value_data(q) == 1.0 && mg_value_grad(z) == 0.0 && mg_value_grad(a) == 0.0);
     /* away from zero nothing changes */
     mg_value *e = mg_scalar(g, 2.0), *c = mg_scalar(g, 3.0);
     mg_value *w = mg_powv(g, e, c);
     CHECK(mg_backward(g, w) == MG_OK);
-    CHECK(mg_grad(e) == 3.0 * pow(2.0, 2.0) && mg_grad(c) == 8.0 * log(2.0));
+    CHECK(mg_value_grad(e) == 3.0 * pow(2.0, 2.0) && mg_value_grad(c) == 8.0 * log(2.0));
     mg_graph_free(g);
 }
 

@@ -10,6 +10,8 @@
  * Build: clang -fsanitize=fuzzer,address,undefined ... (see ./dev fuzz). */
 #include <mg/mg.h>
 
+#include "../c/failing_alloc.h"
+
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -41,25 +43,6 @@ static double number(input *in) {
     return x;
 }
 
-/* an allocator that can be armed to fail the k-th allocation from now */
-typedef struct {
-    long count, fail_at;
-} fa_t;
-static void *fa_m(size_t n, void *c) {
-    fa_t *f = c;
-    if (f->fail_at && ++f->count == f->fail_at) return NULL;
-    return malloc(n);
-}
-static void *fa_r(void *p, size_t n, void *c) {
-    fa_t *f = c;
-    if (f->fail_at && ++f->count == f->fail_at) return NULL;
-    return realloc(p, n);
-}
-static void fa_f(void *p, void *c) {
-    (void)c;
-    free(p);
-}
-
 #define POOL 48
 
 /* the harness's handles: a value, its serial, whether the harness holds a reference */
@@ -88,8 +71,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     input in = {data, size};
-    fa_t fa = {0, 0};
-    mg_allocator al = {fa_m, fa_r, fa_f, &fa};
+    failing_alloc fa = {0};
+    mg_allocator al = failing_allocator(&fa); /* disarmed until command 8 */
     mg_graph *g = mg_graph_new_with(&al);
     if (!g) return 0;
     pool_t P;
@@ -175,10 +158,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                 held[i] = 0;
             }
             break;
-        case 8: /* arm allocation failure */
-            fa.count = 0;
-            fa.fail_at = byte(&in) % 24;
+        case 8: { /* arm allocation failure: the k-th allocation from now (0: disarm) */
+            long k = byte(&in) % 24;
+            fa.fail_at = k ? fa.count + k : 0;
             break;
+        }
         case 9: /* freeze a tape over random roles and run it */
             if (np >= 2) {
                 mg_value *loss = pool[byte(&in) % np];
@@ -218,14 +202,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             }
             break;
         case 10:
-            mg_zero_grad(g);
+            mg_graph_zero_grad(g);
             break;
         case 11: /* an MLP over pool values */
             if (np >= 2 && np < POOL - 4) {
                 mg_rng r;
                 mg_rng_seed(&r, byte(&in));
                 size_t sizes[2] = {1 + byte(&in) % 3, 1 + byte(&in) % 2};
-                mg_mlp *m = mg_mlp_init(g, 2, sizes, 2, (mg_activation)(byte(&in) % MG_ACT_COUNT), MG_INIT_SCALED, &r);
+                mg_mlp *m = mg_mlp_new(g, 2, sizes, 2, (mg_activation)(byte(&in) % MG_ACT_COUNT), MG_INIT_SCALED, &r);
                 if (m) {
                     mg_value *x[2] = {pool[byte(&in) % np], pool[byte(&in) % np]}, *o[2];
                     if (mg_mlp_call(g, m, x, o) == MG_OK) push(&P, o[0], autofree);
@@ -238,5 +222,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
 #undef np
     fa.fail_at = 0;
     mg_graph_free(g);
+    CHECK(fa.live == 0); /* every block the graph allocated was returned */
     return 0;
 }
