@@ -3,17 +3,54 @@
 Change ``from micrograd.engine import Value`` to ``from micrograd_c.engine import Value`` (and
 ``micrograd.nn`` to ``micrograd_c.nn``): the same program computes the same numbers, faster and
 without micrograd's recursion and memory limits.
+
+Importing the package (or ``micrograd_c.engine``) loads the C core and the engine only. The
+modules with heavier dependencies load when first used: ``micrograd_c.nn`` (numpy),
+``micrograd_c.viz``, and the compiler (``micrograd_c.compile`` and the rest of
+:mod:`micrograd_c.compiler`: subprocess, ctypes).
 """
 from __future__ import annotations
 
-from . import functional
-from .compiler import CompileError, Program, compile, inputs
+import importlib
+from typing import TYPE_CHECKING, Any, List
+
+from . import _core, functional
 from .engine import Op, StaleValueError, Value, checkpoint, graph_bytes, graph_len, op_of
 from .functional import affine, cross_entropy, dot, hinge, mse, vsum
-from .nn import MLP, Layer, Module, Neuron
-from .viz import draw_dot
 
-__version__ = "0.1.0"
+if TYPE_CHECKING:
+    from . import compiler, datasets, modelfile, nn, viz
+    from .compiler import CompileError, Program, compile, inputs
+    from .nn import MLP, Layer, Module, Neuron
+    from .viz import draw_dot
+
+#: The version, libmg's (``MG_VERSION``): both come from meson.build's project version.
+__version__: str = _core.LIBMG_VERSION
+
+#: Names imported from their module on first use (PEP 562), so that importing the engine never
+#: imports the compiler: name -> module.
+_LAZY = {
+    "compile": "compiler", "inputs": "compiler", "Program": "compiler", "CompileError": "compiler",
+    "Module": "nn", "Neuron": "nn", "Layer": "nn", "MLP": "nn",
+    "draw_dot": "viz",
+}
+#: Submodules reachable as attributes (``micrograd_c.compiler.cache_dir()``), imported on first use.
+_SUBMODULES = ("compiler", "datasets", "modelfile", "nn", "viz")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    if name in _SUBMODULES:
+        return importlib.import_module(f".{name}", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> List[str]:
+    return sorted(set(globals()) | set(_LAZY) | set(_SUBMODULES))
+
 
 __all__ = [
     "Value", "Module", "Neuron", "Layer", "MLP", "Op", "op_of", "StaleValueError", "checkpoint",

@@ -1,6 +1,6 @@
-"""``python -m micrograd_c``: the micrograd-c command."""
+"""``python -m micrograd_c``: the micrograd-c command (:mod:`micrograd_c.app`)."""
 import sys
 
-from .cli import main
+from .app.commands import main
 
 sys.exit(main())

@@ -12,11 +12,19 @@ import time
 import urllib.error
 import urllib.request
 import zlib
-from typing import BinaryIO, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Protocol, Sequence, Tuple
 
 import numpy as np
 
+from ._fs import user_cache_dir
+
 Arrays = Tuple[np.ndarray, np.ndarray]
+
+
+class _Readable(Protocol):
+    """A binary stream: a file or a gzip stream over one."""
+
+    def read(self, size: int = ..., /) -> bytes: ...
 
 
 class DatasetError(ValueError):
@@ -80,7 +88,7 @@ def read_idx(path: str, max_bytes: int = IDX_MAX_BYTES) -> np.ndarray:
         raise DatasetError(f"{path}: cannot read ({e})") from None
 
 
-def _read_exactly(f: BinaryIO, n: int) -> bytes:
+def _read_exactly(f: _Readable, n: int) -> bytes:
     chunks, left = [], n
     while left > 0:
         block = f.read(min(left, 1 << 20))
@@ -91,7 +99,7 @@ def _read_exactly(f: BinaryIO, n: int) -> bytes:
     return b"".join(chunks)
 
 
-def _read_idx_stream(path: str, f: BinaryIO, max_bytes: int, file_size: Optional[int]) -> np.ndarray:
+def _read_idx_stream(path: str, f: _Readable, max_bytes: int, file_size: Optional[int]) -> np.ndarray:
     magic = _read_exactly(f, 4)
     if len(magic) < 4:
         raise DatasetError(f"{path}: too short for an IDX header")
@@ -159,7 +167,7 @@ def load_mnist(data_dir: str, split: str = "test") -> Arrays:
 def load_digits() -> Arrays:
     """scikit-learn's bundled 8x8 digits (1,797 images, 64 features scaled to [0, 1])."""
     try:
-        from sklearn.datasets import load_digits as sk_digits  # type: ignore[import-not-found]
+        from sklearn.datasets import load_digits as sk_digits
     except ImportError:
         raise DatasetError("the digits dataset needs scikit-learn: pip install 'micrograd-c[data]'") from None
     d = sk_digits()
@@ -184,12 +192,9 @@ MNIST_SHA256: Dict[str, str] = {
 
 
 def default_data_dir() -> str:
-    """Where downloads go: ``$MICROGRAD_C_DATA_DIR``, else ``<user cache>/micrograd_c/mnist``."""
-    env = os.environ.get("MICROGRAD_C_DATA_DIR")
-    if env:
-        return env
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "micrograd_c", "mnist")
+    """Where downloads go: ``$MICROGRAD_C_DATA_DIR``, else ``micrograd_c/mnist`` in the user's
+    cache directory (``$XDG_CACHE_HOME`` or ``~/.cache``)."""
+    return user_cache_dir("MICROGRAD_C_DATA_DIR", "micrograd_c", "mnist")
 
 
 def _sha256(path: str) -> str:

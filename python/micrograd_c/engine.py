@@ -24,15 +24,22 @@ from __future__ import annotations
 
 import contextlib
 import enum
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 from . import _core
 
 Value = _core.Value
 StaleValueError = _core.StaleValueError
 
-#: The ops of libmg's op table, in table order (``Op.MUL``, ``Op.RELU``, ...).
-Op = enum.IntEnum("Op", {name.upper(): i for i, name in enumerate(_core.OP_NAMES)})  # type: ignore[misc]
+if TYPE_CHECKING:
+    # The members are the rows of libmg's op table, known only once _core is loaded: to a type
+    # checker, Op is an IntEnum whose members it cannot list.
+    class Op(enum.IntEnum):
+        """The ops of libmg's op table."""
+
+else:
+    #: The ops of libmg's op table, in table order (``Op.MUL``, ``Op.RELU``, ...).
+    Op = enum.IntEnum("Op", {name.upper(): i for i, name in enumerate(_core.OP_NAMES)})
 
 
 def op_of(v: Value) -> Op:

@@ -11,6 +11,7 @@ parameters); replacing an element of the ``w`` list does not.
 from __future__ import annotations
 
 import operator
+import os
 import random
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
@@ -86,14 +87,18 @@ class Neuron(Module):
     """``act(b + sum(w[i] * x[i]))`` with ReLU when ``nonlin`` (micrograd's default)."""
 
     def __init__(self, nin: int, nonlin: bool = True, *, activation: Optional[str] = None,
-                 _c: Any = None) -> None:
+                 _c: Optional[_core.Neuron] = None) -> None:
         if _c is None:
             nin = _count(nin, "Neuron", "nin")
             act = _check_activation("relu" if nonlin else "linear" if activation is None else activation)
             _c = _core.Neuron(nin, act)
             _c.set_data(_draw(nin, 1))
-        self._c = _c
-        params = _c.params()
+        self._attach(_c)
+
+    def _attach(self, c: _core.Neuron) -> None:
+        """Makes this object the view of the C neuron ``c``."""
+        self._c = c
+        params = c.params()
         self.w: List[Value] = params[:-1]
         self.b: Value = params[-1]
 
@@ -130,21 +135,25 @@ class Neuron(Module):
     def __setstate__(self, state: Dict[str, Any]) -> None:
         c = _core.Neuron(state["nin"], state["activation"])
         c.set_data(state["params"])
-        self.__init__(state["nin"], _c=c)  # type: ignore[misc]
+        self._attach(c)
 
 
 class Layer(Module):
     """``nout`` neurons over the same inputs; a layer of one neuron returns a bare Value."""
 
     def __init__(self, nin: int, nout: int, nonlin: bool = True, *,
-                 activation: Optional[str] = None, _c: Any = None) -> None:
+                 activation: Optional[str] = None, _c: Optional[_core.Layer] = None) -> None:
         if _c is None:
             nin, nout = _count(nin, "Layer", "nin"), _count(nout, "Layer", "nout")
             act = _check_activation("relu" if nonlin else "linear" if activation is None else activation)
             _c = _core.Layer(nin, nout, act)
             _c.set_data(_draw(nin, nout))
-        self._c = _c
-        self.neurons: List[Neuron] = [Neuron(nin, _c=_c.neuron(i)) for i in range(nout)]
+        self._attach(_c)
+
+    def _attach(self, c: _core.Layer) -> None:
+        """Makes this object the view of the C layer ``c`` (and its neurons)."""
+        self._c = c
+        self.neurons: List[Neuron] = [Neuron(c.nin, _c=c.neuron(i)) for i in range(c.nout)]
 
     def __call__(self, x: Sequence[Scalar]) -> Output:
         out = self._c(x)
@@ -163,7 +172,7 @@ class Layer(Module):
     def __setstate__(self, state: Dict[str, Any]) -> None:
         c = _core.Layer(state["nin"], state["nout"], "relu")
         c.set_data(state["params"])
-        self.__init__(state["nin"], state["nout"], _c=c)  # type: ignore[misc]
+        self._attach(c)
         for n, a in zip(self.neurons, state["activations"]):
             n.activation = a
 
@@ -172,7 +181,8 @@ class MLP(Module):
     """micrograd's multi-layer perceptron: ReLU hidden layers (or ``activation``), linear output.
 
     ``MLP(2, [16, 16, 1])`` has 337 parameters. Beyond micrograd: ``state_dict()`` and
-    ``load_state_dict()`` with PyTorch ``nn.Linear`` shapes, and pickling.
+    ``load_state_dict()`` with PyTorch ``nn.Linear`` shapes, ``save()`` and ``load()`` to and from
+    a model file (:mod:`micrograd_c.modelfile`), and pickling.
     """
 
     def __init__(self, nin: int, nouts: Sequence[int], *, activation: str = "relu") -> None:
@@ -253,6 +263,31 @@ class MLP(Module):
                 raise ValueError(f"layers.{i}.bias: expected shape {(sz[i + 1],)}, got {b.shape}")
             flat.append(np.concatenate([w, b[:, None]], axis=1).ravel())
         self._c.set_data(np.concatenate(flat))
+
+    def save(self, path: Union[str, "os.PathLike[str]"], metadata: Optional[Mapping[str, Any]] = None) -> None:
+        """Write the model to ``path``, a versioned ``.npz`` model file read by :meth:`load`.
+
+        ``metadata``, a JSON-serialisable mapping, is stored with it (``micrograd_c.modelfile.load``
+        returns it). The file is replaced atomically. Raises ``ValueError`` when the format cannot
+        hold the model (hidden neurons with different activations, a nonlinear output layer) and
+        ``OSError`` when the file cannot be written. See :mod:`micrograd_c.modelfile`.
+        """
+        from . import modelfile
+
+        modelfile.save(path, self, metadata)
+
+    @classmethod
+    def load(cls, path: Union[str, "os.PathLike[str]"]) -> MLP:
+        """Read a model written by :meth:`save` (or ``micrograd-c train --save``).
+
+        Files are untrusted: shapes and sizes are checked against the file before anything is
+        allocated, and nothing is unpickled. Raises ``micrograd_c.modelfile.ModelFileError`` (a
+        ``ValueError``) for a file that is not a readable model file, ``OSError`` when it cannot be
+        opened.
+        """
+        from . import modelfile
+
+        return modelfile.load(path)[0]
 
     def __getstate__(self) -> Dict[str, Any]:
         return {"sizes": self.sizes,

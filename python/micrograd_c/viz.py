@@ -48,7 +48,7 @@ def draw_dot(root: Value, format: str = "svg", rankdir: str = "LR") -> Union[Any
         raise ValueError("rankdir must be 'LR' or 'TB'")
     src = _dot_source(root, rankdir)
     try:
-        import graphviz  # type: ignore[import-not-found]
+        import graphviz
     except ImportError:
         return src
     return graphviz.Source(src, format=format)

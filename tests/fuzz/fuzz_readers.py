@@ -6,8 +6,8 @@
 
 - idx: whatever the bytes, `read_idx` returns a uint8 array of the header's shape or raises
   DatasetError (a gzip bomb or an absurd shape included: libFuzzer's -rss_limit_mb watches memory).
-- model: `load_model` returns a model or raises UsageError, and never allocates more than the
-  file can hold.
+- model: `MLP.load` (micrograd_c.modelfile) returns a model or raises ModelFileError, and never
+  allocates more than the file can hold.
 - export: `micrograd-c export-c` on a model file whose metadata, file names and prefix are
   hostile: it either refuses with UsageError or writes exactly the C it writes for the same
   numbers with clean metadata and names (nothing from the file or a path reaches the source but
@@ -31,8 +31,10 @@ import atheris
 
 with atheris.instrument_imports():
     import numpy as np
-    from micrograd_c import cli
+    from micrograd_c import modelfile
+    from micrograd_c.app import commands
     from micrograd_c.datasets import DatasetError, read_idx
+    from micrograd_c.nn import MLP
 
 TMP = tempfile.mkdtemp(prefix="mg-fuzz-")
 
@@ -56,10 +58,11 @@ def fuzz_idx(data: bytes) -> None:
 
 def fuzz_model(data: bytes) -> None:
     try:
-        model, meta = cli.load_model(_write("m.npz", data))
-    except cli.UsageError:
+        model = MLP.load(_write("m.npz", data))
+    except modelfile.ModelFileError:
         return
-    assert model.sizes[0] >= 1 and sum(a * b + b for a, b in zip(model.sizes, model.sizes[1:])) <= cli.MAX_PARAMS
+    nparams = sum(a * b + b for a, b in zip(model.sizes, model.sizes[1:]))
+    assert model.sizes[0] >= 1 and nparams <= modelfile.MAX_PARAMS
 
 
 _HOSTILE = ["*/", "/*", "\n#include </etc/passwd>\n", "\\", "\"", "??/", "\x00", "\u2028", "*/ int x = system(\"id\"); /*"]
@@ -97,8 +100,8 @@ def _export(model: str, out: str, prefix: str) -> "tuple[int, str]":
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
         try:
-            status = cli.main(["export-c", model, "-o", out, "--prefix", prefix, "--debug"])
-        except cli.UsageError:
+            status = commands.main(["export-c", model, "-o", out, "--prefix", prefix, "--debug"])
+        except commands.UsageError:
             return 2, ""
     assert status == 0, status
     with open(out, encoding="utf-8") as f:
@@ -111,7 +114,7 @@ def fuzz_export(data: bytes) -> None:
     activation = "relu" if fdp.ConsumeBool() else ["tanh", "sigmoid", "linear", _text(fdp)][fdp.ConsumeIntInRange(0, 3)]
     dataset = ["moons", "mnist", _text(fdp)][fdp.ConsumeIntInRange(0, 2)]
     prefix = "model_" if fdp.ConsumeBool() else _text(fdp)
-    meta = {"format": cli.MODEL_FORMAT, "version": 1, "sizes": sizes, "activation": activation,
+    meta = {"format": modelfile.FORMAT, "version": 1, "sizes": sizes, "activation": activation,
             "dataset": dataset, "loss": _text(fdp)}
     if fdp.ConsumeBool():
         meta[_text(fdp)] = _text(fdp)
@@ -128,8 +131,8 @@ def fuzz_export(data: bytes) -> None:
         return
     assert _IDENT.match(prefix), prefix
     # the same numbers with clean metadata and names give the same C, byte for byte
-    clean = {"format": cli.MODEL_FORMAT, "version": 1, "sizes": sizes, "activation": activation}
-    if dataset in cli.DATASETS:
+    clean = {"format": modelfile.FORMAT, "version": 1, "sizes": sizes, "activation": activation}
+    if dataset in commands.DATASETS:
         clean["dataset"] = dataset
     _model_file(os.path.join(TMP, "clean.npz"), sizes, clean, np.random.RandomState(seed), special)
     status, ref = _export(os.path.join(TMP, "clean.npz"), os.path.join(TMP, "clean.c"), prefix)
@@ -146,12 +149,12 @@ CANARY = os.environ.get("MICROGRAD_C_FUZZ_CANARY", "").encode()
 
 def main() -> None:
     which = sys.argv.pop(1) if len(sys.argv) > 1 else "idx"
-    target = TARGETS[which]
-    if CANARY:
-        def target(data: bytes, _real=TARGETS[which]) -> None:  # type: ignore[misc]
-            if data == CANARY:
-                raise AssertionError("the canary input (MICROGRAD_C_FUZZ_CANARY)")
-            _real(data)
+    real = TARGETS[which]
+
+    def target(data: bytes) -> None:
+        if CANARY and data == CANARY:
+            raise AssertionError("the canary input (MICROGRAD_C_FUZZ_CANARY)")
+        real(data)
     atheris.Setup(sys.argv, target)
     atheris.Fuzz()
 

@@ -33,6 +33,7 @@ from contextlib import contextmanager
 from typing import Any, Dict, Iterator, Optional, Sequence
 
 from .. import _core
+from .._fs import user_cache_dir
 from .toolchain import CompileError, Toolchain, resolved_target, run_command
 
 
@@ -48,12 +49,9 @@ class LibraryLoadError(OSError):
 
 
 def cache_dir() -> str:
-    """The compiled-library cache: ``$MICROGRAD_C_CACHE_DIR``, else the user cache directory."""
-    env = os.environ.get("MICROGRAD_C_CACHE_DIR")
-    if env:
-        return env
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "micrograd_c")
+    """The compiled-library cache: ``$MICROGRAD_C_CACHE_DIR``, else ``micrograd_c`` in the user's
+    cache directory (``$XDG_CACHE_HOME`` or ``~/.cache``)."""
+    return user_cache_dir("MICROGRAD_C_CACHE_DIR", "micrograd_c")
 
 
 # ---- trust ----------------------------------------------------------------------------------
@@ -179,7 +177,7 @@ def build_library(source: str, tc: Toolchain, flags: Sequence[str], *, cache: Op
             r = run_command(cmd, timeout)
         except subprocess.TimeoutExpired as e:
             _remove(tmp_lib)
-            out = (e.output or "") + (e.stderr or "") if isinstance(e.output, str) else ""
+            out = "".join(part for part in (e.output, e.stderr) if isinstance(part, str))  # text mode
             raise CompileError(f"the C compiler timed out after {timeout:g} s", cmd, out) from None
         except OSError as e:
             raise CompileError(f"could not run the C compiler: {e}", cmd) from None

@@ -1,0 +1,134 @@
+"""The datasets ``micrograd-c`` trains on, split as the command splits them, and its defaults."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Callable, Dict, List, NamedTuple, Optional
+
+import numpy as np
+
+from .. import datasets as ds
+
+DATASETS = ("moons", "xor", "digits", "mnist")
+
+
+class Defaults(NamedTuple):
+    """How ``micrograd-c train`` trains a dataset when no option says otherwise."""
+
+    hidden: List[int]
+    loss: str
+    epochs: int
+    lr: float
+    batch_size: int
+    l2: float
+
+
+DEFAULTS: Dict[str, Defaults] = {
+    "moons": Defaults([16, 16], "hinge", 100, 0.1, 10, 1e-4),
+    "xor": Defaults([8], "hinge", 50, 0.1, 10, 1e-4),
+    "digits": Defaults([32], "xent", 20, 0.05, 1, 0.0),
+    "mnist": Defaults([50], "xent", 1, 0.01, 1, 0.0),
+}
+
+
+@dataclass
+class Data:
+    """A dataset split for training: features, labels, classes (0 for two classes labelled ±1)."""
+
+    name: str
+    Xtr: np.ndarray
+    ytr: np.ndarray
+    Xte: np.ndarray
+    yte: np.ndarray
+    classes: int
+
+    @property
+    def nin(self) -> int:
+        """The number of features."""
+        return int(self.Xtr.shape[1])
+
+
+def has_mnist(d: str, split: str) -> bool:
+    """Whether ``d`` holds the IDX files of MNIST's ``split`` ("train" or "test"), gzip or raw."""
+    return all(os.path.exists(os.path.join(d, stem)) or os.path.exists(os.path.join(d, stem + ".gz"))
+               for stem in ds.MNIST_FILES[split])
+
+
+def locate_mnist(data_dir: Optional[str], download: bool, log: Callable[[str], None]) -> str:
+    """The directory MNIST is read from, the same way for ``train`` and ``eval``.
+
+    ``data_dir`` (``--data-dir``, relative to the current directory) wins; otherwise the download
+    cache (``$MICROGRAD_C_DATA_DIR`` or ``~/.cache/micrograd_c/mnist``). ``download`` fetches
+    what is missing there first. Errors (:class:`~micrograd_c.datasets.DatasetError`) say which
+    of the two options to use.
+    """
+    cache = ds.default_data_dir()
+    d = os.path.abspath(os.path.expanduser(data_dir)) if data_dir is not None else cache
+    shown = data_dir if data_dir is not None else cache
+    if download:
+        if data_dir is not None and os.path.exists(d) and not os.path.isdir(d):
+            raise ds.DatasetError(f"--data-dir {data_dir}: not a directory")
+        try:
+            return ds.download_mnist(d, log=log)
+        except ds.DatasetError as e:
+            raise ds.DatasetError(f"{e}. Without network access, pass --data-dir DIR, a directory holding "
+                                  f"the MNIST IDX files ({ds.MNIST_FILES['test'][0]}.gz, ...)") from None
+    if data_dir is not None and not os.path.isdir(d):
+        raise ds.DatasetError(f"--data-dir {data_dir}: no such directory (give the directory that holds the "
+                              f"MNIST IDX files, or add --download to fetch them there)")
+    if not has_mnist(d, "test"):
+        if data_dir is None:
+            raise ds.DatasetError(f"MNIST is not in {cache}: pass --data-dir DIR (a directory with the IDX files, "
+                                  f"gzip or raw) or --download to fetch it there")
+        raise ds.DatasetError(f"{shown}: no MNIST test files ({ds.MNIST_FILES['test'][0]}[.gz], "
+                              f"{ds.MNIST_FILES['test'][1]}[.gz]); add --download to fetch them there")
+    return d
+
+
+def load_data(name: str, seed: int = 0, data_dir: Optional[str] = None, download: bool = False,
+              limit: Optional[int] = None, log: Callable[[str], None] = lambda msg: None,
+              purpose: str = "train") -> Data:
+    """The dataset ``name`` (one of :data:`DATASETS`) split as ``train`` trains and evaluates it.
+
+    moons and xor are generated (micrograd's demo measures on its training set); digits is
+    shuffled with ``seed`` and cut 80/20; MNIST is read from ``data_dir`` (see
+    :func:`locate_mnist`), and with only the test set present, training uses its first 8,000
+    images and evaluation its last 2,000. ``limit`` caps the training samples (and MNIST's
+    held-out ones at a quarter of it). ``purpose`` ("train" or "eval") only changes what is
+    logged. Raises ``ValueError`` for an unknown name and
+    :class:`~micrograd_c.datasets.DatasetError` for missing or malformed data.
+    """
+    if name in ("moons", "xor"):
+        X, y = ds.make_moons(100, 0.1, seed=1337 + seed) if name == "moons" else ds.make_xor(200, 0.1, seed=seed)
+        if limit:
+            X, y = X[:limit], y[:limit]
+        return Data(name, X, y, X, y, 0)
+    if name == "digits":
+        X, y = ds.load_digits()
+        rng = np.random.RandomState(seed)
+        idx = rng.permutation(len(X))
+        X, y = X[idx], y[idx]
+        if limit:
+            X, y = X[:limit], y[:limit]
+        cut = max(1, int(len(X) * 0.8))
+        return Data(name, X[:cut], y[:cut], X[cut:], y[cut:], 10)
+    if name == "mnist":
+        d = locate_mnist(data_dir, download, log)
+        Xte, yte = ds.load_mnist(d, "test")
+        if has_mnist(d, "train"):
+            Xtr, ytr = ds.load_mnist(d, "train")
+        else:
+            # only the test set is present: train on its first 8,000 images, evaluate on the rest
+            if purpose == "train":
+                log(f"{d}: no training files; training on the first 8,000 test images, evaluating on the last 2,000")
+            else:
+                log(f"{d}: no training files; evaluating on the last 2,000 test images (train held them out)")
+            Xtr, ytr, Xte, yte = Xte[:8000], yte[:8000], Xte[-2000:], yte[-2000:]
+        if limit:
+            Xtr, ytr = Xtr[:limit], ytr[:limit]
+            Xte, yte = Xte[:max(1, limit // 4)], yte[:max(1, limit // 4)]
+        return Data(name, Xtr, ytr, Xte, yte, 10)
+    raise ValueError(f"unknown dataset {name!r} (expected one of {', '.join(DATASETS)})")
+
+
+__all__ = ["Data", "DATASETS", "DEFAULTS", "Defaults", "load_data", "locate_mnist", "has_mnist"]
