@@ -38,7 +38,8 @@ namespace {
 class Nodes {
   public:
     explicit Nodes(py::handle seq, const char *what) {
-        if (!PySequence_Check(seq.ptr())) throw py::type_error(std::string(what) + ": expected a sequence");
+        if (!PySequence_Check(seq.ptr()))
+            throw py::type_error(std::string(what) + ": expected a sequence");
         items = py::reinterpret_steal<py::tuple>(PySequence_Tuple(seq.ptr()));
         if (!items) throw py::error_already_set();
         size_t n = items.size();
@@ -48,7 +49,8 @@ class Nodes {
             if (!mgpy::is_value(o) && !mgpy::as_number(o, &numbers[i])) {
                 if (PyErr_ExceptionMatches(PyExc_TypeError)) {
                     PyErr_Clear();
-                    throw py::type_error(std::string(what) + ": expected Values or real numbers, got " +
+                    throw py::type_error(std::string(what) +
+                                         ": expected Values or real numbers, got " +
                                          Py_TYPE(o)->tp_name);
                 }
                 throw py::error_already_set();
@@ -60,8 +62,9 @@ class Nodes {
         v.reserve(n);
         for (size_t i = 0; i < n; i++) {
             PyObject *o = PyTuple_GET_ITEM(items.ptr(), (Py_ssize_t)i);
-            mg_value *node = mgpy::is_value(o) ? mgpy::live(reinterpret_cast<mgpy::ValueObject *>(o))
-                                               : mgpy::constant(numbers[i]);
+            mg_value *node = mgpy::is_value(o)
+                                 ? mgpy::live(reinterpret_cast<mgpy::ValueObject *>(o))
+                                 : mgpy::constant(numbers[i]);
             if (!node) throw py::error_already_set();
             if (!mgpy::is_value(o)) {
                 mg_value_retain(node);
@@ -84,7 +87,10 @@ class Nodes {
     std::vector<mg_value *> consts;
 };
 
-template <class... N> void resolve_all(N &...nodes) { (nodes.resolve(), ...); }
+template <class... N>
+void resolve_all(N &...nodes) {
+    (nodes.resolve(), ...);
+}
 
 // A size argument: an integer (anything with __index__) in [min, SIZE_MAX], else a one-line
 // TypeError or ValueError in micrograd_c's words.
@@ -98,11 +104,11 @@ size_t count_arg(py::handle o, const char *what, const char *name, size_t min) {
     long long v = PyLong_AsLongLongAndOverflow(i.ptr(), &overflow);
     if (v == -1 && PyErr_Occurred()) throw py::error_already_set();
     if (overflow > 0 || (v > 0 && (unsigned long long)v > (unsigned long long)SIZE_MAX))
-        throw py::value_error(std::string(what) + ": " + name + " " + py::str(i).cast<std::string>() +
-                              " is too many");
+        throw py::value_error(std::string(what) + ": " + name + " " +
+                              py::str(i).cast<std::string>() + " is too many");
     if (overflow < 0 || v < (long long)min)
-        throw py::value_error(std::string(what) + ": " + name + " must be at least " + std::to_string(min) +
-                              ", got " + py::str(i).cast<std::string>());
+        throw py::value_error(std::string(what) + ": " + name + " must be at least " +
+                              std::to_string(min) + ", got " + py::str(i).cast<std::string>());
     return (size_t)v;
 }
 
@@ -131,8 +137,7 @@ py::list wrap_all(mg_value *const *v, size_t n, const char *what) {
 }
 
 mg_value *node_of(py::handle o, const char *what) {
-    if (!mgpy::is_value(o.ptr()))
-        throw py::type_error(std::string(what) + ": expected a Value");
+    if (!mgpy::is_value(o.ptr())) throw py::type_error(std::string(what) + ": expected a Value");
     mg_value *v = mgpy::as_node(o.ptr());
     if (!v) throw py::error_already_set();
     return v;
@@ -146,12 +151,14 @@ void check_len(size_t a, size_t b, const char *what) {
 
 mg_activation activation_of(py::handle o) {
     if (!PyUnicode_Check(o.ptr()))
-        throw py::type_error(std::string("activation must be a string, not ") + Py_TYPE(o.ptr())->tp_name);
+        throw py::type_error(std::string("activation must be a string, not ") +
+                             Py_TYPE(o.ptr())->tp_name);
     std::string name = o.cast<std::string>();
     int a = mg_activation_from_name(name.c_str());
     if (a < 0) {
         std::string known;
-        for (int i = 0; i < MG_ACT_COUNT; i++) known += std::string(i ? ", " : "") + mg_activation_name(i);
+        for (int i = 0; i < MG_ACT_COUNT; i++)
+            known += std::string(i ? ", " : "") + mg_activation_name(i);
         throw py::value_error("unknown activation '" + name + "' (expected one of " + known + ")");
     }
     return static_cast<mg_activation>(a);
@@ -172,7 +179,8 @@ void require_live(int live) {
 
 // Converts `values` (which may run Python code: array conversion calls __float__), then checks
 // the model and writes: nothing runs between the check and the writes.
-template <class M> void set_param_data(const M &m, py::handle values, const char *what) {
+template <class M>
+void set_param_data(const M &m, py::handle values, const char *what) {
     auto arr = py::array_t<double, py::array::c_style | py::array::forcecast>::ensure(values);
     if (!arr) {
         PyErr_Clear();
@@ -265,7 +273,7 @@ using Array = py::array_t<double, py::array::c_style | py::array::forcecast>;
 
 struct Tape {
     std::unique_ptr<mg_tape, void (*)(mg_tape *)> t{nullptr, mg_tape_free};
-    std::mutex run; // one C call at a time: the GIL is released while C runs
+    std::mutex run;           // one C call at a time: the GIL is released while C runs
     py::object kernels_owner; // keeps a loaded compiled library alive
 };
 
@@ -285,7 +293,8 @@ Array rows_of(py::handle a, size_t width, const char *what, size_t *n, bool allo
         *n = (size_t)arr.shape(0);
     } else {
         std::string shape = "(";
-        for (py::ssize_t i = 0; i < arr.ndim(); i++) shape += (i ? ", " : "") + std::to_string(arr.shape(i));
+        for (py::ssize_t i = 0; i < arr.ndim(); i++)
+            shape += (i ? ", " : "") + std::to_string(arr.shape(i));
         shape += arr.ndim() == 1 ? ",)" : ")";
         throw py::value_error(std::string(what) + ": expected shape (n, " + std::to_string(width) +
                               ")" + (allow_vector ? " or (" + std::to_string(width) + ",)" : "") +
@@ -333,122 +342,175 @@ PYBIND11_MODULE(_core, m, py::mod_gil_used()) {
         act_names.append(mg_activation_name(a));
         act_ops.append(mg_activation_op(a));
     }
-    m.attr("ACTIVATIONS") = py::tuple(act_names);   // libmg's activation table
+    m.attr("ACTIVATIONS") = py::tuple(act_names); // libmg's activation table
     m.attr("ACTIVATION_OPS") = py::tuple(act_ops);
     m.attr("LIBMG_VERSION") = MG_VERSION;
 
-    m.def("op_of", [](py::handle v) { return mg_value_op(node_of(v, "op_of")); },
-          py::arg("value"), "The op index (into OP_NAMES) that produced a Value.");
-    m.def("const_of", [](py::handle v) { return mg_value_const(node_of(v, "const_of")); },
-          py::arg("value"), "The op's constant (pow's exponent; n for variadic ops).");
-    m.def("operands", [](py::handle v) {
-        mg_value *n = node_of(v, "operands");
-        size_t k = mg_value_noperands(n);
-        std::vector<mg_value *> ops(k);
-        for (size_t i = 0; i < k; i++) ops[i] = mg_value_operand(n, i);
-        return wrap_all(ops.data(), k, "operands");
-    }, py::arg("value"), "The operands of a Value in op order (a list, duplicates kept).");
+    m.def(
+        "op_of", [](py::handle v) { return mg_value_op(node_of(v, "op_of")); }, py::arg("value"),
+        "The op index (into OP_NAMES) that produced a Value.");
+    m.def(
+        "const_of", [](py::handle v) { return mg_value_const(node_of(v, "const_of")); },
+        py::arg("value"), "The op's constant (pow's exponent; n for variadic ops).");
+    m.def(
+        "operands",
+        [](py::handle v) {
+            mg_value *n = node_of(v, "operands");
+            size_t k = mg_value_noperands(n);
+            std::vector<mg_value *> ops(k);
+            for (size_t i = 0; i < k; i++) ops[i] = mg_value_operand(n, i);
+            return wrap_all(ops.data(), k, "operands");
+        },
+        py::arg("value"), "The operands of a Value in op order (a list, duplicates kept).");
 
     // ---- the process graph -----------------------------------------------------------------
-    m.def("graph_len", [] { return mg_graph_len(graph()); },
-          "Number of live values in the process graph.");
-    m.def("graph_bytes", [] { return mg_graph_bytes(graph()); },
-          "Bytes the process graph uses (value blocks, operand arrays, working memory).");
-    m.def("checkpoint_save", [] { return mg_graph_save(graph()).serial; },
-          "Marks the process graph's current point; returns a token for checkpoint_restore.");
-    m.def("checkpoint_restore", [](uint64_t token) {
-        mg_graph_checkpoint cp{token};
-        return mg_graph_restore(graph(), cp);
-    }, py::arg("token"), "Releases every value created since the token's save; returns the count.");
+    m.def(
+        "graph_len", [] { return mg_graph_len(graph()); },
+        "Number of live values in the process graph.");
+    m.def(
+        "graph_bytes", [] { return mg_graph_bytes(graph()); },
+        "Bytes the process graph uses (value blocks, operand arrays, working memory).");
+    m.def(
+        "checkpoint_save", [] { return mg_graph_save(graph()).serial; },
+        "Marks the process graph's current point; returns a token for checkpoint_restore.");
+    m.def(
+        "checkpoint_restore",
+        [](uint64_t token) {
+            mg_graph_checkpoint cp{token};
+            return mg_graph_restore(graph(), cp);
+        },
+        py::arg("token"),
+        "Releases every value created since the token's save; returns the count.");
 
     // ---- variadic ops and losses ------------------------------------------------------------
-    m.def("sum", [](py::handle values) {
-        Nodes v(values, "sum");
-        v.resolve();
-        return wrap(mg_sum(graph(), v.v.data(), v.v.size()), "sum");
-    }, py::arg("values"), "Sum of Values, added left to right, as one node.");
-    m.def("dot", [](py::handle a, py::handle b) {
-        Nodes x(a, "dot"), y(b, "dot");
-        check_len(x.size(), y.size(), "dot");
-        resolve_all(x, y);
-        return wrap(mg_dot(graph(), x.v.data(), y.v.data(), x.v.size()), "dot");
-    }, py::arg("a"), py::arg("b"), "Dot product of two sequences, as one node.");
-    m.def("affine", [](py::handle w, py::handle x, py::handle b) {
-        Nodes ws(w, "affine"), xs(x, "affine");
-        check_len(ws.size(), xs.size(), "affine");
-        py::list bl;
-        bl.append(b);
-        Nodes bs(bl, "affine");
-        resolve_all(ws, xs, bs);
-        return wrap(mg_affine(graph(), ws.v.data(), xs.v.data(), ws.v.size(), bs.v[0]), "affine");
-    }, py::arg("w"), py::arg("x"), py::arg("b"),
-       "b + w[0]*x[0] + ... in micrograd's order, as one node.");
-    m.def("mse", [](py::handle p, py::handle t) {
-        Nodes x(p, "mse"), y(t, "mse");
-        check_len(x.size(), y.size(), "mse");
-        resolve_all(x, y);
-        return wrap(mg_mse(graph(), x.v.data(), y.v.data(), x.v.size()), "mse");
-    }, py::arg("pred"), py::arg("target"), "Mean squared error.");
-    m.def("hinge", [](py::handle s, py::handle y) {
-        Nodes x(s, "hinge"), t(y, "hinge");
-        check_len(x.size(), t.size(), "hinge");
-        resolve_all(x, t);
-        return wrap(mg_hinge(graph(), x.v.data(), t.v.data(), x.v.size()), "hinge");
-    }, py::arg("scores"), py::arg("labels"), "Mean max-margin loss of micrograd's moons demo.");
-    m.def("cross_entropy", [](py::handle logits, py::handle target) {
-        Nodes z(logits, "cross_entropy");
-        py::list tl;
-        tl.append(target);
-        Nodes t(tl, "cross_entropy");
-        resolve_all(z, t);
-        return wrap(mg_cross_entropy(graph(), z.v.data(), z.v.size(), t.v[0]), "cross_entropy");
-    }, py::arg("logits"), py::arg("target"), "Softmax cross-entropy from logits (stable).");
+    m.def(
+        "sum",
+        [](py::handle values) {
+            Nodes v(values, "sum");
+            v.resolve();
+            return wrap(mg_sum(graph(), v.v.data(), v.v.size()), "sum");
+        },
+        py::arg("values"), "Sum of Values, added left to right, as one node.");
+    m.def(
+        "dot",
+        [](py::handle a, py::handle b) {
+            Nodes x(a, "dot"), y(b, "dot");
+            check_len(x.size(), y.size(), "dot");
+            resolve_all(x, y);
+            return wrap(mg_dot(graph(), x.v.data(), y.v.data(), x.v.size()), "dot");
+        },
+        py::arg("a"), py::arg("b"), "Dot product of two sequences, as one node.");
+    m.def(
+        "affine",
+        [](py::handle w, py::handle x, py::handle b) {
+            Nodes ws(w, "affine"), xs(x, "affine");
+            check_len(ws.size(), xs.size(), "affine");
+            py::list bl;
+            bl.append(b);
+            Nodes bs(bl, "affine");
+            resolve_all(ws, xs, bs);
+            return wrap(mg_affine(graph(), ws.v.data(), xs.v.data(), ws.v.size(), bs.v[0]),
+                        "affine");
+        },
+        py::arg("w"), py::arg("x"), py::arg("b"),
+        "b + w[0]*x[0] + ... in micrograd's order, as one node.");
+    m.def(
+        "mse",
+        [](py::handle p, py::handle t) {
+            Nodes x(p, "mse"), y(t, "mse");
+            check_len(x.size(), y.size(), "mse");
+            resolve_all(x, y);
+            return wrap(mg_mse(graph(), x.v.data(), y.v.data(), x.v.size()), "mse");
+        },
+        py::arg("pred"), py::arg("target"), "Mean squared error.");
+    m.def(
+        "hinge",
+        [](py::handle s, py::handle y) {
+            Nodes x(s, "hinge"), t(y, "hinge");
+            check_len(x.size(), t.size(), "hinge");
+            resolve_all(x, t);
+            return wrap(mg_hinge(graph(), x.v.data(), t.v.data(), x.v.size()), "hinge");
+        },
+        py::arg("scores"), py::arg("labels"), "Mean max-margin loss of micrograd's moons demo.");
+    m.def(
+        "cross_entropy",
+        [](py::handle logits, py::handle target) {
+            Nodes z(logits, "cross_entropy");
+            py::list tl;
+            tl.append(target);
+            Nodes t(tl, "cross_entropy");
+            resolve_all(z, t);
+            return wrap(mg_cross_entropy(graph(), z.v.data(), z.v.size(), t.v[0]), "cross_entropy");
+        },
+        py::arg("logits"), py::arg("target"), "Softmax cross-entropy from logits (stable).");
 
     // ---- nn ---------------------------------------------------------------------------------
     py::class_<Neuron>(m, "Neuron")
         .def(py::init([](py::handle nin, py::handle act) {
                  size_t n_in = count_arg(nin, "Neuron", "nin", 1);
-                 mg_neuron *n = mg_neuron_new(graph(), n_in, activation_of(act), MG_INIT_UNIFORM, nullptr);
+                 mg_neuron *n =
+                     mg_neuron_new(graph(), n_in, activation_of(act), MG_INIT_UNIFORM, nullptr);
                  if (!n) throw_graph_error("Neuron");
                  Owner o(n, [](void *p) { mg_neuron_free(static_cast<mg_neuron *>(p)); });
                  return Neuron{o, n};
              }),
              py::arg("nin"), py::arg("activation") = "relu")
-        .def("__call__", [](const Neuron &n, py::handle x) {
-            Nodes in(x, "Neuron");
-            if (in.size() != mg_neuron_nin(n.n))
-                throw py::value_error("Neuron: expected " + std::to_string(mg_neuron_nin(n.n)) +
-                                      " inputs, got " + std::to_string(in.size()));
-            in.resolve();
-            require_live(n.live());
-            return wrap(mg_neuron_call(graph(), n.n, in.v.data()), "Neuron");
-        }, py::arg("x"))
-        .def("params", [](const Neuron &n) { auto p = n.params(); return wrap_all(p.data(), p.size(), "params"); })
+        .def(
+            "__call__",
+            [](const Neuron &n, py::handle x) {
+                Nodes in(x, "Neuron");
+                if (in.size() != mg_neuron_nin(n.n))
+                    throw py::value_error("Neuron: expected " + std::to_string(mg_neuron_nin(n.n)) +
+                                          " inputs, got " + std::to_string(in.size()));
+                in.resolve();
+                require_live(n.live());
+                return wrap(mg_neuron_call(graph(), n.n, in.v.data()), "Neuron");
+            },
+            py::arg("x"))
+        .def("params",
+             [](const Neuron &n) {
+                 auto p = n.params();
+                 return wrap_all(p.data(), p.size(), "params");
+             })
         .def("get_data", [](const Neuron &n) { return get_param_data(n.params()); })
         .def("set_data", [](const Neuron &n, py::handle a) { set_param_data(n, a, "Neuron"); })
         .def_property_readonly("nin", [](const Neuron &n) { return mg_neuron_nin(n.n); })
-        .def_property("activation",
-                      [](const Neuron &n) { return activation_name(mg_neuron_activation(n.n)); },
-                      [](Neuron &n, py::handle a) { mg_neuron_set_activation(n.n, activation_of(a)); });
+        .def_property(
+            "activation",
+            [](const Neuron &n) { return activation_name(mg_neuron_activation(n.n)); },
+            [](Neuron &n, py::handle a) { mg_neuron_set_activation(n.n, activation_of(a)); });
 
     py::class_<Layer>(m, "Layer")
         .def(py::init([](py::handle nin, py::handle nout, py::handle act) {
-                 size_t n_in = count_arg(nin, "Layer", "nin", 1), n_out = count_arg(nout, "Layer", "nout", 1);
-                 mg_layer *l = mg_layer_new(graph(), n_in, n_out, activation_of(act), MG_INIT_UNIFORM, nullptr);
+                 size_t n_in = count_arg(nin, "Layer", "nin", 1),
+                        n_out = count_arg(nout, "Layer", "nout", 1);
+                 mg_layer *l = mg_layer_new(graph(), n_in, n_out, activation_of(act),
+                                            MG_INIT_UNIFORM, nullptr);
                  if (!l) throw_graph_error("Layer");
                  Owner o(l, [](void *p) { mg_layer_free(static_cast<mg_layer *>(p)); });
                  return Layer{o, l};
              }),
              py::arg("nin"), py::arg("nout"), py::arg("activation") = "relu")
-        .def("__call__", [](const Layer &l, py::handle x) {
-            return call_layerlike(l, mg_layer_nin(l.l), mg_layer_nout(l.l), x, "Layer", layer_call, l.l);
-        }, py::arg("x"))
-        .def("neuron", [](const Layer &l, py::handle i) {
-            mg_neuron *n = mg_layer_neuron(l.l, count_arg(i, "neuron", "index", 0));
-            if (!n) throw py::index_error("neuron index out of range");
-            return Neuron{l.owner, n};
-        }, py::arg("i"))
-        .def("params", [](const Layer &l) { auto p = l.params(); return wrap_all(p.data(), p.size(), "params"); })
+        .def(
+            "__call__",
+            [](const Layer &l, py::handle x) {
+                return call_layerlike(l, mg_layer_nin(l.l), mg_layer_nout(l.l), x, "Layer",
+                                      layer_call, l.l);
+            },
+            py::arg("x"))
+        .def(
+            "neuron",
+            [](const Layer &l, py::handle i) {
+                mg_neuron *n = mg_layer_neuron(l.l, count_arg(i, "neuron", "index", 0));
+                if (!n) throw py::index_error("neuron index out of range");
+                return Neuron{l.owner, n};
+            },
+            py::arg("i"))
+        .def("params",
+             [](const Layer &l) {
+                 auto p = l.params();
+                 return wrap_all(p.data(), p.size(), "params");
+             })
         .def("get_data", [](const Layer &l) { return get_param_data(l.params()); })
         .def("set_data", [](const Layer &l, py::handle a) { set_param_data(l, a, "Layer"); })
         .def_property_readonly("nin", [](const Layer &l) { return mg_layer_nin(l.l); })
@@ -458,34 +520,47 @@ PYBIND11_MODULE(_core, m, py::mod_gil_used()) {
         .def(py::init([](py::handle nin, py::handle nouts, py::handle act) {
                  size_t n_in = count_arg(nin, "MLP", "nin", 1);
                  if (!PySequence_Check(nouts.ptr()) || PyUnicode_Check(nouts.ptr()))
-                     throw py::type_error(std::string("MLP: nouts must be a sequence of layer widths, not ") +
-                                          Py_TYPE(nouts.ptr())->tp_name);
+                     throw py::type_error(
+                         std::string("MLP: nouts must be a sequence of layer widths, not ") +
+                         Py_TYPE(nouts.ptr())->tp_name);
                  py::tuple ws = py::reinterpret_steal<py::tuple>(PySequence_Tuple(nouts.ptr()));
                  if (!ws) throw py::error_already_set();
                  std::vector<size_t> widths;
                  for (py::handle w : ws) {
                      if (!PyIndex_Check(w.ptr()))
-                         throw py::type_error(std::string("MLP: layer widths must be integers, not ") +
-                                              Py_TYPE(w.ptr())->tp_name);
+                         throw py::type_error(
+                             std::string("MLP: layer widths must be integers, not ") +
+                             Py_TYPE(w.ptr())->tp_name);
                      widths.push_back(count_arg(w, "MLP", "layer width", 1));
                  }
                  if (widths.empty()) throw py::value_error("MLP: at least one layer is needed");
-                 mg_mlp *mm = mg_mlp_new(graph(), n_in, widths.data(), widths.size(), activation_of(act),
-                                          MG_INIT_UNIFORM, nullptr);
+                 mg_mlp *mm = mg_mlp_new(graph(), n_in, widths.data(), widths.size(),
+                                         activation_of(act), MG_INIT_UNIFORM, nullptr);
                  if (!mm) throw_graph_error("MLP");
                  Owner o(mm, [](void *p) { mg_mlp_free(static_cast<mg_mlp *>(p)); });
                  return MLP{o, mm};
              }),
              py::arg("nin"), py::arg("nouts"), py::arg("activation") = "relu")
-        .def("__call__", [](const MLP &mm, py::handle x) {
-            return call_layerlike(mm, mg_mlp_nin(mm.m), mg_mlp_nout(mm.m), x, "MLP", mlp_call, mm.m);
-        }, py::arg("x"))
-        .def("layer", [](const MLP &mm, py::handle i) {
-            mg_layer *l = mg_mlp_layer(mm.m, count_arg(i, "layer", "index", 0));
-            if (!l) throw py::index_error("layer index out of range");
-            return Layer{mm.owner, l};
-        }, py::arg("i"))
-        .def("params", [](const MLP &mm) { auto p = mm.params(); return wrap_all(p.data(), p.size(), "params"); })
+        .def(
+            "__call__",
+            [](const MLP &mm, py::handle x) {
+                return call_layerlike(mm, mg_mlp_nin(mm.m), mg_mlp_nout(mm.m), x, "MLP", mlp_call,
+                                      mm.m);
+            },
+            py::arg("x"))
+        .def(
+            "layer",
+            [](const MLP &mm, py::handle i) {
+                mg_layer *l = mg_mlp_layer(mm.m, count_arg(i, "layer", "index", 0));
+                if (!l) throw py::index_error("layer index out of range");
+                return Layer{mm.owner, l};
+            },
+            py::arg("i"))
+        .def("params",
+             [](const MLP &mm) {
+                 auto p = mm.params();
+                 return wrap_all(p.data(), p.size(), "params");
+             })
         .def("get_data", [](const MLP &mm) { return get_param_data(mm.params()); })
         .def("get_grad", [](const MLP &mm) { return get_param_grad(mm.params()); })
         .def("set_data", [](const MLP &mm, py::handle a) { set_param_data(mm, a, "MLP"); })
@@ -502,11 +577,20 @@ PYBIND11_MODULE(_core, m, py::mod_gil_used()) {
                      for (py::handle o : seq) v.push_back(node_of(o, what));
                      return v;
                  };
-                 std::vector<mg_value *> in = nodes_of(inputs, "inputs"), tg = nodes_of(targets, "targets"),
-                                         ps = nodes_of(params, "params"), out = nodes_of(outputs, "outputs");
+                 std::vector<mg_value *> in = nodes_of(inputs, "inputs"),
+                                         tg = nodes_of(targets, "targets"),
+                                         ps = nodes_of(params, "params"),
+                                         out = nodes_of(outputs, "outputs");
                  mg_tape_spec spec{loss.is_none() ? nullptr : node_of(loss, "loss"),
-                                   in.data(), in.size(), tg.data(), tg.size(),
-                                   ps.data(), ps.size(), out.data(), out.size(), raise_loops ? 0 : 1};
+                                   in.data(),
+                                   in.size(),
+                                   tg.data(),
+                                   tg.size(),
+                                   ps.data(),
+                                   ps.size(),
+                                   out.data(),
+                                   out.size(),
+                                   raise_loops ? 0 : 1};
                  auto tp = std::make_unique<Tape>();
                  {
                      py::gil_scoped_release nogil; // freezing a large graph takes a while
@@ -515,150 +599,196 @@ PYBIND11_MODULE(_core, m, py::mod_gil_used()) {
                  if (!tp->t) throw_graph_error("freeze");
                  return tp;
              }),
-             py::arg("loss"), py::arg("inputs"), py::arg("targets"), py::arg("params"), py::arg("outputs"),
-             py::arg("raise_loops") = true)
+             py::arg("loss"), py::arg("inputs"), py::arg("targets"), py::arg("params"),
+             py::arg("outputs"), py::arg("raise_loops") = true)
         .def_property_readonly("nslots", [](const Tape &tp) { return mg_tape_nslots(tp.t.get()); })
         .def_property_readonly("ninstr", [](const Tape &tp) { return mg_tape_ninstr(tp.t.get()); })
-        .def_property_readonly("nparams", [](const Tape &tp) { return mg_tape_nparams(tp.t.get()); })
-        .def_property_readonly("ninputs", [](const Tape &tp) { return mg_tape_ninputs(tp.t.get()); })
-        .def_property_readonly("ntargets", [](const Tape &tp) { return mg_tape_ntargets(tp.t.get()); })
-        .def_property_readonly("noutputs", [](const Tape &tp) { return mg_tape_noutputs(tp.t.get()); })
-        .def_property_readonly("has_loss", [](const Tape &tp) { return mg_tape_has_loss(tp.t.get()) != 0; })
-        .def_property_readonly("fingerprint", [](const Tape &tp) { return mg_tape_fingerprint(tp.t.get()); })
-        .def("stats", [](const Tape &tp) {
-            mg_tape_stats s;
-            mg_tape_get_stats(tp.t.get(), &s);
-            py::dict d;
-            d["nodes"] = s.nodes;
-            d["statements"] = s.statements;
-            d["forward_nests"] = s.forward_nests;
-            d["backward_nests"] = s.backward_nests;
-            d["loops"] = s.loops;
-            d["packed"] = s.packed;
-            d["rerolled"] = s.rerolled != 0;
-            return d;
-        }, "What freezing made of the graph: nodes, statements, loop nests, sequential loops.")
-        .def("data", [](py::object self) {
-            Tape &tp = self.cast<Tape &>();
-            return slot_view(self, mg_tape_data(tp.t.get()), mg_tape_nslots(tp.t.get()));
-        }, "The data slots as a numpy view (parameters first).")
-        .def("grad", [](py::object self) {
-            Tape &tp = self.cast<Tape &>();
-            return slot_view(self, mg_tape_grad(tp.t.get()), mg_tape_nslots(tp.t.get()));
-        }, "The gradient slots as a numpy view.")
-        .def("forward", [](Tape &tp, py::handle x, py::handle y) {
-            size_t n = 0;
-            mg_tape *t = tp.t.get();
-            Array xa = rows_of(x, mg_tape_ninputs(t), "forward: x", &n, true);
-            if (n != 1) throw py::value_error("forward: x must be one sample; use predict() for many");
-            Array ya;
-            if (!y.is_none()) {
-                size_t m = 0;
-                ya = rows_of(y, mg_tape_ntargets(t), "forward: y", &m, true);
-                if (m != 1) throw py::value_error("forward: y must be one sample");
-            }
-            py::array_t<double> out((py::ssize_t)mg_tape_noutputs(t));
-            double *o = out.mutable_data();
-            const double *xp = xa.data(), *yp = y.is_none() ? nullptr : ya.data();
-            int st;
-            {
-                py::gil_scoped_release nogil;
-                std::lock_guard<std::mutex> lock(tp.run);
-                st = mg_tape_forward(t, xp, yp);
-                if (st == MG_OK) mg_tape_outputs(t, o);
-            }
-            check_tape(t, st);
-            return out;
-        }, py::arg("x"), py::arg("y") = py::none())
+        .def_property_readonly("nparams",
+                               [](const Tape &tp) { return mg_tape_nparams(tp.t.get()); })
+        .def_property_readonly("ninputs",
+                               [](const Tape &tp) { return mg_tape_ninputs(tp.t.get()); })
+        .def_property_readonly("ntargets",
+                               [](const Tape &tp) { return mg_tape_ntargets(tp.t.get()); })
+        .def_property_readonly("noutputs",
+                               [](const Tape &tp) { return mg_tape_noutputs(tp.t.get()); })
+        .def_property_readonly("has_loss",
+                               [](const Tape &tp) { return mg_tape_has_loss(tp.t.get()) != 0; })
+        .def_property_readonly("fingerprint",
+                               [](const Tape &tp) { return mg_tape_fingerprint(tp.t.get()); })
+        .def(
+            "stats",
+            [](const Tape &tp) {
+                mg_tape_stats s;
+                mg_tape_get_stats(tp.t.get(), &s);
+                py::dict d;
+                d["nodes"] = s.nodes;
+                d["statements"] = s.statements;
+                d["forward_nests"] = s.forward_nests;
+                d["backward_nests"] = s.backward_nests;
+                d["loops"] = s.loops;
+                d["packed"] = s.packed;
+                d["rerolled"] = s.rerolled != 0;
+                return d;
+            },
+            "What freezing made of the graph: nodes, statements, loop nests, sequential loops.")
+        .def(
+            "data",
+            [](py::object self) {
+                Tape &tp = self.cast<Tape &>();
+                return slot_view(self, mg_tape_data(tp.t.get()), mg_tape_nslots(tp.t.get()));
+            },
+            "The data slots as a numpy view (parameters first).")
+        .def(
+            "grad",
+            [](py::object self) {
+                Tape &tp = self.cast<Tape &>();
+                return slot_view(self, mg_tape_grad(tp.t.get()), mg_tape_nslots(tp.t.get()));
+            },
+            "The gradient slots as a numpy view.")
+        .def(
+            "forward",
+            [](Tape &tp, py::handle x, py::handle y) {
+                size_t n = 0;
+                mg_tape *t = tp.t.get();
+                Array xa = rows_of(x, mg_tape_ninputs(t), "forward: x", &n, true);
+                if (n != 1)
+                    throw py::value_error("forward: x must be one sample; use predict() for many");
+                Array ya;
+                if (!y.is_none()) {
+                    size_t m = 0;
+                    ya = rows_of(y, mg_tape_ntargets(t), "forward: y", &m, true);
+                    if (m != 1) throw py::value_error("forward: y must be one sample");
+                }
+                py::array_t<double> out((py::ssize_t)mg_tape_noutputs(t));
+                double *o = out.mutable_data();
+                const double *xp = xa.data(), *yp = y.is_none() ? nullptr : ya.data();
+                int st;
+                {
+                    py::gil_scoped_release nogil;
+                    std::lock_guard<std::mutex> lock(tp.run);
+                    st = mg_tape_forward(t, xp, yp);
+                    if (st == MG_OK) mg_tape_outputs(t, o);
+                }
+                check_tape(t, st);
+                return out;
+            },
+            py::arg("x"), py::arg("y") = py::none())
         .def_property_readonly("loss", [](const Tape &tp) { return mg_tape_loss(tp.t.get()); })
-        .def_property_readonly("loss_slot", [](const Tape &tp) { return mg_tape_loss_slot(tp.t.get()); })
-        .def("backward", [](Tape &tp) {
-            int st;
-            {
-                py::gil_scoped_release nogil;
+        .def_property_readonly("loss_slot",
+                               [](const Tape &tp) { return mg_tape_loss_slot(tp.t.get()); })
+        .def("backward",
+             [](Tape &tp) {
+                 int st;
+                 {
+                     py::gil_scoped_release nogil;
+                     std::lock_guard<std::mutex> lock(tp.run);
+                     st = mg_tape_backward(tp.t.get());
+                 }
+                 check_tape(tp.t.get(), st);
+             })
+        .def(
+            "step",
+            [](Tape &tp, double lr, size_t count) {
                 std::lock_guard<std::mutex> lock(tp.run);
-                st = mg_tape_backward(tp.t.get());
-            }
-            check_tape(tp.t.get(), st);
-        })
-        .def("step", [](Tape &tp, double lr, size_t count) {
-            std::lock_guard<std::mutex> lock(tp.run);
-            check_tape(tp.t.get(), mg_tape_step(tp.t.get(), lr, count));
-        }, py::arg("lr"), py::arg("count") = 1)
-        .def("fit_epoch", [](Tape &tp, py::handle X, py::handle Y, size_t batch, double lr, bool shuffle,
-                             uint64_t seed, uint64_t epoch, size_t threads) {
-            mg_tape *t = tp.t.get();
-            size_t n = 0, m = 0;
-            Array xa = rows_of(X, mg_tape_ninputs(t), "fit: X", &n, false);
-            Array ya;
-            const double *yp = nullptr;
-            if (mg_tape_ntargets(t)) {
-                if (Y.is_none()) throw py::value_error("fit: this program has targets: pass Y");
-                ya = rows_of(Y, mg_tape_ntargets(t), "fit: Y", &m, false);
-                if (m != n)
-                    throw py::value_error("fit: X has " + std::to_string(n) + " rows but Y has " + std::to_string(m));
-                yp = ya.data();
-            }
-            mg_fit_options o{batch, lr, shuffle ? 1 : 0, seed, epoch, threads};
-            double mean = 0.0;
-            int st;
-            const double *xp = xa.data();
-            {
-                py::gil_scoped_release nogil;
+                check_tape(tp.t.get(), mg_tape_step(tp.t.get(), lr, count));
+            },
+            py::arg("lr"), py::arg("count") = 1)
+        .def(
+            "fit_epoch",
+            [](Tape &tp, py::handle X, py::handle Y, size_t batch, double lr, bool shuffle,
+               uint64_t seed, uint64_t epoch, size_t threads) {
+                mg_tape *t = tp.t.get();
+                size_t n = 0, m = 0;
+                Array xa = rows_of(X, mg_tape_ninputs(t), "fit: X", &n, false);
+                Array ya;
+                const double *yp = nullptr;
+                if (mg_tape_ntargets(t)) {
+                    if (Y.is_none()) throw py::value_error("fit: this program has targets: pass Y");
+                    ya = rows_of(Y, mg_tape_ntargets(t), "fit: Y", &m, false);
+                    if (m != n)
+                        throw py::value_error("fit: X has " + std::to_string(n) +
+                                              " rows but Y has " + std::to_string(m));
+                    yp = ya.data();
+                }
+                mg_fit_options o{batch, lr, shuffle ? 1 : 0, seed, epoch, threads};
+                double mean = 0.0;
+                int st;
+                const double *xp = xa.data();
+                {
+                    py::gil_scoped_release nogil;
+                    std::lock_guard<std::mutex> lock(tp.run);
+                    st = mg_tape_fit(t, xp, yp, n, &o, &mean);
+                }
+                check_tape(t, st);
+                return mean;
+            },
+            py::arg("X"), py::arg("Y"), py::arg("batch_size"), py::arg("lr"), py::arg("shuffle"),
+            py::arg("seed"), py::arg("epoch"), py::arg("threads") = 1)
+        .def(
+            "predict",
+            [](Tape &tp, py::handle X) {
+                mg_tape *t = tp.t.get();
+                size_t n = 0;
+                Array xa = rows_of(X, mg_tape_ninputs(t), "predict: X", &n, false);
+                py::array_t<double> out({(py::ssize_t)n, (py::ssize_t)mg_tape_noutputs(t)});
+                double *o = out.mutable_data();
+                const double *xp = xa.data();
+                int st;
+                {
+                    py::gil_scoped_release nogil;
+                    std::lock_guard<std::mutex> lock(tp.run);
+                    st = mg_tape_predict(t, xp, n, o);
+                }
+                check_tape(t, st);
+                return out;
+            },
+            py::arg("X"))
+        .def(
+            "emit_c",
+            [](Tape &tp, const std::string &prefix, bool inference_only, bool float32,
+               size_t max_kernels) {
+                mg_emit_options o{prefix.c_str(), inference_only ? 1 : 0, float32 ? 1 : 0,
+                                  max_kernels};
+                size_t len = 0;
+                char *src = mg_tape_emit_c(tp.t.get(), &o, &len);
+                if (!src) check_tape(tp.t.get(), MG_EINVAL);
+                py::str out(src, len);
+                mg_tape_free_source(tp.t.get(), src);
+                return out;
+            },
+            py::arg("prefix") = "mgc_", py::arg("inference_only") = false,
+            py::arg("float32") = false, py::arg("max_kernels") = 0)
+        .def(
+            "describe",
+            [](Tape &tp) {
+                size_t len = 0;
+                char *text = mg_tape_describe(tp.t.get(), &len);
+                if (!text) throw std::bad_alloc();
+                py::str out(text, len);
+                mg_tape_free_source(tp.t.get(), text);
+                return out;
+            },
+            "A readable listing of the frozen programs (loop nests, loops, losses).")
+        .def(
+            "attach",
+            [](Tape &tp, uintptr_t program, py::object owner) {
                 std::lock_guard<std::mutex> lock(tp.run);
-                st = mg_tape_fit(t, xp, yp, n, &o, &mean);
-            }
-            check_tape(t, st);
-            return mean;
-        }, py::arg("X"), py::arg("Y"), py::arg("batch_size"), py::arg("lr"), py::arg("shuffle"),
-           py::arg("seed"), py::arg("epoch"), py::arg("threads") = 1)
-        .def("predict", [](Tape &tp, py::handle X) {
-            mg_tape *t = tp.t.get();
-            size_t n = 0;
-            Array xa = rows_of(X, mg_tape_ninputs(t), "predict: X", &n, false);
-            py::array_t<double> out({(py::ssize_t)n, (py::ssize_t)mg_tape_noutputs(t)});
-            double *o = out.mutable_data();
-            const double *xp = xa.data();
-            int st;
-            {
-                py::gil_scoped_release nogil;
-                std::lock_guard<std::mutex> lock(tp.run);
-                st = mg_tape_predict(t, xp, n, o);
-            }
-            check_tape(t, st);
-            return out;
-        }, py::arg("X"))
-        .def("emit_c", [](Tape &tp, const std::string &prefix, bool inference_only, bool float32, size_t max_kernels) {
-            mg_emit_options o{prefix.c_str(), inference_only ? 1 : 0, float32 ? 1 : 0, max_kernels};
-            size_t len = 0;
-            char *src = mg_tape_emit_c(tp.t.get(), &o, &len);
-            if (!src) check_tape(tp.t.get(), MG_EINVAL);
-            py::str out(src, len);
-            mg_tape_free_source(tp.t.get(), src);
-            return out;
-        }, py::arg("prefix") = "mgc_", py::arg("inference_only") = false, py::arg("float32") = false,
-           py::arg("max_kernels") = 0)
-        .def("describe", [](Tape &tp) {
-            size_t len = 0;
-            char *text = mg_tape_describe(tp.t.get(), &len);
-            if (!text) throw std::bad_alloc();
-            py::str out(text, len);
-            mg_tape_free_source(tp.t.get(), text);
-            return out;
-        }, "A readable listing of the frozen programs (loop nests, loops, losses).")
-        .def("attach", [](Tape &tp, uintptr_t program, py::object owner) {
-            std::lock_guard<std::mutex> lock(tp.run);
-            if (!program) {
-                mg_tape_detach(tp.t.get());
-                tp.kernels_owner = py::none();
-                return;
-            }
-            check_tape(tp.t.get(), mg_tape_attach(tp.t.get(), reinterpret_cast<const mg_compiled *>(program)));
-            tp.kernels_owner = owner;
-        }, py::arg("program"), py::arg("owner") = py::none(),
-           "Run the hot nests with a compiled library's kernels (the address of its <prefix>program); "
-           "0 goes back to the interpreter.")
-        .def("write_back", [](const Tape &tp) { return mg_tape_write_back(tp.t.get(), graph()); },
-             "Copies the parameters into the Values they were frozen from; returns how many.");
+                if (!program) {
+                    mg_tape_detach(tp.t.get());
+                    tp.kernels_owner = py::none();
+                    return;
+                }
+                check_tape(
+                    tp.t.get(),
+                    mg_tape_attach(tp.t.get(), reinterpret_cast<const mg_compiled *>(program)));
+                tp.kernels_owner = owner;
+            },
+            py::arg("program"), py::arg("owner") = py::none(),
+            "Run the hot nests with a compiled library's kernels (the address of its "
+            "<prefix>program); "
+            "0 goes back to the interpreter.")
+        .def(
+            "write_back", [](const Tape &tp) { return mg_tape_write_back(tp.t.get(), graph()); },
+            "Copies the parameters into the Values they were frozen from; returns how many.");
     m.attr("EMITTER_VERSION") = mg_tape_emitter_version();
 }

@@ -189,7 +189,8 @@ mg_value *live(ValueObject *h) {
 bool as_number(PyObject *o, double *out) {
     if (!is_value(o) && read_number(o, out)) return true;
     if (!PyErr_Occurred())
-        PyErr_Format(PyExc_TypeError, "expected a Value or a real number, got %.200s", Py_TYPE(o)->tp_name);
+        PyErr_Format(PyExc_TypeError, "expected a Value or a real number, got %.200s",
+                     Py_TYPE(o)->tp_name);
     return false;
 }
 
@@ -298,7 +299,8 @@ PyObject *divide(PyObject *lhs, PyObject *rhs, bool lv, bool rv, double x) {
     }
     // micrograd: `self * other**-1`, and for a number on the left `other * self**-1`, which
     // Python turns into `(self**-1) * other`
-    mg_value *y = lv ? mg_apply(graph(), MG_OP_MUL, a, t, 0.0) : mg_apply(graph(), MG_OP_MUL, t, a, 0.0);
+    mg_value *y =
+        lv ? mg_apply(graph(), MG_OP_MUL, a, t, 0.0) : mg_apply(graph(), MG_OP_MUL, t, a, 0.0);
     if (!y) {
         drop_temp(t);
         if (!lv) drop_temp(a);
@@ -368,8 +370,8 @@ PyObject *nb_pow(PyObject *base, PyObject *exp, PyObject *mod) {
 PyObject *method_result(PyObject *r, int op, PyObject *arg) {
     if (r != Py_NotImplemented) return r;
     Py_DECREF(r);
-    PyErr_Format(PyExc_TypeError, "%s(): expected a Value or a real number, got %.200s", mg_op_name(op),
-                 Py_TYPE(arg)->tp_name);
+    PyErr_Format(PyExc_TypeError, "%s(): expected a Value or a real number, got %.200s",
+                 mg_op_name(op), Py_TYPE(arg)->tp_name);
     return nullptr;
 }
 
@@ -389,13 +391,13 @@ PyObject *unary_method(int op, PyObject *self, PyObject *const *args, Py_ssize_t
     }
     return unary(op, self);
 }
-#define MG__M1(id) \
-    PyObject *m_##id(PyObject *self, PyObject *const *args, Py_ssize_t n) { \
-        return unary_method(MG_OP_##id, self, args, n); \
+#define MG__M1(id)                                                                                 \
+    PyObject *m_##id(PyObject *self, PyObject *const *args, Py_ssize_t n) {                        \
+        return unary_method(MG_OP_##id, self, args, n);                                            \
     }
-#define MG__M2(id) \
-    PyObject *m_##id(PyObject *self, PyObject *o) { \
-        return method_result(binary(MG_OP_##id, self, o), MG_OP_##id, o); \
+#define MG__M2(id)                                                                                 \
+    PyObject *m_##id(PyObject *self, PyObject *o) {                                                \
+        return method_result(binary(MG_OP_##id, self, o), MG_OP_##id, o);                          \
     }
 #define MG__METH_S(id, name, sym, ar, f, da, db) MG__M##ar(id)
 #define MG__METH_N(id, name, sym)
@@ -435,8 +437,12 @@ int set_number(PyObject *self, PyObject *o, void (*set)(mg_value *, double), con
     set(v, x);
     return 0;
 }
-int set_data(PyObject *self, PyObject *o, void *) { return set_number(self, o, mg_value_set_data, "data"); }
-int set_grad(PyObject *self, PyObject *o, void *) { return set_number(self, o, mg_value_set_grad, "grad"); }
+int set_data(PyObject *self, PyObject *o, void *) {
+    return set_number(self, o, mg_value_set_data, "data");
+}
+int set_grad(PyObject *self, PyObject *o, void *) {
+    return set_number(self, o, mg_value_set_grad, "grad");
+}
 
 PyObject *get_prev(PyObject *self, void *) {
     mg_value *v = live(reinterpret_cast<ValueObject *>(self));
@@ -508,12 +514,14 @@ PyObject *value_reduce(PyObject *self, PyObject *) {
     mg_value *v = live(reinterpret_cast<ValueObject *>(self));
     if (!v) return nullptr;
     if (mg_value_op(v) != MG_OP_LEAF) {
-        PyErr_SetString(PyExc_TypeError,
-                        "only leaf Values can be pickled; pickle the model (its parameters) instead");
+        PyErr_SetString(
+            PyExc_TypeError,
+            "only leaf Values can be pickled; pickle the model (its parameters) instead");
         return nullptr;
     }
     // Value(data) with the gradient restored through __setstate__
-    return Py_BuildValue("(O(d)d)", reinterpret_cast<PyObject *>(&ValueType), mg_value_data(v), mg_value_grad(v));
+    return Py_BuildValue("(O(d)d)", reinterpret_cast<PyObject *>(&ValueType), mg_value_data(v),
+                         mg_value_grad(v));
 }
 
 PyObject *value_setstate(PyObject *self, PyObject *state) {
@@ -532,15 +540,17 @@ PyNumberMethods value_as_number = [] {
     return m;
 }();
 
-#define MG__DEF_S(id, name, sym, ar, f, da, db) \
-    {name, (PyCFunction)(void (*)(void))m_##id, (ar) == 1 ? METH_FASTCALL : METH_O, \
+#define MG__DEF_S(id, name, sym, ar, f, da, db)                                                    \
+    {name, (PyCFunction)(void (*)(void))m_##id, (ar) == 1 ? METH_FASTCALL : METH_O,                \
      "The " name " op of libmg's op table."},
 #define MG__DEF_N(id, name, sym)
 PyMethodDef value_methods[] = {
+    // clang-format off: one method per row of the op table, then the rest
     MG_OP_LIST(MG__DEF_S, MG__DEF_N)
     {"backward", m_backward, METH_NOARGS,
      "Seeds this Value's gradient with 1 and accumulates gradients into the leaves it depends on "
      "(intermediate gradients are recomputed from zero)."},
+    // clang-format on
     {"__reduce__", value_reduce, METH_NOARGS, "Pickle support for leaf Values."},
     {"__setstate__", value_setstate, METH_O, "Pickle support: restores the gradient."},
     {nullptr, nullptr, 0, nullptr}};
@@ -567,7 +577,8 @@ PyTypeObject ValueType = [] {
     t.tp_repr = value_repr;
     t.tp_as_number = &value_as_number;
     t.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE;
-    t.tp_doc = "Value(data, _children=(), _op='')\n--\n\nA scalar with a gradient: a node of the process-wide libmg graph.\n"
+    t.tp_doc = "Value(data, _children=(), _op='')\n--\n\n"
+               "A scalar with a gradient: a node of the process-wide libmg graph.\n"
                "Arithmetic with Values and real numbers builds the graph; backward() fills .grad.";
     t.tp_methods = value_methods;
     t.tp_getset = value_getset;
@@ -587,8 +598,8 @@ int init_value_type(PyObject *m) {
     if (PyModule_AddObject(m, "Value", reinterpret_cast<PyObject *>(&ValueType)) < 0) return -1;
     StaleValueError = PyErr_NewExceptionWithDoc(
         "micrograd_c.StaleValueError",
-        "A Value whose node was released by a checkpoint restore was used.",
-        PyExc_RuntimeError, nullptr);
+        "A Value whose node was released by a checkpoint restore was used.", PyExc_RuntimeError,
+        nullptr);
     if (!StaleValueError) return -1;
     Py_INCREF(StaleValueError);
     return PyModule_AddObject(m, "StaleValueError", StaleValueError);

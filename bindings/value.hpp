@@ -18,8 +18,7 @@ namespace mgpy {
 // A handle: holds one reference on its value (mg_value_retain) and the value's serial, so a
 // value released by a checkpoint restore is detected instead of dereferenced.
 struct ValueObject {
-    PyObject_HEAD
-    mg_value *v;
+    PyObject_HEAD mg_value *v;
     uint64_t serial;
 };
 

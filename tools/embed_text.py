@@ -3,6 +3,7 @@
 Used by the build to paste libmg/src/kernels.h verbatim into generated C (see emit.c).
 Usage: embed_text.py NAME INPUT OUTPUT
 """
+
 import sys
 
 
@@ -12,11 +13,12 @@ def main() -> None:
         text = f.read()
     data = text.encode("utf-8") + b"\0"
     # an array of bytes, not a string literal: ISO C caps string literals at 4095 characters
-    rows = [", ".join(str(c) for c in data[i:i + 24]) for i in range(0, len(data), 24)]
+    rows = [", ".join(str(c) for c in data[i : i + 24]) for i in range(0, len(data), 24)]
     with open(dst, "w", encoding="utf-8") as f:
         f.write(f"/* Generated from {src.rsplit('/', 1)[-1]} by tools/embed_text.py. */\n")
         f.write(f"extern const char {name}[];\nconst char {name}[] = {{\n")
         f.write(",\n".join("    " + r for r in rows) + "\n};\n")
+
 
 if __name__ == "__main__":
     main()

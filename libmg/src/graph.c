@@ -9,9 +9,18 @@
 
 /* ---- allocator --------------------------------------------------------------------------- */
 
-static void *std_malloc(size_t n, void *ctx) { (void)ctx; return malloc(n); }
-static void *std_realloc(void *p, size_t n, void *ctx) { (void)ctx; return realloc(p, n); }
-static void std_free(void *p, void *ctx) { (void)ctx; free(p); }
+static void *std_malloc(size_t n, void *ctx) {
+    (void)ctx;
+    return malloc(n);
+}
+static void *std_realloc(void *p, size_t n, void *ctx) {
+    (void)ctx;
+    return realloc(p, n);
+}
+static void std_free(void *p, void *ctx) {
+    (void)ctx;
+    free(p);
+}
 
 static const mg_allocator default_allocator = {std_malloc, std_realloc, std_free, NULL};
 
@@ -115,8 +124,8 @@ void mg_graph_set_autofree(mg_graph *g, int on) {
 int mg_graph_set_domain(mg_graph *g, int domain) {
     if (!g) return MG_EINVAL;
     if (domain < 0 || domain > (int)MG_DOMAIN_MASK)
-        return mg_graph__fail(g, MG_EINVAL, "mg_graph_set_domain: domain %d is not in [0, %u]", domain,
-                              MG_DOMAIN_MASK);
+        return mg_graph__fail(g, MG_EINVAL, "mg_graph_set_domain: domain %d is not in [0, %u]",
+                              domain, MG_DOMAIN_MASK);
     g->domain = (uint8_t)domain;
     return MG_OK;
 }
@@ -265,8 +274,12 @@ void mg_graph_zero_grad(mg_graph *g) {
 
 double mg_value_data(const mg_value *v) { return v ? v->data : NAN; }
 double mg_value_grad(const mg_value *v) { return v ? v->grad : NAN; }
-void mg_value_set_data(mg_value *v, double x) { if (v) v->data = x; }
-void mg_value_set_grad(mg_value *v, double x) { if (v) v->grad = x; }
+void mg_value_set_data(mg_value *v, double x) {
+    if (v) v->data = x;
+}
+void mg_value_set_grad(mg_value *v, double x) {
+    if (v) v->grad = x;
+}
 int mg_value_op(const mg_value *v) { return v ? (int)v->op : -1; }
 size_t mg_value_noperands(const mg_value *v) { return v ? mg_value__nops(v) : 0; }
 
@@ -282,9 +295,13 @@ double mg_value_const(const mg_value *v) {
     return 0.0;
 }
 
-int mg_value_has_bias(const mg_value *v) { return v && v->op == MG_OP_DOT && (v->flags & MG_FLAG_BIAS); }
+int mg_value_has_bias(const mg_value *v) {
+    return v && v->op == MG_OP_DOT && (v->flags & MG_FLAG_BIAS);
+}
 uint64_t mg_value_serial(const mg_value *v) { return v ? v->serial : 0; }
-int mg_value_is_live(const mg_value *v, uint64_t serial) { return v && serial && v->serial == serial; }
+int mg_value_is_live(const mg_value *v, uint64_t serial) {
+    return v && serial && v->serial == serial;
+}
 
 int mg_value_in_graph(const mg_graph *g, const mg_value *v) { return g && mg_graph__owns(g, v); }
 
@@ -335,7 +352,9 @@ mg_value *mg_mul(mg_graph *g, mg_value *a, mg_value *b) { return mg_apply(g, MG_
 mg_value *mg_div(mg_graph *g, mg_value *a, mg_value *b) { return mg_apply(g, MG_OP_DIV, a, b, 0); }
 mg_value *mg_neg(mg_graph *g, mg_value *a) { return mg_apply(g, MG_OP_NEG, a, NULL, 0); }
 mg_value *mg_pow(mg_graph *g, mg_value *a, double k) { return mg_apply(g, MG_OP_POW, a, NULL, k); }
-mg_value *mg_powv(mg_graph *g, mg_value *a, mg_value *b) { return mg_apply(g, MG_OP_POWV, a, b, 0); }
+mg_value *mg_powv(mg_graph *g, mg_value *a, mg_value *b) {
+    return mg_apply(g, MG_OP_POWV, a, b, 0);
+}
 mg_value *mg_square(mg_graph *g, mg_value *a) { return mg_apply(g, MG_OP_SQUARE, a, NULL, 0); }
 mg_value *mg_relu(mg_graph *g, mg_value *a) { return mg_apply(g, MG_OP_RELU, a, NULL, 0); }
 mg_value *mg_tanh(mg_graph *g, mg_value *a) { return mg_apply(g, MG_OP_TANH, a, NULL, 0); }
@@ -351,7 +370,8 @@ mg_value *mg_graph__nary(mg_graph *g, int op, uint32_t n, uint32_t flags, size_t
     size_t len = 0;
     for (size_t p = 0; p < nparts; p++) {
         if (lens[p] > UINT32_MAX / 2 - len) {
-            mg_graph__fail(g, MG_ERANGE, "%s: more than %u operands", mg_op_name(op), UINT32_MAX / 2);
+            mg_graph__fail(g, MG_ERANGE, "%s: more than %u operands", mg_op_name(op),
+                           UINT32_MAX / 2);
             return NULL;
         }
         len += lens[p];
@@ -426,8 +446,7 @@ mg_value *mg_dot(mg_graph *g, mg_value *const *a, mg_value *const *b, size_t n) 
     return mg_graph__nary(g, MG_OP_DOT, (uint32_t)n, 0, 2, parts, lens);
 }
 
-mg_value *mg_affine(mg_graph *g, mg_value *const *w, mg_value *const *x, size_t n,
-                    mg_value *bias) {
+mg_value *mg_affine(mg_graph *g, mg_value *const *w, mg_value *const *x, size_t n, mg_value *bias) {
     if (!g || !check_n(g, "mg_affine", n, 0)) return NULL;
     if (!bias) return NULL;
     mg_value *const *parts[3] = {w, x, &bias};
@@ -530,12 +549,16 @@ size_t mg_graph__topo(mg_graph *g, mg_value *const *roots, size_t nroots) {
             if (f->i < mg_value__nops(v)) {
                 mg_value *c = mg_value__op(v, f->i++);
                 if (!(c->flags & MG_FLAG_VISITED)) {
-                    if (!mg_graph__grow(g, (void **)&g->stack, &g->stack_cap, sizeof(mg_frame), sp + 1)) goto fail;
+                    if (!mg_graph__grow(g, (void **)&g->stack, &g->stack_cap, sizeof(mg_frame),
+                                        sp + 1))
+                        goto fail;
                     c->flags |= MG_FLAG_VISITED;
                     g->stack[sp++] = (mg_frame){c, 0};
                 }
             } else {
-                if (!mg_graph__grow(g, (void **)&g->order, &g->order_cap, sizeof(mg_value *), n + 1)) goto fail;
+                if (!mg_graph__grow(g, (void **)&g->order, &g->order_cap, sizeof(mg_value *),
+                                    n + 1))
+                    goto fail;
                 g->order[n++] = v;
                 sp--;
             }
@@ -557,14 +580,17 @@ int mg_backward(mg_graph *g, mg_value *out) {
     if (!g) return MG_EINVAL;
     if (!mg_graph__owns(g, out))
         return mg_graph__fail(g, MG_EINVAL, "mg_backward: %s",
-                              !out ? "NULL value" : out->serial ? "value of another graph" : "released value");
+                              !out          ? "NULL value"
+                              : out->serial ? "value of another graph"
+                                            : "released value");
     size_t n = mg_graph__topo(g, &out, 1);
     if (n == (size_t)-1) return MG_ENOMEM;
     mg_value **order = g->order;
     /* scratch for the largest variadic node, before any gradient changes */
     size_t widest = 0;
     for (size_t i = 0; i < n; i++)
-        if (mg_op__arity[order[i]->op] < 0 && order[i]->a.args->len > widest) widest = order[i]->a.args->len;
+        if (mg_op__arity[order[i]->op] < 0 && order[i]->a.args->len > widest)
+            widest = order[i]->a.args->len;
     if (!mg_graph__scratch(g, widest)) {
         mg_graph__clear_marks(g, n);
         return MG_ENOMEM;
@@ -592,7 +618,8 @@ int mg_backward(mg_graph *g, mg_value *out) {
                 g->sd[j] = args->v[j]->data;
                 g->sg[j] = 0.0;
             }
-            mg_op__nary_bwd(v->op, v->flags & MG_FLAG_BIAS, g->sd, g->sg, g->six, args->len, args->n, gr);
+            mg_op__nary_bwd(v->op, v->flags & MG_FLAG_BIAS, g->sd, g->sg, g->six, args->len,
+                            args->n, gr);
             for (uint32_t j = 0; j < args->len; j++) args->v[j]->grad += g->sg[j];
         }
     }

@@ -39,7 +39,7 @@ struct mg_value {
     mg_value *next;
     mg_value *prev;
     union {
-        mg_value *v; /* elementwise: first operand */
+        mg_value *v;   /* elementwise: first operand */
         mg_args *args; /* variadic */
     } a;
     union {
@@ -50,8 +50,8 @@ struct mg_value {
     uint32_t refs;   /* handles + parents; saturates (then the value is pinned) */
     uint8_t op;
     uint8_t flags;
-    uint16_t slot;   /* index in its block, fixed for the slot's life: finds the block header,
-                        which holds the owning graph's identity */
+    uint16_t slot; /* index in its block, fixed for the slot's life: finds the block header,
+                      which holds the owning graph's identity */
 };
 
 #if defined(__STDC_VERSION__) && __STDC_VERSION__ >= 201112L
@@ -87,7 +87,7 @@ struct mg_graph {
     uint64_t id;       /* unique in the process, never reused: from a global atomic counter */
     uint64_t next_gen; /* generation of the next value (see MG_DOMAIN_BITS) */
     bool autofree;
-    uint8_t domain;    /* stamped into the serial of every value created */
+    uint8_t domain; /* stamped into the serial of every value created */
     /* backward working memory, reused across calls */
     mg_frame *stack;
     size_t stack_cap;
@@ -106,7 +106,8 @@ static inline uint64_t mg_graph__id(const mg_graph *g) { return g->id; }
 
 /* The block a value's slot lives in: O(1), from the slot index the value carries. */
 static inline const mg_block *mg_value__block(const mg_value *v) {
-    return (const mg_block *)(const void *)((const char *)(v - v->slot) - offsetof(mg_block, values));
+    return (const mg_block *)(const void *)((const char *)(v - v->slot) -
+                                            offsetof(mg_block, values));
 }
 
 /* Whether `v` is a live value of `g`: not released, and in one of g's blocks. O(1) (two loads)
@@ -158,7 +159,10 @@ static inline mg_value *mg_value__op(const mg_value *v, size_t i) {
 /* Forward and local derivatives of an elementwise op, expanded from the table. `which` 0 gives
  * dA, 1 gives dB. Variadic and leaf ops are not elementwise: they give NaN here. */
 static inline double mg_op__forward(int op, double A, double B, double K) {
-    (void)A; (void)B; (void)K;
+    (void)A;
+    (void)B;
+    (void)K;
+    // clang-format off: one case per row of the table
     switch ((mg_op)op) {
 #define MG__FWD_S(id, name, sym, ar, f, da, db) case MG_OP_##id: return (f);
 #define MG__FWD_N(id, name, sym) case MG_OP_##id: break;
@@ -167,12 +171,17 @@ static inline double mg_op__forward(int op, double A, double B, double K) {
 #undef MG__FWD_N
     case MG_OP_COUNT: break;
     }
+    // clang-format on
     return NAN;
 }
 
 static inline void mg_op__derivs(int op, double A, double B, double K, double Y, double *dA,
                                  double *dB) {
-    (void)A; (void)B; (void)K; (void)Y;
+    (void)A;
+    (void)B;
+    (void)K;
+    (void)Y;
+    // clang-format off: one case per row of the table
     switch ((mg_op)op) {
 #define MG__BWD_S(id, name, sym, ar, f, da, db) \
     case MG_OP_##id: *dA = (da); *dB = (db); return;
@@ -182,6 +191,7 @@ static inline void mg_op__derivs(int op, double A, double B, double K, double Y,
 #undef MG__BWD_N
     case MG_OP_COUNT: break;
     }
+    // clang-format on
     *dA = *dB = NAN;
 }
 
@@ -199,8 +209,9 @@ int mg_graph__grow(mg_graph *g, void **buf, size_t *cap, size_t elem, size_t nee
 /* The variadic ops over slot arrays, by op: the one implementation, from kernels.h, that the
  * eager graph, the interpreter and (as text) generated code all run. `ix` lists the operand
  * slots (`len` of them), `n` is the op's term count. */
-static inline double mg_op__nary_fwd(int op, int bias, const double *d, const mgk_idx *ix, size_t len,
-                                     size_t n) {
+static inline double mg_op__nary_fwd(int op, int bias, const double *d, const mgk_idx *ix,
+                                     size_t len, size_t n) {
+    // clang-format off: the elementwise rows are case labels only
     switch ((mg_op)op) {
     case MG_OP_SUM: return mgk_sum_fwd(d, ix, len);
     case MG_OP_DOT: return mgk_dot_fwd(d, ix, n, bias);
@@ -212,11 +223,13 @@ static inline double mg_op__nary_fwd(int op, int bias, const double *d, const mg
     case MG_OP_COUNT:
         break;
     }
+    // clang-format on
     return NAN;
 }
 
 static inline void mg_op__nary_bwd(int op, int bias, const double *d, double *g, const mgk_idx *ix,
                                    size_t len, size_t n, double gy) {
+    // clang-format off: the elementwise rows are case labels only
     switch ((mg_op)op) {
     case MG_OP_SUM: mgk_sum_bwd(g, ix, len, gy); return;
     case MG_OP_DOT: mgk_dot_bwd(d, g, ix, n, bias, gy); return;
@@ -228,6 +241,7 @@ static inline void mg_op__nary_bwd(int op, int bias, const double *d, double *g,
     case MG_OP_COUNT:
         return;
     }
+    // clang-format on
 }
 
 /* Scratch for running variadic kernels on a node: its operands' data (and gradients) gathered

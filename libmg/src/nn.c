@@ -15,9 +15,9 @@ struct mg_neuron {
     size_t nin;
     mg_activation act;
     mg_value *b;
-    uint64_t bs;    /* b's serial */
-    mg_value **w;   /* w[nin] */
-    uint64_t *ws;   /* ws[nin]: the weights' serials */
+    uint64_t bs;  /* b's serial */
+    mg_value **w; /* w[nin] */
+    uint64_t *ws; /* ws[nin]: the weights' serials */
 };
 
 struct mg_layer {
@@ -40,7 +40,9 @@ static const char *const act_names[MG_ACT_COUNT] = {MG_ACTIVATION_LIST(MG__ACT_N
 #define MG__ACT_OP(id, name, op) op,
 static const int act_ops[MG_ACT_COUNT] = {MG_ACTIVATION_LIST(MG__ACT_OP)};
 
-const char *mg_activation_name(int act) { return act >= 0 && act < MG_ACT_COUNT ? act_names[act] : NULL; }
+const char *mg_activation_name(int act) {
+    return act >= 0 && act < MG_ACT_COUNT ? act_names[act] : NULL;
+}
 int mg_activation_op(int act) { return act >= 0 && act < MG_ACT_COUNT ? act_ops[act] : -1; }
 
 int mg_activation_from_name(const char *name) {
@@ -209,7 +211,7 @@ void mg_layer_free(mg_layer *l) {
 }
 
 mg_layer *mg_layer_new(mg_graph *g, size_t nin, size_t nout, mg_activation act, mg_init init,
-                        mg_rng *rng) {
+                       mg_rng *rng) {
     if (!g) return NULL;
     if (nout == 0) {
         mg_graph__fail(g, MG_EINVAL, "mg_layer_new: a layer needs at least one neuron");
@@ -262,7 +264,8 @@ static int layer_apply(mg_graph *g, const mg_layer *l, mg_value *const *x, mg_va
 int mg_layer_call(mg_graph *g, const mg_layer *l, mg_value *const *x, mg_value **out) {
     if (!g) return MG_EINVAL;
     if (!l || !out) return mg_graph__fail(g, MG_EINVAL, "mg_layer_call: NULL argument");
-    if (l->g != g) return mg_graph__fail(g, MG_EINVAL, "mg_layer_call: layer belongs to another graph");
+    if (l->g != g)
+        return mg_graph__fail(g, MG_EINVAL, "mg_layer_call: layer belongs to another graph");
     if (!layer_live(l)) return released(g, "mg_layer_call");
     return layer_apply(g, l, x, out);
 }
@@ -283,7 +286,9 @@ size_t mg_layer_params(const mg_layer *l, mg_value **out) {
 
 size_t mg_layer_nin(const mg_layer *l) { return l ? l->nin : 0; }
 size_t mg_layer_nout(const mg_layer *l) { return l ? l->nout : 0; }
-mg_neuron *mg_layer_neuron(const mg_layer *l, size_t i) { return l && i < l->nout ? l->neurons[i] : NULL; }
+mg_neuron *mg_layer_neuron(const mg_layer *l, size_t i) {
+    return l && i < l->nout ? l->neurons[i] : NULL;
+}
 
 /* ---- MLPs -------------------------------------------------------------------------------- */
 
@@ -295,8 +300,8 @@ void mg_mlp_free(mg_mlp *m) {
     mg_graph__free(m->g, m);
 }
 
-mg_mlp *mg_mlp_new(mg_graph *g, size_t nin, const size_t *nouts, size_t nlayers,
-                    mg_activation act, mg_init init, mg_rng *rng) {
+mg_mlp *mg_mlp_new(mg_graph *g, size_t nin, const size_t *nouts, size_t nlayers, mg_activation act,
+                   mg_init init, mg_rng *rng) {
     if (!g) return NULL;
     if (nlayers == 0 || !nouts) {
         mg_graph__fail(g, MG_EINVAL, "mg_mlp_new: an MLP needs at least one layer");
@@ -320,7 +325,8 @@ mg_mlp *mg_mlp_new(mg_graph *g, size_t nin, const size_t *nouts, size_t nlayers,
             return NULL;
         }
         if (nouts[i] > MG_NN_MAX) {
-            mg_graph__fail(g, MG_ERANGE, "mg_mlp_new: layer %zu has %zu neurons, too many", i, nouts[i]);
+            mg_graph__fail(g, MG_ERANGE, "mg_mlp_new: layer %zu has %zu neurons, too many", i,
+                           nouts[i]);
             return NULL;
         }
     }
@@ -335,7 +341,8 @@ mg_mlp *mg_mlp_new(mg_graph *g, size_t nin, const size_t *nouts, size_t nlayers,
     if (!m->layers) goto fail;
     for (size_t i = 0; i < nlayers; i++) {
         size_t in = i == 0 ? nin : nouts[i - 1];
-        mg_layer *l = mg_layer_new(g, in, nouts[i], i + 1 == nlayers ? MG_ACT_LINEAR : act, init, rng);
+        mg_layer *l =
+            mg_layer_new(g, in, nouts[i], i + 1 == nlayers ? MG_ACT_LINEAR : act, init, rng);
         if (!l) goto fail;
         m->layers[m->nlayers++] = l;
         if (nouts[i] > m->max_width) m->max_width = nouts[i];
@@ -385,6 +392,10 @@ size_t mg_mlp_params(const mg_mlp *m, mg_value **out) {
 }
 
 size_t mg_mlp_nin(const mg_mlp *m) { return m ? m->nin : 0; }
-size_t mg_mlp_nout(const mg_mlp *m) { return m && m->nlayers ? m->layers[m->nlayers - 1]->nout : 0; }
+size_t mg_mlp_nout(const mg_mlp *m) {
+    return m && m->nlayers ? m->layers[m->nlayers - 1]->nout : 0;
+}
 size_t mg_mlp_nlayers(const mg_mlp *m) { return m ? m->nlayers : 0; }
-mg_layer *mg_mlp_layer(const mg_mlp *m, size_t i) { return m && i < m->nlayers ? m->layers[i] : NULL; }
+mg_layer *mg_mlp_layer(const mg_mlp *m, size_t i) {
+    return m && i < m->nlayers ? m->layers[i] : NULL;
+}

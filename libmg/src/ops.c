@@ -7,21 +7,25 @@
 /* ---- status table ------------------------------------------------------------------------ */
 
 const char *mg_status_name(int status) {
+    // clang-format off: one case per row of the status table
     switch (status) {
 #define MG__STATUS_NAME(name, code, msg) case code: return #name;
         MG_STATUS_LIST(MG__STATUS_NAME)
 #undef MG__STATUS_NAME
     default: return "UNKNOWN";
     }
+    // clang-format on
 }
 
 const char *mg_strerror(int status) {
+    // clang-format off: one case per row of the status table
     switch (status) {
 #define MG__STATUS_MSG(name, code, msg) case code: return msg;
         MG_STATUS_LIST(MG__STATUS_MSG)
 #undef MG__STATUS_MSG
     default: return "unknown status";
     }
+    // clang-format on
 }
 
 /* ---- op table ---------------------------------------------------------------------------- */

@@ -9,17 +9,22 @@ modules with heavier dependencies load when first used: ``micrograd_c.nn`` (nump
 ``micrograd_c.viz``, and the compiler (``micrograd_c.compile`` and the rest of
 :mod:`micrograd_c.compiler`: subprocess, ctypes).
 """
+
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any, List
+from typing import TYPE_CHECKING, Any
 
 from . import _core, functional
 from .engine import Op, StaleValueError, Value, checkpoint, graph_bytes, graph_len, op_of
 from .functional import affine, cross_entropy, dot, hinge, mse, vsum
 
 if TYPE_CHECKING:
-    from . import compiler, datasets, modelfile, nn, viz
+    from . import compiler as compiler
+    from . import datasets as datasets
+    from . import modelfile as modelfile
+    from . import nn as nn
+    from . import viz as viz
     from .compiler import CompileError, Program, compile, inputs
     from .nn import MLP, Layer, Module, Neuron
     from .viz import draw_dot
@@ -30,8 +35,14 @@ __version__: str = _core.LIBMG_VERSION
 #: Names imported from their module on first use (PEP 562), so that importing the engine never
 #: imports the compiler: name -> module.
 _LAZY = {
-    "compile": "compiler", "inputs": "compiler", "Program": "compiler", "CompileError": "compiler",
-    "Module": "nn", "Neuron": "nn", "Layer": "nn", "MLP": "nn",
+    "compile": "compiler",
+    "inputs": "compiler",
+    "Program": "compiler",
+    "CompileError": "compiler",
+    "Module": "nn",
+    "Neuron": "nn",
+    "Layer": "nn",
+    "MLP": "nn",
     "draw_dot": "viz",
 }
 #: Submodules reachable as attributes (``micrograd_c.compiler.cache_dir()``), imported on first use.
@@ -48,12 +59,33 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def __dir__() -> List[str]:
+def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_LAZY) | set(_SUBMODULES))
 
 
 __all__ = [
-    "Value", "Module", "Neuron", "Layer", "MLP", "Op", "op_of", "StaleValueError", "checkpoint",
-    "graph_len", "graph_bytes", "draw_dot", "functional", "vsum", "dot", "affine", "mse", "hinge",
-    "cross_entropy", "compile", "inputs", "Program", "CompileError", "__version__",
+    "Value",
+    "Module",
+    "Neuron",
+    "Layer",
+    "MLP",
+    "Op",
+    "op_of",
+    "StaleValueError",
+    "checkpoint",
+    "graph_len",
+    "graph_bytes",
+    "draw_dot",
+    "functional",
+    "vsum",
+    "dot",
+    "affine",
+    "mse",
+    "hinge",
+    "cross_entropy",
+    "compile",
+    "inputs",
+    "Program",
+    "CompileError",
+    "__version__",
 ]

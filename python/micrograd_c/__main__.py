@@ -1,4 +1,5 @@
 """``python -m micrograd_c``: the micrograd-c command (:mod:`micrograd_c.app`)."""
+
 import sys
 
 from .app.commands import main

@@ -1,11 +1,13 @@
 """Files and directories the library and the application share: where the user's cache lives,
 and replacing a file atomically."""
+
 from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import IO, Any, Iterator
+from typing import IO, Any
 
 
 def user_cache_dir(env: str, *parts: str) -> str:

@@ -2,6 +2,7 @@
 
 Every loader returns ``(X, y)`` as float64 numpy arrays, X of shape (n, features).
 """
+
 from __future__ import annotations
 
 import gzip
@@ -12,13 +13,14 @@ import time
 import urllib.error
 import urllib.request
 import zlib
-from typing import Callable, Dict, List, Optional, Protocol, Sequence, Tuple
+from collections.abc import Callable, Sequence
+from typing import Protocol
 
 import numpy as np
 
 from ._fs import user_cache_dir
 
-Arrays = Tuple[np.ndarray, np.ndarray]
+Arrays = tuple[np.ndarray, np.ndarray]
 
 
 class _Readable(Protocol):
@@ -31,7 +33,7 @@ class DatasetError(ValueError):
     """A data file is missing, truncated or not what it claims to be."""
 
 
-def make_moons(n: int = 100, noise: float = 0.1, seed: Optional[int] = 1337) -> Arrays:
+def make_moons(n: int = 100, noise: float = 0.1, seed: int | None = 1337) -> Arrays:
     """Two interleaving half circles, labels -1 and +1 (micrograd's demo data).
 
     The algorithm of scikit-learn's ``make_moons``: n//2 points on the outer arc, the rest on
@@ -42,14 +44,18 @@ def make_moons(n: int = 100, noise: float = 0.1, seed: Optional[int] = 1337) -> 
     rng = np.random.RandomState(seed)
     n_out, n_in = n // 2, n - n // 2
     t_out, t_in = np.linspace(0, np.pi, n_out), np.linspace(0, np.pi, n_in)
-    X = np.vstack([np.append(np.cos(t_out), 1 - np.cos(t_in)),
-                   np.append(np.sin(t_out), 1 - np.sin(t_in) - 0.5)]).T
+    X = np.vstack(
+        [
+            np.append(np.cos(t_out), 1 - np.cos(t_in)),
+            np.append(np.sin(t_out), 1 - np.sin(t_in) - 0.5),
+        ]
+    ).T
     y = np.hstack([np.zeros(n_out), np.ones(n_in)])
     X = X + rng.normal(scale=noise, size=X.shape)
     return X.astype(np.float64), (y * 2 - 1).astype(np.float64)
 
 
-def make_xor(n: int = 200, noise: float = 0.1, seed: Optional[int] = 0) -> Arrays:
+def make_xor(n: int = 200, noise: float = 0.1, seed: int | None = 0) -> Arrays:
     """Points around the four corners of the unit square, labels -1/+1 by XOR of the corner."""
     if n < 1:
         raise ValueError("make_xor needs n >= 1")
@@ -84,7 +90,11 @@ def read_idx(path: str, max_bytes: int = IDX_MAX_BYTES) -> np.ndarray:
         raise DatasetError(f"{path}: no such file") from None
     except IsADirectoryError:
         raise DatasetError(f"{path}: is a directory, not an IDX file") from None
-    except (OSError, EOFError, zlib.error) as e:  # zlib.error: a corrupt gzip stream (found by fuzzing)
+    except (
+        OSError,
+        EOFError,
+        zlib.error,
+    ) as e:  # zlib.error: a corrupt gzip stream (found by fuzzing)
         raise DatasetError(f"{path}: cannot read ({e})") from None
 
 
@@ -99,7 +109,7 @@ def _read_exactly(f: _Readable, n: int) -> bytes:
     return b"".join(chunks)
 
 
-def _read_idx_stream(path: str, f: _Readable, max_bytes: int, file_size: Optional[int]) -> np.ndarray:
+def _read_idx_stream(path: str, f: _Readable, max_bytes: int, file_size: int | None) -> np.ndarray:
     magic = _read_exactly(f, 4)
     if len(magic) < 4:
         raise DatasetError(f"{path}: too short for an IDX header")
@@ -116,17 +126,23 @@ def _read_idx_stream(path: str, f: _Readable, max_bytes: int, file_size: Optiona
     if expected == 0:
         raise DatasetError(f"{path}: the header's shape {dims} holds no data")
     if expected > max_bytes:
-        raise DatasetError(f"{path}: the header's shape {dims} needs {expected:,} bytes, more than the "
-                           f"{max_bytes:,} accepted")
+        raise DatasetError(
+            f"{path}: the header's shape {dims} needs {expected:,} bytes, more than the "
+            f"{max_bytes:,} accepted"
+        )
     header = 4 + 4 * ndim
     if file_size is not None and file_size - header != expected:  # raw file: check before reading
-        raise DatasetError(f"{path}: header says {expected} bytes of data for shape {dims}, "
-                           f"file has {file_size - header}")
+        raise DatasetError(
+            f"{path}: header says {expected} bytes of data for shape {dims}, "
+            f"file has {file_size - header}"
+        )
     body = _read_exactly(f, expected)
     extra = f.read(1)
     if len(body) != expected or extra:
         have = f"{len(body)}" if not extra else f"more than {expected}"
-        raise DatasetError(f"{path}: header says {expected} bytes of data for shape {dims}, file has {have}")
+        raise DatasetError(
+            f"{path}: header says {expected} bytes of data for shape {dims}, file has {have}"
+        )
     return np.frombuffer(body, dtype=np.uint8).reshape(dims)
 
 
@@ -169,7 +185,9 @@ def load_digits() -> Arrays:
     try:
         from sklearn.datasets import load_digits as sk_digits
     except ImportError:
-        raise DatasetError("the digits dataset needs scikit-learn: pip install 'micrograd-c[data]'") from None
+        raise DatasetError(
+            "the digits dataset needs scikit-learn: pip install 'micrograd-c[data]'"
+        ) from None
     d = sk_digits()
     return (d.data / 16.0).astype(np.float64), d.target.astype(np.float64)
 
@@ -177,15 +195,19 @@ def load_digits() -> Arrays:
 # ---- download ---------------------------------------------------------------------------------
 
 #: The usual public mirrors of the MNIST files (PyTorch's, then TensorFlow's).
-MNIST_MIRRORS: Tuple[str, ...] = (
+MNIST_MIRRORS: tuple[str, ...] = (
     "https://ossci-datasets.s3.amazonaws.com/mnist/",
     "https://storage.googleapis.com/cvdf-datasets/mnist/",
 )
 
 #: SHA-256 of the four standard files.
-MNIST_SHA256: Dict[str, str] = {
-    "train-images-idx3-ubyte.gz": "440fcabf73cc546fa21475e81ea370265605f56be210a4024d2ca8f203523609",
-    "train-labels-idx1-ubyte.gz": "3552534a0a558bbed6aed32b30c495cca23d567ec52cac8be1a0730e8010255c",
+MNIST_SHA256: dict[str, str] = {
+    "train-images-idx3-ubyte.gz": (
+        "440fcabf73cc546fa21475e81ea370265605f56be210a4024d2ca8f203523609"
+    ),
+    "train-labels-idx1-ubyte.gz": (
+        "3552534a0a558bbed6aed32b30c495cca23d567ec52cac8be1a0730e8010255c"
+    ),
     "t10k-images-idx3-ubyte.gz": "8d422c7b0a1c1c79245a5bcf07fe86e33eeafee792b84584aec276f5a2dbc4e6",
     "t10k-labels-idx1-ubyte.gz": "f7ae60f92e00ec6debd23a6088c31dbd2371eca3ffa0defaefb259924204aec6",
 }
@@ -227,9 +249,15 @@ def _fetch(url: str, part: str, timeout: float) -> None:
                 raise urllib.error.URLError("connection closed before the end of the file")
 
 
-def download(name: str, dest_dir: str, sha256: str, mirrors: Sequence[str] = MNIST_MIRRORS,
-             retries: int = 3, timeout: float = 60.0,
-             log: Optional[Callable[[str], None]] = None) -> str:
+def download(
+    name: str,
+    dest_dir: str,
+    sha256: str,
+    mirrors: Sequence[str] = MNIST_MIRRORS,
+    retries: int = 3,
+    timeout: float = 60.0,
+    log: Callable[[str], None] | None = None,
+) -> str:
     """Download one file into ``dest_dir`` and verify its SHA-256; returns its path.
 
     Partial downloads are kept as ``<name>.part`` and resumed (also across runs); the verified
@@ -242,7 +270,7 @@ def download(name: str, dest_dir: str, sha256: str, mirrors: Sequence[str] = MNI
     if os.path.exists(final) and _sha256(final) == sha256:
         return final
     part = final + ".part"
-    errors: List[str] = []
+    errors: list[str] = []
     for base in mirrors:
         url = base.rstrip("/") + "/" + name
         last, attempts = "", 0
@@ -267,15 +295,20 @@ def download(name: str, dest_dir: str, sha256: str, mirrors: Sequence[str] = MNI
     raise DatasetError(f"could not download {name}: " + "; ".join(errors))
 
 
-def mnist_mirrors() -> Tuple[str, ...]:
+def mnist_mirrors() -> tuple[str, ...]:
     """``$MICROGRAD_C_MNIST_MIRRORS`` (URLs separated by spaces), else :data:`MNIST_MIRRORS`."""
     env = os.environ.get("MICROGRAD_C_MNIST_MIRRORS", "").split()
     return tuple(env) or MNIST_MIRRORS
 
 
-def download_mnist(dest_dir: Optional[str] = None, mirrors: Optional[Sequence[str]] = None,
-                   sha256: Optional[Dict[str, str]] = None, retries: int = 3, timeout: float = 60.0,
-                   log: Optional[Callable[[str], None]] = None) -> str:
+def download_mnist(
+    dest_dir: str | None = None,
+    mirrors: Sequence[str] | None = None,
+    sha256: dict[str, str] | None = None,
+    retries: int = 3,
+    timeout: float = 60.0,
+    log: Callable[[str], None] | None = None,
+) -> str:
     """Download and verify the four MNIST files; returns the directory holding them.
 
     Stops at the first file no mirror provides; directories this call created are removed
@@ -303,5 +336,17 @@ def download_mnist(dest_dir: Optional[str] = None, mirrors: Optional[Sequence[st
     return dest
 
 
-__all__ = ["make_moons", "make_xor", "read_idx", "load_mnist", "load_digits", "download",
-           "download_mnist", "mnist_mirrors", "default_data_dir", "DatasetError", "MNIST_MIRRORS", "MNIST_SHA256"]
+__all__ = [
+    "make_moons",
+    "make_xor",
+    "read_idx",
+    "load_mnist",
+    "load_digits",
+    "download",
+    "download_mnist",
+    "mnist_mirrors",
+    "default_data_dir",
+    "DatasetError",
+    "MNIST_MIRRORS",
+    "MNIST_SHA256",
+]

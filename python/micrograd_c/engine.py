@@ -20,11 +20,13 @@ another thread beyond the block (it is released when the block exits; using it r
 :class:`StaleValueError`). Up to 255 threads at a time get their own domain; threads beyond share
 one, and then behave as a single thread would.
 """
+
 from __future__ import annotations
 
 import contextlib
 import enum
-from typing import TYPE_CHECKING, Iterator
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from . import _core
 

@@ -1,12 +1,13 @@
 """Variadic ops and losses of libmg, each one graph node however many operands it has."""
+
 from __future__ import annotations
 
-from typing import Sequence, Union
+from collections.abc import Sequence
 
 from . import _core
 from .engine import Value
 
-Scalar = Union[Value, float, int]
+Scalar = Value | float | int
 
 
 def vsum(values: Sequence[Scalar]) -> Value:
@@ -37,7 +38,7 @@ def hinge(scores: Sequence[Scalar], labels: Sequence[Scalar]) -> Value:
     return _core.hinge(scores, labels)
 
 
-def cross_entropy(logits: Sequence[Scalar], target: Union[Scalar, int]) -> Value:
+def cross_entropy(logits: Sequence[Scalar], target: Scalar | int) -> Value:
     """Softmax cross-entropy of ``logits`` against the class index ``target`` (stable).
 
     Raises ``ValueError`` when ``target`` is not an integer in ``[0, len(logits))``.

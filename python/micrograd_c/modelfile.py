@@ -19,12 +19,14 @@ compressed member that claims more than deflate can expand, all before reading a
 whatever the bytes, reading costs no more memory than the file's size allows, and at most
 :data:`MAX_PARAMS` parameters (see ``docs/SECURITY-files.md``).
 """
+
 from __future__ import annotations
 
 import json
 import os
 import zipfile
-from typing import IO, TYPE_CHECKING, Any, Callable, Dict, Mapping, Optional, Tuple, Union
+from collections.abc import Callable, Mapping
+from typing import IO, TYPE_CHECKING, Any, Union
 
 import numpy as np
 
@@ -54,7 +56,7 @@ class ModelFileError(ValueError):
     """A file is not a model file this version can read; the message says why, in one line."""
 
 
-def save(path: PathLike, model: MLP, metadata: Optional[Mapping[str, Any]] = None) -> None:
+def save(path: PathLike, model: MLP, metadata: Mapping[str, Any] | None = None) -> None:
     """Write ``model`` to ``path`` (see the module docstring for the format).
 
     ``metadata`` (JSON-serialisable, none of the keys in :data:`RESERVED`) is stored alongside
@@ -84,12 +86,14 @@ def _activation(model: MLP) -> str:
     hidden = {n.activation for layer in model.layers[:-1] for n in layer.neurons}
     output = {n.activation for n in model.layers[-1].neurons}
     if len(hidden) > 1 or output != {"linear"}:
-        raise ValueError(f"a model file holds one activation for the hidden layers and a linear output "
-                         f"layer; this model has hidden {sorted(hidden)}, output {sorted(output)}")
+        raise ValueError(
+            f"a model file holds one activation for the hidden layers and a linear output "
+            f"layer; this model has hidden {sorted(hidden)}, output {sorted(output)}"
+        )
     return hidden.pop() if hidden else "relu"
 
 
-def load(path: PathLike) -> Tuple[MLP, Dict[str, Any]]:
+def load(path: PathLike) -> tuple[MLP, dict[str, Any]]:
     """Read a model file: the model and the file's metadata (the format's keys included).
 
     Raises :class:`ModelFileError` for anything that is not a readable model file and
@@ -105,7 +109,7 @@ def load(path: PathLike) -> Tuple[MLP, Dict[str, Any]]:
     return model, meta
 
 
-def read(path: PathLike) -> Tuple[Dict[str, Any], Dict[str, np.ndarray]]:
+def read(path: PathLike) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     """The metadata and arrays of a model file, checked against each other before anything large
     is read; arrays are float64. Raises as :func:`load` does."""
     path = os.fspath(path)
@@ -114,14 +118,17 @@ def read(path: PathLike) -> Tuple[Dict[str, Any], Dict[str, np.ndarray]]:
             return _read(path, f)
         except ModelFileError:
             raise
-        except Exception as e:  # noqa: BLE001 - untrusted bytes: zipfile, numpy's header parser
+        except Exception as e:
             # and json raise many types on malformed input (BadZipFile, ValueError, EOFError,
             # zlib.error, OSError on a seek; found by fuzzing)
-            raise ModelFileError(f"{path}: not a micrograd-c model file "
-                                 f"({e.__class__.__name__}: {str(e)[:200]})") from None
+            raise ModelFileError(
+                f"{path}: not a micrograd-c model file ({e.__class__.__name__}: {str(e)[:200]})"
+            ) from None
 
 
-def _npy_header(zf: zipfile.ZipFile, info: zipfile.ZipInfo) -> Tuple[Tuple[int, ...], np.dtype[Any], bool, int]:
+def _npy_header(
+    zf: zipfile.ZipFile, info: zipfile.ZipInfo
+) -> tuple[tuple[int, ...], np.dtype[Any], bool, int]:
     """Shape, dtype, Fortran order and data offset of one .npy member, reading only its header."""
     from numpy.lib import format as npf
 
@@ -136,7 +143,7 @@ def _npy_header(zf: zipfile.ZipFile, info: zipfile.ZipInfo) -> Tuple[Tuple[int, 
         return tuple(shape), dtype, fortran, f.tell()
 
 
-def _read(path: str, fh: IO[bytes]) -> Tuple[Dict[str, Any], Dict[str, np.ndarray]]:
+def _read(path: str, fh: IO[bytes]) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     def bad(why: str) -> ModelFileError:
         return ModelFileError(f"{path}: {why}")
 
@@ -155,24 +162,31 @@ def _read(path: str, fh: IO[bytes]) -> Tuple[Dict[str, Any], Dict[str, np.ndarra
             if info.compress_type == zipfile.ZIP_STORED:
                 plausible = info.file_size == info.compress_size <= file_size
             elif info.compress_type == zipfile.ZIP_DEFLATED:  # deflate expands at most 1032:1
-                plausible = info.compress_size <= file_size and info.file_size <= 1032 * info.compress_size + 1024
+                plausible = (
+                    info.compress_size <= file_size
+                    and info.file_size <= 1032 * info.compress_size + 1024
+                )
             else:
                 plausible = False
             if not plausible:
-                raise bad(f"not a micrograd-c model file (entry {info.filename[:60]!r} "
-                          f"claims {info.file_size:,} bytes)")
+                raise bad(
+                    f"not a micrograd-c model file (entry {info.filename[:60]!r} "
+                    f"claims {info.file_size:,} bytes)"
+                )
             members[info.filename[:-4]] = info
         meta = _read_meta(zf, members.get(_META), bad)
         sizes = meta["sizes"]
-        expected: Dict[str, Tuple[int, ...]] = {}
+        expected: dict[str, tuple[int, ...]] = {}
         for i in range(len(sizes) - 1):
             expected[f"layers.{i}.weight"] = (sizes[i + 1], sizes[i])
             expected[f"layers.{i}.bias"] = (sizes[i + 1],)
         names = set(members) - {_META}
         if names != set(expected):
             missing, extra = sorted(set(expected) - names), sorted(names - set(expected))
-            raise bad(f"the arrays do not match the layer sizes {sizes} "
-                      f"(missing {missing[:4]}, unexpected {[n[:40] for n in extra[:4]]})")
+            raise bad(
+                f"the arrays do not match the layer sizes {sizes} "
+                f"(missing {missing[:4]}, unexpected {[n[:40] for n in extra[:4]]})"
+            )
         for name, want in expected.items():
             shape, dtype, fortran, offset = _npy_header(zf, members[name])
             if shape != want:
@@ -188,8 +202,9 @@ def _read(path: str, fh: IO[bytes]) -> Tuple[Dict[str, Any], Dict[str, np.ndarra
     return meta, arrays
 
 
-def _read_meta(zf: zipfile.ZipFile, info: Optional[zipfile.ZipInfo],
-               bad: Callable[[str], ModelFileError]) -> Dict[str, Any]:
+def _read_meta(
+    zf: zipfile.ZipFile, info: zipfile.ZipInfo | None, bad: Callable[[str], ModelFileError]
+) -> dict[str, Any]:
     """The metadata member, checked: format, version, sizes within the limits, activation."""
     from .nn import ACTIVATIONS
 
@@ -206,11 +221,18 @@ def _read_meta(zf: zipfile.ZipFile, info: Optional[zipfile.ZipInfo],
     if not isinstance(version, int) or isinstance(version, bool) or version < 1:
         raise bad(f"the model file's format version {str(version)[:20]!r} is not a version")
     if version > VERSION:
-        raise bad(f"written by a newer micrograd-c (model file format version {version}; "
-                  f"this one reads up to {VERSION})")
+        raise bad(
+            f"written by a newer micrograd-c (model file format version {version}; "
+            f"this one reads up to {VERSION})"
+        )
     sizes = meta.get("sizes")
-    if (not isinstance(sizes, list) or not 2 <= len(sizes) <= MAX_LAYERS + 1 or
-            not all(isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= MAX_WIDTH for n in sizes)):
+    if (
+        not isinstance(sizes, list)
+        or not 2 <= len(sizes) <= MAX_LAYERS + 1
+        or not all(
+            isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= MAX_WIDTH for n in sizes
+        )
+    ):
         raise bad("the model's layer sizes are missing or invalid")
     activation = meta.setdefault("activation", "relu")
     if not isinstance(activation, str) or activation not in ACTIVATIONS:
@@ -221,5 +243,15 @@ def _read_meta(zf: zipfile.ZipFile, info: Optional[zipfile.ZipInfo],
     return meta
 
 
-__all__ = ["save", "load", "read", "ModelFileError", "FORMAT", "VERSION", "RESERVED", "MAX_PARAMS",
-           "MAX_WIDTH", "MAX_LAYERS"]
+__all__ = [
+    "save",
+    "load",
+    "read",
+    "ModelFileError",
+    "FORMAT",
+    "VERSION",
+    "RESERVED",
+    "MAX_PARAMS",
+    "MAX_WIDTH",
+    "MAX_LAYERS",
+]

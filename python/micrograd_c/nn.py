@@ -8,20 +8,22 @@ program seeded with ``random.seed(...)`` gets micrograd's model. A call runs in 
 ``sum((wi*xi for ...), b)``. Writes to ``w[i].data`` take effect (the Values *are* the model's
 parameters); replacing an element of the ``w`` list does not.
 """
+
 from __future__ import annotations
 
 import operator
 import os
 import random
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
 from . import _core
 from .engine import Value
 
-Scalar = Union[Value, float, int]
-Output = Union[Value, List[Value]]
+Scalar = Value | float | int
+Output = Value | list[Value]
 
 #: Activations, from libmg's activation table.
 ACTIVATIONS = tuple(_core.ACTIVATIONS)
@@ -61,9 +63,9 @@ def _count(x: Any, what: str, name: str) -> int:
     return n
 
 
-def _draw(nin: int, nout: int) -> List[float]:
+def _draw(nin: int, nout: int) -> list[float]:
     """micrograd's init for one layer: per neuron, nin uniform(-1, 1) weights then a 0 bias."""
-    flat: List[float] = []
+    flat: list[float] = []
     for _ in range(nout):
         flat.extend(random.uniform(-1, 1) for _ in range(nin))
         flat.append(0.0)
@@ -78,7 +80,7 @@ class Module:
         for p in self.parameters():
             p.grad = 0
 
-    def parameters(self) -> List[Value]:
+    def parameters(self) -> list[Value]:
         """Return the parameters (Values) of the module."""
         return []
 
@@ -86,11 +88,19 @@ class Module:
 class Neuron(Module):
     """``act(b + sum(w[i] * x[i]))`` with ReLU when ``nonlin`` (micrograd's default)."""
 
-    def __init__(self, nin: int, nonlin: bool = True, *, activation: Optional[str] = None,
-                 _c: Optional[_core.Neuron] = None) -> None:
+    def __init__(
+        self,
+        nin: int,
+        nonlin: bool = True,
+        *,
+        activation: str | None = None,
+        _c: _core.Neuron | None = None,
+    ) -> None:
         if _c is None:
             nin = _count(nin, "Neuron", "nin")
-            act = _check_activation("relu" if nonlin else "linear" if activation is None else activation)
+            act = _check_activation(
+                "relu" if nonlin else "linear" if activation is None else activation
+            )
             _c = _core.Neuron(nin, act)
             _c.set_data(_draw(nin, 1))
         self._attach(_c)
@@ -99,7 +109,7 @@ class Neuron(Module):
         """Makes this object the view of the C neuron ``c``."""
         self._c = c
         params = c.params()
-        self.w: List[Value] = params[:-1]
+        self.w: list[Value] = params[:-1]
         self.b: Value = params[-1]
 
     @property
@@ -123,16 +133,16 @@ class Neuron(Module):
     def __call__(self, x: Sequence[Scalar]) -> Value:
         return self._c(x)
 
-    def parameters(self) -> List[Value]:
+    def parameters(self) -> list[Value]:
         return self.w + [self.b]
 
     def __repr__(self) -> str:
         return f"{_kind(self.activation)}Neuron({len(self.w)})"
 
-    def __getstate__(self) -> Dict[str, Any]:
+    def __getstate__(self) -> dict[str, Any]:
         return {"nin": len(self.w), "activation": self.activation, "params": self._c.get_data()}
 
-    def __setstate__(self, state: Dict[str, Any]) -> None:
+    def __setstate__(self, state: dict[str, Any]) -> None:
         c = _core.Neuron(state["nin"], state["activation"])
         c.set_data(state["params"])
         self._attach(c)
@@ -141,11 +151,20 @@ class Neuron(Module):
 class Layer(Module):
     """``nout`` neurons over the same inputs; a layer of one neuron returns a bare Value."""
 
-    def __init__(self, nin: int, nout: int, nonlin: bool = True, *,
-                 activation: Optional[str] = None, _c: Optional[_core.Layer] = None) -> None:
+    def __init__(
+        self,
+        nin: int,
+        nout: int,
+        nonlin: bool = True,
+        *,
+        activation: str | None = None,
+        _c: _core.Layer | None = None,
+    ) -> None:
         if _c is None:
             nin, nout = _count(nin, "Layer", "nin"), _count(nout, "Layer", "nout")
-            act = _check_activation("relu" if nonlin else "linear" if activation is None else activation)
+            act = _check_activation(
+                "relu" if nonlin else "linear" if activation is None else activation
+            )
             _c = _core.Layer(nin, nout, act)
             _c.set_data(_draw(nin, nout))
         self._attach(_c)
@@ -153,23 +172,27 @@ class Layer(Module):
     def _attach(self, c: _core.Layer) -> None:
         """Makes this object the view of the C layer ``c`` (and its neurons)."""
         self._c = c
-        self.neurons: List[Neuron] = [Neuron(c.nin, _c=c.neuron(i)) for i in range(c.nout)]
+        self.neurons: list[Neuron] = [Neuron(c.nin, _c=c.neuron(i)) for i in range(c.nout)]
 
     def __call__(self, x: Sequence[Scalar]) -> Output:
         out = self._c(x)
         return out[0] if len(out) == 1 else out
 
-    def parameters(self) -> List[Value]:
+    def parameters(self) -> list[Value]:
         return [p for n in self.neurons for p in n.parameters()]
 
     def __repr__(self) -> str:
         return f"Layer of [{', '.join(str(n) for n in self.neurons)}]"
 
-    def __getstate__(self) -> Dict[str, Any]:
-        return {"nin": self._c.nin, "nout": self._c.nout,
-                "activations": [n.activation for n in self.neurons], "params": self._c.get_data()}
+    def __getstate__(self) -> dict[str, Any]:
+        return {
+            "nin": self._c.nin,
+            "nout": self._c.nout,
+            "activations": [n.activation for n in self.neurons],
+            "params": self._c.get_data(),
+        }
 
-    def __setstate__(self, state: Dict[str, Any]) -> None:
+    def __setstate__(self, state: dict[str, Any]) -> None:
         c = _core.Layer(state["nin"], state["nout"], "relu")
         c.set_data(state["params"])
         self._attach(c)
@@ -187,7 +210,9 @@ class MLP(Module):
 
     def __init__(self, nin: int, nouts: Sequence[int], *, activation: str = "relu") -> None:
         if isinstance(nouts, (str, bytes)) or not hasattr(nouts, "__iter__"):
-            raise TypeError(f"MLP: nouts must be a sequence of layer widths, not {type(nouts).__name__}")
+            raise TypeError(
+                f"MLP: nouts must be a sequence of layer widths, not {type(nouts).__name__}"
+            )
         for n in nouts:
             if not hasattr(type(n), "__index__"):
                 raise TypeError(f"MLP: layer widths must be integers, not {type(n).__name__}")
@@ -201,21 +226,22 @@ class MLP(Module):
             raise ValueError(f"MLP({nin}, {nouts}): layer widths must be at least 1")
         sz = [nin] + nouts
         self._c = _core.MLP(nin, nouts, _check_activation(activation))
-        flat: List[float] = []
+        flat: list[float] = []
         for i in range(len(nouts)):
             flat.extend(_draw(sz[i], sz[i + 1]))
         self._c.set_data(flat)
         self._build_views(sz)
 
-    def _build_views(self, sz: List[int]) -> None:
-        self.layers: List[Layer] = [Layer(sz[i], sz[i + 1], _c=self._c.layer(i))
-                                    for i in range(len(sz) - 1)]
+    def _build_views(self, sz: list[int]) -> None:
+        self.layers: list[Layer] = [
+            Layer(sz[i], sz[i + 1], _c=self._c.layer(i)) for i in range(len(sz) - 1)
+        ]
 
     def __call__(self, x: Sequence[Scalar]) -> Output:
         out = self._c(x)
         return out[0] if len(out) == 1 else out
 
-    def parameters(self) -> List[Value]:
+    def parameters(self) -> list[Value]:
         return [p for layer in self.layers for p in layer.parameters()]
 
     def __repr__(self) -> str:
@@ -224,11 +250,11 @@ class MLP(Module):
     # ---- beyond micrograd -------------------------------------------------------------------
 
     @property
-    def sizes(self) -> List[int]:
+    def sizes(self) -> list[int]:
         """``[nin, nout_0, nout_1, ...]``."""
         return [self._c.nin] + [len(layer.neurons) for layer in self.layers]
 
-    def state_dict(self) -> Dict[str, np.ndarray]:
+    def state_dict(self) -> dict[str, np.ndarray]:
         """Parameters as numpy arrays shaped as PyTorch's ``nn.Linear``.
 
         ``layers.{i}.weight`` has shape ``(out, in)``, ``layers.{i}.bias`` shape ``(out,)``.
@@ -236,8 +262,8 @@ class MLP(Module):
         flat = self._c.get_data()
         sz, out, k = self.sizes, {}, 0
         for i in range(len(sz) - 1):
-            block = flat[k:k + sz[i + 1] * (sz[i] + 1)].reshape(sz[i + 1], sz[i] + 1)
-            out[f"layers.{i}.weight"] = block[:, :sz[i]].copy()
+            block = flat[k : k + sz[i + 1] * (sz[i] + 1)].reshape(sz[i + 1], sz[i] + 1)
+            out[f"layers.{i}.weight"] = block[:, : sz[i]].copy()
             out[f"layers.{i}.bias"] = block[:, sz[i]].copy()
             k += block.size
         return out
@@ -252,19 +278,23 @@ class MLP(Module):
         expected = {f"layers.{i}.{kind}" for i in range(len(sz) - 1) for kind in ("weight", "bias")}
         missing, extra = expected - set(state), set(state) - expected
         if missing or extra:
-            raise KeyError(f"state dict mismatch: missing {sorted(missing)}, unexpected {sorted(extra)}")
-        flat: List[np.ndarray] = []
+            raise KeyError(
+                f"state dict mismatch: missing {sorted(missing)}, unexpected {sorted(extra)}"
+            )
+        flat: list[np.ndarray] = []
         for i in range(len(sz) - 1):
             w = np.asarray(state[f"layers.{i}.weight"], dtype=np.float64)
             b = np.asarray(state[f"layers.{i}.bias"], dtype=np.float64)
             if w.shape != (sz[i + 1], sz[i]):
-                raise ValueError(f"layers.{i}.weight: expected shape {(sz[i + 1], sz[i])}, got {w.shape}")
+                raise ValueError(
+                    f"layers.{i}.weight: expected shape {(sz[i + 1], sz[i])}, got {w.shape}"
+                )
             if b.shape != (sz[i + 1],):
                 raise ValueError(f"layers.{i}.bias: expected shape {(sz[i + 1],)}, got {b.shape}")
             flat.append(np.concatenate([w, b[:, None]], axis=1).ravel())
         self._c.set_data(np.concatenate(flat))
 
-    def save(self, path: Union[str, "os.PathLike[str]"], metadata: Optional[Mapping[str, Any]] = None) -> None:
+    def save(self, path: str | os.PathLike[str], metadata: Mapping[str, Any] | None = None) -> None:
         """Write the model to ``path``, a versioned ``.npz`` model file read by :meth:`load`.
 
         ``metadata``, a JSON-serialisable mapping, is stored with it (``micrograd_c.modelfile.load``
@@ -277,7 +307,7 @@ class MLP(Module):
         modelfile.save(path, self, metadata)
 
     @classmethod
-    def load(cls, path: Union[str, "os.PathLike[str]"]) -> MLP:
+    def load(cls, path: str | os.PathLike[str]) -> MLP:
         """Read a model written by :meth:`save` (or ``micrograd-c train --save``).
 
         Files are untrusted: shapes and sizes are checked against the file before anything is
@@ -289,12 +319,14 @@ class MLP(Module):
 
         return modelfile.load(path)[0]
 
-    def __getstate__(self) -> Dict[str, Any]:
-        return {"sizes": self.sizes,
-                "activations": [[n.activation for n in layer.neurons] for layer in self.layers],
-                "params": self._c.get_data()}
+    def __getstate__(self) -> dict[str, Any]:
+        return {
+            "sizes": self.sizes,
+            "activations": [[n.activation for n in layer.neurons] for layer in self.layers],
+            "params": self._c.get_data(),
+        }
 
-    def __setstate__(self, state: Dict[str, Any]) -> None:
+    def __setstate__(self, state: dict[str, Any]) -> None:
         sz = list(state["sizes"])
         self._c = _core.MLP(sz[0], sz[1:], "relu")
         self._c.set_data(state["params"])

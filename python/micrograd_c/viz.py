@@ -1,16 +1,17 @@
 """Graph drawing, as in micrograd's demo notebook, without recursion."""
+
 from __future__ import annotations
 
-from typing import Any, List, Set, Tuple, Union
+from typing import Any
 
 from .engine import Value
 
 
-def trace(root: Value) -> Tuple[Set[Value], Set[Tuple[Value, Value]]]:
+def trace(root: Value) -> tuple[set[Value], set[tuple[Value, Value]]]:
     """Return the nodes and edges reachable from ``root`` (iteratively: any depth works)."""
-    nodes: Set[Value] = set()
-    edges: Set[Tuple[Value, Value]] = set()
-    stack: List[Value] = [root]
+    nodes: set[Value] = set()
+    edges: set[tuple[Value, Value]] = set()
+    stack: list[Value] = [root]
     while stack:
         v = stack.pop()
         if v in nodes:
@@ -27,7 +28,9 @@ def _dot_source(root: Value, rankdir: str) -> str:
     lines = ["digraph {", f"  rankdir={rankdir};"]
     for n in sorted(nodes, key=lambda v: v._id):
         uid = f"n{n._id}"
-        lines.append(f'  {uid} [shape=record, label="{{ data {n.data:.4f} | grad {n.grad:.4f} }}"];')
+        lines.append(
+            f'  {uid} [shape=record, label="{{ data {n.data:.4f} | grad {n.grad:.4f} }}"];'
+        )
         if n._op:
             lines.append(f'  {uid}op [label="{n._op}"];')
             lines.append(f"  {uid}op -> {uid};")
@@ -37,7 +40,7 @@ def _dot_source(root: Value, rankdir: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def draw_dot(root: Value, format: str = "svg", rankdir: str = "LR") -> Union[Any, str]:
+def draw_dot(root: Value, format: str = "svg", rankdir: str = "LR") -> Any | str:
     """Draw the graph of ``root`` as micrograd's notebook does.
 
     Returns a ``graphviz.Digraph`` when the optional ``graphviz`` package is installed (render

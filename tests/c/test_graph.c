@@ -26,7 +26,8 @@ static void test_graph__worked_example(void) {
     mg_value *y = mg_add(g, mg_mul(g, a, b), c);
     CHECK(y && mg_backward(g, y) == MG_OK);
     CHECK(mg_value_data(y) == 4.0);
-    CHECK(mg_value_grad(a) == -3.0 && mg_value_grad(b) == 2.0 && mg_value_grad(c) == 1.0 && mg_value_grad(y) == 1.0);
+    CHECK(mg_value_grad(a) == -3.0 && mg_value_grad(b) == 2.0 && mg_value_grad(c) == 1.0 &&
+          mg_value_grad(y) == 1.0);
     CHECK(mg_graph_len(g) == 5);
     CHECK(mg_value_op(y) == MG_OP_ADD && mg_value_noperands(y) == 2);
     CHECK(mg_value_operand(y, 1) == c && mg_value_operand(y, 2) == NULL);
@@ -348,7 +349,8 @@ static void test_graph__checkpoint_domains_release_only_their_values(void) {
     CHECK(!mg_value_is_live(b, sb) && mg_value_is_live(w2, sw2));
     /* shared and a, kept for b, are still held by their handles and usable */
     mg_value *d = mg_mul(g, shared, w2);
-    CHECK(d && mg_backward(g, d) == MG_OK && mg_value_grad(w2) == 6.0 && mg_value_grad(w1) == 3.0 * 5.0);
+    CHECK(d && mg_backward(g, d) == MG_OK && mg_value_grad(w2) == 6.0 &&
+          mg_value_grad(w1) == 3.0 * 5.0);
     /* one domain: checkpoints are a stack, as before */
     mg_graph_set_domain(g, 0);
     mg_graph_checkpoint cp = mg_graph_save(g);

@@ -50,7 +50,8 @@ static void test_nn__param_counts_and_order(void) {
     mg_value *np0[3];
     CHECK(mg_neuron_params(n0, np0) == 3 && np0[0] == p[0] && np0[2] == p[2]);
     CHECK(mg_value_data(p[2]) == 0.0); /* bias starts at 0 */
-    for (size_t i = 0; i < 337; i++) CHECK(mg_value_data(p[i]) >= -1.0 && mg_value_data(p[i]) < 1.0);
+    for (size_t i = 0; i < 337; i++)
+        CHECK(mg_value_data(p[i]) >= -1.0 && mg_value_data(p[i]) < 1.0);
     CHECK(mg_graph_len(g) == 337);
     /* bad shapes are errors, not crashes */
     size_t zero[2] = {4, 0};
@@ -163,7 +164,7 @@ static void test_nn__allocation_failure_at_every_k(void) {
             CHECK(mg_graph_len(g) == len);
             if (isnan(l)) {
                 CHECK(mg_value_data(p[5]) == before); /* nothing applied */
-                CHECK(!isnan(xor_step(g, m, 0.1))); /* usable afterwards */
+                CHECK(!isnan(xor_step(g, m, 0.1)));   /* usable afterwards */
                 failures++;
             }
         }

@@ -79,53 +79,90 @@ static mg_value *build_ew(mg_graph *g, mg_value **leaf, int n, const void *vctx)
  * compile under -Werror=switch-enum, and the loop below fails on an op with none. */
 static int points_for(int op, double pts[][3], int max) {
     int n = 0;
-#define P(a, b, k)                                                                            \
-    do {                                                                                      \
-        if (n < max) {                                                                        \
-            pts[n][0] = (a);                                                                  \
-            pts[n][1] = (b);                                                                  \
-            pts[n][2] = (k);                                                                  \
-            n++;                                                                              \
-        }                                                                                     \
+#define P(a, b, k)                                                                                 \
+    do {                                                                                           \
+        if (n < max) {                                                                             \
+            pts[n][0] = (a);                                                                       \
+            pts[n][1] = (b);                                                                       \
+            pts[n][2] = (k);                                                                       \
+            n++;                                                                                   \
+        }                                                                                          \
     } while (0)
     switch ((mg_op)op) {
-    case MG_OP_ADD: case MG_OP_SUB: case MG_OP_MUL:
-        P(1.5, -2.25, 0); P(-3.0, 0.5, 0); P(0.0, 7.0, 0); P(100.0, 1e-3, 0);
+    case MG_OP_ADD:
+    case MG_OP_SUB:
+    case MG_OP_MUL:
+        P(1.5, -2.25, 0);
+        P(-3.0, 0.5, 0);
+        P(0.0, 7.0, 0);
+        P(100.0, 1e-3, 0);
         break;
     case MG_OP_DIV:
-        P(1.5, -2.25, 0); P(-3.0, 0.5, 0); P(2.0, 1e-3, 0);
+        P(1.5, -2.25, 0);
+        P(-3.0, 0.5, 0);
+        P(2.0, 1e-3, 0);
         break;
-    case MG_OP_NEG: case MG_OP_SQUARE:
-        P(1.5, 0, 0); P(-3.0, 0, 0); P(0.0, 0, 0);
+    case MG_OP_NEG:
+    case MG_OP_SQUARE:
+        P(1.5, 0, 0);
+        P(-3.0, 0, 0);
+        P(0.0, 0, 0);
         break;
     case MG_OP_POW:
-        P(1.7, 0, 2); P(-1.3, 0, 3); P(2.5, 0, -1); P(0.7, 0, -0.5); P(3.0, 0, 1.5);
-        P(4.0, 0, 0.5); P(-2.0, 0, -2); P(1.1, 0, 0);
+        P(1.7, 0, 2);
+        P(-1.3, 0, 3);
+        P(2.5, 0, -1);
+        P(0.7, 0, -0.5);
+        P(3.0, 0, 1.5);
+        P(4.0, 0, 0.5);
+        P(-2.0, 0, -2);
+        P(1.1, 0, 0);
         break;
     case MG_OP_POWV:
-        P(1.7, 2.0, 0); P(0.3, -1.5, 0); P(2.5, 0.5, 0);
+        P(1.7, 2.0, 0);
+        P(0.3, -1.5, 0);
+        P(2.5, 0.5, 0);
         break;
     case MG_OP_RELU:
-        P(1.5, 0, 0); P(-0.5, 0, 0); P(1e-9, 0, 0);
+        P(1.5, 0, 0);
+        P(-0.5, 0, 0);
+        P(1e-9, 0, 0);
         break;
     case MG_OP_TANH:
-        P(0.3, 0, 0); P(-1.2, 0, 0); P(20.0, 0, 0); P(-20.0, 0, 0); P(0.0, 0, 0);
+        P(0.3, 0, 0);
+        P(-1.2, 0, 0);
+        P(20.0, 0, 0);
+        P(-20.0, 0, 0);
+        P(0.0, 0, 0);
         break;
     case MG_OP_EXP:
-        P(0.3, 0, 0); P(-5.0, 0, 0); P(10.0, 0, 0);
+        P(0.3, 0, 0);
+        P(-5.0, 0, 0);
+        P(10.0, 0, 0);
         break;
     case MG_OP_LOG:
-        P(0.3, 0, 0); P(5.0, 0, 0); P(1e-8, 0, 0);
+        P(0.3, 0, 0);
+        P(5.0, 0, 0);
+        P(1e-8, 0, 0);
         break;
     case MG_OP_SIGMOID:
-        P(0.3, 0, 0); P(-4.0, 0, 0); P(30.0, 0, 0); P(-30.0, 0, 0);
+        P(0.3, 0, 0);
+        P(-4.0, 0, 0);
+        P(30.0, 0, 0);
+        P(-30.0, 0, 0);
         break;
     case MG_OP_MAX:
-        P(1.0, 2.0, 0); P(3.0, -1.0, 0); P(0.5, 0.5, 0); /* tie: 0.5 each, as the central difference */
+        P(1.0, 2.0, 0);
+        P(3.0, -1.0, 0);
+        P(0.5, 0.5, 0); /* tie: 0.5 each, as the central difference */
         break;
-    case MG_OP_LEAF: case MG_OP_SUM: case MG_OP_DOT: case MG_OP_MSE: case MG_OP_HINGE:
-    case MG_OP_XENT: case MG_OP_COUNT:
-        break;
+    case MG_OP_LEAF:
+    case MG_OP_SUM:
+    case MG_OP_DOT:
+    case MG_OP_MSE:
+    case MG_OP_HINGE:
+    case MG_OP_XENT:
+    case MG_OP_COUNT: break;
     }
 #undef P
     return n;
@@ -227,15 +264,21 @@ static mg_value *build_nary(mg_graph *g, mg_value **l, int nl, const void *vctx)
 static void test_ops__variadic_gradients_match_finite_differences(void) {
     double x[MAXLEAF] = {0.5, -1.25, 2.0, 0.75, -0.3, 1.1, 0.2, -0.9, 0.4};
     nary_ctx c;
-    c = (nary_ctx){0, 5}; CHECK(grad_check("sum", build_nary, x, 5, &c, NULL, 1e-6) == 0);
-    c = (nary_ctx){1, 4}; CHECK(grad_check("dot", build_nary, x, 8, &c, NULL, 1e-6) == 0);
-    c = (nary_ctx){2, 4}; CHECK(grad_check("affine", build_nary, x, 9, &c, NULL, 1e-6) == 0);
-    c = (nary_ctx){3, 4}; CHECK(grad_check("mse", build_nary, x, 8, &c, NULL, 1e-6) == 0);
+    c = (nary_ctx){0, 5};
+    CHECK(grad_check("sum", build_nary, x, 5, &c, NULL, 1e-6) == 0);
+    c = (nary_ctx){1, 4};
+    CHECK(grad_check("dot", build_nary, x, 8, &c, NULL, 1e-6) == 0);
+    c = (nary_ctx){2, 4};
+    CHECK(grad_check("affine", build_nary, x, 9, &c, NULL, 1e-6) == 0);
+    c = (nary_ctx){3, 4};
+    CHECK(grad_check("mse", build_nary, x, 8, &c, NULL, 1e-6) == 0);
     double h[8] = {0.5, -1.25, 2.0, 0.3, 1, -1, -1, 1}; /* margins away from the kink */
-    c = (nary_ctx){4, 4}; CHECK(grad_check("hinge", build_nary, h, 8, &c, NULL, 1e-6) == 0);
+    c = (nary_ctx){4, 4};
+    CHECK(grad_check("hinge", build_nary, h, 8, &c, NULL, 1e-6) == 0);
     double z[5] = {0.5, -1.25, 2.0, 0.3, 2.0}; /* logits then the target class 2 */
     int logits_only[5] = {1, 1, 1, 1, 0};
-    c = (nary_ctx){5, 4}; CHECK(grad_check("xent", build_nary, z, 5, &c, logits_only, 1e-6) == 0);
+    c = (nary_ctx){5, 4};
+    CHECK(grad_check("xent", build_nary, z, 5, &c, logits_only, 1e-6) == 0);
     double zbig[5] = {1000.0, 999.0, -1000.0, 998.5, 0.0}; /* stable: no overflow */
     CHECK(grad_check("xent-large", build_nary, zbig, 5, &c, logits_only, 1e-6) == 0);
     CHECK(isfinite(eval(build_nary, zbig, 5, &c)));
@@ -256,7 +299,8 @@ static void test_ops__variadic_forward_orders(void) {
     CHECK(!mg_value_has_bias(mg_dot(g, w, x, 3)));
     CHECK(mg_value_data(mg_sum(g, x, 0)) == 0.0);
     /* hinge: sum(relu(1 + -y*s)) * (1/n) */
-    mg_value *s[2] = {mg_scalar(g, 0.5), mg_scalar(g, -2.0)}, *y[2] = {mg_scalar(g, 1), mg_scalar(g, 1)};
+    mg_value *s[2] = {mg_scalar(g, 0.5), mg_scalar(g, -2.0)},
+             *y[2] = {mg_scalar(g, 1), mg_scalar(g, 1)};
     CHECK(mg_value_data(mg_hinge(g, s, y, 2)) == (0.5 + 3.0) * 0.5);
     /* cross-entropy: bad target is an error, not a crash */
     mg_value *t = mg_scalar(g, 7.0);

@@ -26,7 +26,8 @@ static int map_matches(const mg_ptrmap *m, const uintptr_t *model) {
     size_t len = 0;
     for (size_t k = 0; k < NKEYS; k++) {
         size_t i = mg_ptrmap_find(m, &keys[k]);
-        if (model[k] == 0 ? i != MG_PTRMAP_NONE : i == MG_PTRMAP_NONE || m->slots[i].val != model[k])
+        if (model[k] == 0 ? i != MG_PTRMAP_NONE
+                          : i == MG_PTRMAP_NONE || m->slots[i].val != model[k])
             return 0;
         len += model[k] != 0;
     }

@@ -62,9 +62,9 @@ static void push(pool_t *P, mg_value *v, int autofree) {
     P->n++;
 }
 
-#define CHECK(cond)                                                                           \
-    do {                                                                                      \
-        if (!(cond)) __builtin_trap();                                                        \
+#define CHECK(cond)                                                                                \
+    do {                                                                                           \
+        if (!(cond)) __builtin_trap();                                                             \
     } while (0)
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -169,14 +169,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                 mg_value *cand[POOL];
                 size_t nl = 0;
                 for (size_t i = 0; i < np; i++)
-                    if (mg_value_is_live(pool[i], serial[i]) && mg_value_op(pool[i]) == MG_OP_LEAF) {
+                    if (mg_value_is_live(pool[i], serial[i]) &&
+                        mg_value_op(pool[i]) == MG_OP_LEAF) {
                         int dup = 0;
                         for (size_t j = 0; j < nl; j++) dup |= cand[j] == pool[i];
                         if (!dup) cand[nl++] = pool[i];
                     }
                 size_t nin = nl ? byte(&in) % (nl + 1) : 0;
-                mg_tape_spec spec = {loss, cand, nin, NULL, 0, cand + nin, nl - nin, &loss, 1,
-                                     (int)(byte(&in) & 1)};
+                mg_tape_spec spec = {loss,       cand,     nin,   NULL, 0,
+                                     cand + nin, nl - nin, &loss, 1,    (int)(byte(&in) & 1)};
                 mg_tape *t = mg_tape_freeze(g, &spec);
                 if (!t) {
                     CHECK(mg_graph_len(g) == len_before);
@@ -201,15 +202,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                 mg_tape_free(t);
             }
             break;
-        case 10:
-            mg_graph_zero_grad(g);
-            break;
+        case 10: mg_graph_zero_grad(g); break;
         case 11: /* an MLP over pool values */
             if (np >= 2 && np < POOL - 4) {
                 mg_rng r;
                 mg_rng_seed(&r, byte(&in));
                 size_t sizes[2] = {1 + byte(&in) % 3, 1 + byte(&in) % 2};
-                mg_mlp *m = mg_mlp_new(g, 2, sizes, 2, (mg_activation)(byte(&in) % MG_ACT_COUNT), MG_INIT_SCALED, &r);
+                mg_mlp *m = mg_mlp_new(g, 2, sizes, 2, (mg_activation)(byte(&in) % MG_ACT_COUNT),
+                                       MG_INIT_SCALED, &r);
                 if (m) {
                     mg_value *x[2] = {pool[byte(&in) % np], pool[byte(&in) % np]}, *o[2];
                     if (mg_mlp_call(g, m, x, o) == MG_OK) push(&P, o[0], autofree);

@@ -17,6 +17,7 @@
 seeded exploration; `./dev fuzz [SECONDS]` explores open-ended, and a crash it finds is written
 into the corpus, where it stays as a seed.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -31,6 +32,7 @@ import atheris
 
 with atheris.instrument_imports():
     import numpy as np
+
     from micrograd_c import modelfile
     from micrograd_c.app import commands
     from micrograd_c.datasets import DatasetError, read_idx
@@ -65,17 +67,29 @@ def fuzz_model(data: bytes) -> None:
     assert model.sizes[0] >= 1 and nparams <= modelfile.MAX_PARAMS
 
 
-_HOSTILE = ["*/", "/*", "\n#include </etc/passwd>\n", "\\", "\"", "??/", "\x00", "\u2028", "*/ int x = system(\"id\"); /*"]
+_HOSTILE = [
+    "*/",
+    "/*",
+    "\n#include </etc/passwd>\n",
+    "\\",
+    '"',
+    "??/",
+    "\x00",
+    "\u2028",
+    '*/ int x = system("id"); /*',
+]
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
 
-def _text(fdp: "atheris.FuzzedDataProvider") -> str:
+def _text(fdp: atheris.FuzzedDataProvider) -> str:
     if fdp.ConsumeBool():
-        return _HOSTILE[fdp.ConsumeIntInRange(0, len(_HOSTILE) - 1)] + fdp.ConsumeUnicodeNoSurrogates(16)
+        return _HOSTILE[
+            fdp.ConsumeIntInRange(0, len(_HOSTILE) - 1)
+        ] + fdp.ConsumeUnicodeNoSurrogates(16)
     return fdp.ConsumeUnicodeNoSurrogates(24)
 
 
-def _file_name(fdp: "atheris.FuzzedDataProvider", suffix: str) -> str:
+def _file_name(fdp: atheris.FuzzedDataProvider, suffix: str) -> str:
     name = _text(fdp).replace("/", "_").replace("\x00", "_")[:100]
     name = name if name not in ("", ".", "..") else "x"
     try:
@@ -85,7 +99,9 @@ def _file_name(fdp: "atheris.FuzzedDataProvider", suffix: str) -> str:
     return name + suffix
 
 
-def _model_file(path: str, sizes: list, meta: dict, rng: np.random.RandomState, special: list) -> None:
+def _model_file(
+    path: str, sizes: list, meta: dict, rng: np.random.RandomState, special: list
+) -> None:
     arrays = {}
     for i in range(len(sizes) - 1):
         arrays[f"layers.{i}.weight"] = rng.uniform(-1, 1, (sizes[i + 1], sizes[i]))
@@ -96,7 +112,7 @@ def _model_file(path: str, sizes: list, meta: dict, rng: np.random.RandomState, 
         np.savez(f, __meta__=np.array(json.dumps(meta)), **arrays)
 
 
-def _export(model: str, out: str, prefix: str) -> "tuple[int, str]":
+def _export(model: str, out: str, prefix: str) -> tuple[int, str]:
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
         try:
@@ -111,15 +127,32 @@ def _export(model: str, out: str, prefix: str) -> "tuple[int, str]":
 def fuzz_export(data: bytes) -> None:
     fdp = atheris.FuzzedDataProvider(data)
     sizes = [fdp.ConsumeIntInRange(1, 4) for _ in range(fdp.ConsumeIntInRange(2, 3))]
-    activation = "relu" if fdp.ConsumeBool() else ["tanh", "sigmoid", "linear", _text(fdp)][fdp.ConsumeIntInRange(0, 3)]
+    activation = (
+        "relu"
+        if fdp.ConsumeBool()
+        else ["tanh", "sigmoid", "linear", _text(fdp)][fdp.ConsumeIntInRange(0, 3)]
+    )
     dataset = ["moons", "mnist", _text(fdp)][fdp.ConsumeIntInRange(0, 2)]
     prefix = "model_" if fdp.ConsumeBool() else _text(fdp)
-    meta = {"format": modelfile.FORMAT, "version": 1, "sizes": sizes, "activation": activation,
-            "dataset": dataset, "loss": _text(fdp)}
+    meta = {
+        "format": modelfile.FORMAT,
+        "version": 1,
+        "sizes": sizes,
+        "activation": activation,
+        "dataset": dataset,
+        "loss": _text(fdp),
+    }
     if fdp.ConsumeBool():
         meta[_text(fdp)] = _text(fdp)
-    special = [[float("nan"), float("inf"), -float("inf"), 1e308, 5e-324, -0.0][fdp.ConsumeIntInRange(0, 5)]] \
-        if fdp.ConsumeBool() else []
+    special = (
+        [
+            [float("nan"), float("inf"), -float("inf"), 1e308, 5e-324, -0.0][
+                fdp.ConsumeIntInRange(0, 5)
+            ]
+        ]
+        if fdp.ConsumeBool()
+        else []
+    )
     seed = fdp.ConsumeIntInRange(0, 1000)
     hostile_dir = os.path.join(TMP, "h")
     os.makedirs(hostile_dir, exist_ok=True)
@@ -155,6 +188,7 @@ def main() -> None:
         if CANARY and data == CANARY:
             raise AssertionError("the canary input (MICROGRAD_C_FUZZ_CANARY)")
         real(data)
+
     atheris.Setup(sys.argv, target)
     atheris.Fuzz()
 

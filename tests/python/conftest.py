@@ -1,9 +1,10 @@
 """Shared helpers for the Python tests."""
+
 from __future__ import annotations
 
 import os
 import sys
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import pytest
 
@@ -18,8 +19,13 @@ def close(a: float, b: float, rel: float = 1e-12, scale: float = 1.0) -> bool:
     return abs(a - b) <= rel * max(abs(a), abs(b), scale)
 
 
-def fd_matches(f: Callable[[Sequence[float]], float], x: Sequence[float], i: int,
-               analytic: float, tol: float = 1e-6) -> bool:
+def fd_matches(
+    f: Callable[[Sequence[float]], float],
+    x: Sequence[float],
+    i: int,
+    analytic: float,
+    tol: float = 1e-6,
+) -> bool:
     """Whether ``analytic`` matches d f / d x_i by central differences.
 
     Two step sizes are tried (an absolute one, and one relative to x_i for points near a pole);

@@ -1,4 +1,5 @@
 """The micrograd-c command end to end, in subprocesses, as a person runs it."""
+
 from __future__ import annotations
 
 import os
@@ -22,8 +23,14 @@ except ImportError:
 
 def run(*args, env=None, cwd=None):
     e = dict(os.environ, **(env or {}))
-    return subprocess.run([sys.executable, "-m", "micrograd_c", *args], capture_output=True, text=True,
-                          env=e, cwd=cwd, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "micrograd_c", *args],
+        capture_output=True,
+        text=True,
+        env=e,
+        cwd=cwd,
+        timeout=600,
+    )
 
 
 @pytest.fixture(autouse=True)
@@ -46,7 +53,18 @@ def test_default_train_is_the_moons_demo_with_a_plot(tmp_path):
 
 @pytest.mark.parametrize("backend", ["tape", "eager"])
 def test_xor_on_other_backends(tmp_path, backend):
-    r = run("train", "--dataset", "xor", "--epochs", "5", "--backend", backend, "--no-plot", "--quiet", cwd=tmp_path)
+    r = run(
+        "train",
+        "--dataset",
+        "xor",
+        "--epochs",
+        "5",
+        "--backend",
+        backend,
+        "--no-plot",
+        "--quiet",
+        cwd=tmp_path,
+    )
     assert r.returncode == 0, r.stderr
     assert f"({backend})" in r.stdout and r.stderr == ""
 
@@ -55,8 +73,20 @@ def test_backends_train_to_the_same_model(tmp_path):
     outs = {}
     for backend in ["tape"] + (["c"] if _have_cc() else []):
         path = tmp_path / f"{backend}.npz"
-        r = run("train", "--dataset", "xor", "--epochs", "3", "--backend", backend, "--no-plot", "--quiet",
-                "--save", str(path), cwd=tmp_path)
+        r = run(
+            "train",
+            "--dataset",
+            "xor",
+            "--epochs",
+            "3",
+            "--backend",
+            backend,
+            "--no-plot",
+            "--quiet",
+            "--save",
+            str(path),
+            cwd=tmp_path,
+        )
         assert r.returncode == 0, r.stderr
         with np.load(path) as z:
             outs[backend] = {k: z[k] for k in z.files if k != "__meta__"}
@@ -79,7 +109,10 @@ def test_digits_or_a_clear_message(tmp_path):
         import sklearn  # noqa: F401
     except ImportError:
         assert r.returncode == 2
-        assert r.stderr.strip() == "micrograd-c: error: the digits dataset needs scikit-learn: pip install 'micrograd-c[data]'"
+        assert (
+            r.stderr.strip() == "micrograd-c: error: the digits dataset needs scikit-learn: "
+            "pip install 'micrograd-c[data]'"
+        )
         return
     assert r.returncode == 0, r.stderr
     assert float(r.stdout.split("accuracy ")[1].split()[0]) > 0.8
@@ -88,15 +121,39 @@ def test_digits_or_a_clear_message(tmp_path):
 def test_mnist_train_eval_export(tmp_path, mnist_dir):
     model = tmp_path / "mnist.npz"
     plot = tmp_path / "curve.png"
-    r = run("train", "--dataset", "mnist", "--data-dir", mnist_dir, "--limit", "2000", "--epochs", "2",
-            "--save", str(model), "--plot", str(plot), cwd=tmp_path)
+    r = run(
+        "train",
+        "--dataset",
+        "mnist",
+        "--data-dir",
+        mnist_dir,
+        "--limit",
+        "2000",
+        "--epochs",
+        "2",
+        "--save",
+        str(model),
+        "--plot",
+        str(plot),
+        cwd=tmp_path,
+    )
     assert r.returncode == 0, r.stderr
     assert "no training files" in r.stderr  # ../shared has only the test set
     acc = float(r.stdout.split("accuracy ")[1].split()[0])
     assert acc > 0.6  # chance is 0.1; 2 epochs on 2,000 images
     if HAVE_MPL:
         assert plot.exists()
-    r = run("eval", str(model), "--dataset", "mnist", "--data-dir", mnist_dir, "--limit", "2000", cwd=tmp_path)
+    r = run(
+        "eval",
+        str(model),
+        "--dataset",
+        "mnist",
+        "--data-dir",
+        mnist_dir,
+        "--limit",
+        "2000",
+        cwd=tmp_path,
+    )
     assert r.returncode == 0, r.stderr
     assert "confusion matrix" in r.stdout
     rows = [line.split() for line in r.stdout.splitlines()[3:13]]
@@ -107,40 +164,81 @@ def test_export_c_matches_python_predictions(tmp_path):
     if not _have_cc():
         pytest.skip("no C compiler")
     model = tmp_path / "m.npz"
-    r = run("train", "--dataset", "moons", "--epochs", "20", "--no-plot", "--quiet", "--save", str(model), cwd=tmp_path)
+    r = run(
+        "train",
+        "--dataset",
+        "moons",
+        "--epochs",
+        "20",
+        "--no-plot",
+        "--quiet",
+        "--save",
+        str(model),
+        cwd=tmp_path,
+    )
     assert r.returncode == 0, r.stderr
     r = run("export-c", str(model), "-o", str(tmp_path / "model.c"), "--prefix", "moons_")
     assert r.returncode == 0, r.stderr
-    (tmp_path / "main.c").write_text(textwrap.dedent("""
+    (tmp_path / "main.c").write_text(
+        textwrap.dedent("""
         #include <stdio.h>
         void moons_infer(const double *x, double *y, double *work);
         int main(void) {
             double x[2], y[1];
-            while (scanf("%lf %lf", &x[0], &x[1]) == 2) { moons_infer(x, y, NULL); printf("%.17g\\n", y[0]); }
+            while (scanf("%lf %lf", &x[0], &x[1]) == 2) {
+                moons_infer(x, y, NULL);
+                printf("%.17g\\n", y[0]);
+            }
             return 0;
         }
-    """))
+    """)
+    )
     tc = compiler.find_compiler()
     exe = tmp_path / "infer"
-    subprocess.run(tc.command + ["-std=c11", "-O2", "-o", str(exe), str(tmp_path / "main.c"),
-                                 str(tmp_path / "model.c"), "-lm"], check=True)
+    subprocess.run(
+        tc.command
+        + [
+            "-std=c11",
+            "-O2",
+            "-o",
+            str(exe),
+            str(tmp_path / "main.c"),
+            str(tmp_path / "model.c"),
+            "-lm",
+        ],
+        check=True,
+    )
     pts = np.random.RandomState(0).uniform(-2, 2, size=(50, 2))
-    out = subprocess.run([str(exe)], input="\n".join(f"{float(a)!r} {float(b)!r}" for a, b in pts), capture_output=True,
-                         text=True, check=True).stdout.split()
+    out = subprocess.run(
+        [str(exe)],
+        input="\n".join(f"{float(a)!r} {float(b)!r}" for a, b in pts),
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
     m = MLP.load(model)
     expect = [m(list(p)).data for p in pts]
     assert [float(v) for v in out] == expect
 
 
-@pytest.mark.parametrize("args, message", [
-    (["train", "--bogus"], "unrecognized arguments: --bogus"),
-    (["train", "--dataset", "cifar"], "invalid choice: 'cifar'"),
-    (["train", "--dataset", "mnist", "--data-dir", "/nonexistent"], "/nonexistent: no such directory"),
-    (["train", "--hidden", "a,b"], "--hidden 'a,b': expected widths such as 16,16"),
-    (["train", "--dataset", "moons", "--loss", "xent"], "--loss xent needs a classification dataset"),
-    (["eval", "/nonexistent.npz"], "/nonexistent.npz: no such model file"),
-    ([], "a command is needed"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["train", "--bogus"], "unrecognized arguments: --bogus"),
+        (["train", "--dataset", "cifar"], "invalid choice: 'cifar'"),
+        (
+            ["train", "--dataset", "mnist", "--data-dir", "/nonexistent"],
+            "/nonexistent: no such directory",
+        ),
+        (["train", "--hidden", "a,b"], "--hidden 'a,b': expected widths such as 16,16"),
+        (
+            ["train", "--dataset", "moons", "--loss", "xent"],
+            "--loss xent needs a classification dataset",
+        ),
+        (["eval", "/nonexistent.npz"], "/nonexistent.npz: no such model file"),
+        ([], "a command is needed"),
+    ],
+)
 def test_errors_are_one_line_with_exit_status_2(args, message):
     r = run(*args)
     assert r.returncode == 2
@@ -158,12 +256,28 @@ def test_corrupt_data_and_wrong_model_files(tmp_path):
     r = run("eval", str(tmp_path / "junk.npz"))
     assert r.returncode == 2 and "not a micrograd-c model file" in r.stderr
     good = tmp_path / "good.npz"
-    assert run("train", "--epochs", "1", "--no-plot", "--quiet", "--save", str(good), cwd=tmp_path).returncode == 0
-    (tmp_path / "cut.npz").write_bytes(good.read_bytes()[:300])  # a truncated zip (found by fuzzing)
+    assert (
+        run(
+            "train", "--epochs", "1", "--no-plot", "--quiet", "--save", str(good), cwd=tmp_path
+        ).returncode
+        == 0
+    )
+    (tmp_path / "cut.npz").write_bytes(
+        good.read_bytes()[:300]
+    )  # a truncated zip (found by fuzzing)
     r = run("eval", str(tmp_path / "cut.npz"))
-    assert r.returncode == 2 and "not a micrograd-c model file" in r.stderr and "Traceback" not in r.stderr
+    assert (
+        r.returncode == 2
+        and "not a micrograd-c model file" in r.stderr
+        and "Traceback" not in r.stderr
+    )
     model = tmp_path / "m.npz"
-    assert run("train", "--epochs", "1", "--no-plot", "--quiet", "--save", str(model), cwd=tmp_path).returncode == 0
+    assert (
+        run(
+            "train", "--epochs", "1", "--no-plot", "--quiet", "--save", str(model), cwd=tmp_path
+        ).returncode
+        == 0
+    )
     with np.load(model) as z:
         arrays = {k: z[k] for k in z.files}
     arrays["layers.0.weight"] = np.zeros((16, 3))
@@ -177,7 +291,9 @@ def test_corrupt_data_and_wrong_model_files(tmp_path):
 def test_no_compiler_is_one_line(tmp_path):
     r = run("train", "--backend", "c", "--no-plot", env={"CC": "/nonexistent"}, cwd=tmp_path)
     assert r.returncode == 2
-    assert "does not work" in r.stderr and "--backend tape" in r.stderr and "Traceback" not in r.stderr
+    assert (
+        "does not work" in r.stderr and "--backend tape" in r.stderr and "Traceback" not in r.stderr
+    )
 
 
 def test_debug_shows_the_traceback():
@@ -196,10 +312,29 @@ def test_bench_quick_prints_one_table():
 def test_ctrl_c_keeps_the_last_completed_step_and_exits_cleanly(tmp_path):
     import signal
     import time
+
     model = tmp_path / "m.npz"
-    p = subprocess.Popen([sys.executable, "-m", "micrograd_c", "train", "--dataset", "xor", "--epochs", "100000000",
-                          "--backend", "tape", "--save", str(model), "--no-plot"],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "micrograd_c",
+            "train",
+            "--dataset",
+            "xor",
+            "--epochs",
+            "100000000",
+            "--backend",
+            "tape",
+            "--save",
+            str(model),
+            "--no-plot",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+    )
     line = ""
     while "ready in" not in line:  # the line printed once the program is ready to train
         line = p.stderr.readline()
@@ -214,22 +349,38 @@ def test_ctrl_c_keeps_the_last_completed_step_and_exits_cleanly(tmp_path):
 
 
 def test_nan_loss_is_warned_about(tmp_path):
-    r = run("train", "--dataset", "xor", "--epochs", "3", "--lr", "1e300", "--loss", "mse", "--no-plot", "--quiet",
-            cwd=tmp_path)
+    r = run(
+        "train",
+        "--dataset",
+        "xor",
+        "--epochs",
+        "3",
+        "--lr",
+        "1e300",
+        "--loss",
+        "mse",
+        "--no-plot",
+        "--quiet",
+        cwd=tmp_path,
+    )
     assert r.returncode == 0
     assert "warning: the loss became NaN" in r.stderr
 
 
 # ---- issue #11: the newcomer's path --------------------------------------------------------------
 
+
 def write_small_mnist(d, n=40):
     """A small MNIST-shaped test set (IDX, gzip) in d, as ../shared holds: no training files."""
     import gzip
     import struct
+
     d.mkdir(parents=True, exist_ok=True)
     rng = np.random.RandomState(0)
-    for name, arr in (("t10k-images-idx3-ubyte", rng.randint(0, 256, size=(n, 28, 28))),
-                      ("t10k-labels-idx1-ubyte", rng.randint(0, 10, size=n))):
+    for name, arr in (
+        ("t10k-images-idx3-ubyte", rng.randint(0, 256, size=(n, 28, 28))),
+        ("t10k-labels-idx1-ubyte", rng.randint(0, 10, size=n)),
+    ):
         head = struct.pack(">HBB", 0, 8, arr.ndim) + struct.pack(">" + "I" * arr.ndim, *arr.shape)
         (d / (name + ".gz")).write_bytes(gzip.compress(head + arr.astype(np.uint8).tobytes()))
     return d
@@ -237,6 +388,7 @@ def write_small_mnist(d, n=40):
 
 def test_version():
     import micrograd_c
+
     r = run("--version")
     assert r.returncode == 0 and r.stdout.startswith(f"micrograd-c {micrograd_c.__version__} ")
 
@@ -245,57 +397,105 @@ def test_help_shows_the_defaults():
     r = run("train", "--help")
     assert r.returncode == 0
     text = " ".join(r.stdout.split())
-    for expected in ["--epochs N default: 100 for moons, 50 for xor, 20 for digits, 1 for mnist",
-                     "--lr X learning rate; default: 0.1 for moons", "--hidden W,W hidden layer widths; default: 16,16 for moons",
-                     "--batch-size N default: 10 for moons", "--seed SEED default: 0", "--threads N threads per batch",
-                     "--backend {eager,tape,c,auto}", "else tape (default)", "default: DATASET.png"]:
+    for expected in [
+        "--epochs N default: 100 for moons, 50 for xor, 20 for digits, 1 for mnist",
+        "--lr X learning rate; default: 0.1 for moons",
+        "--hidden W,W hidden layer widths; default: 16,16 for moons",
+        "--batch-size N default: 10 for moons",
+        "--seed SEED default: 0",
+        "--threads N threads per batch",
+        "--backend {eager,tape,c,auto}",
+        "else tape (default)",
+        "default: DATASET.png",
+    ]:
         assert expected in text, expected
 
 
 def test_eval_finds_mnist_where_train_does_and_says_what_it_does(tmp_path):
     cache = write_small_mnist(tmp_path / "cache" / "mnist")
     env = {"MICROGRAD_C_DATA_DIR": str(cache)}
-    r = run("train", "--dataset", "mnist", "--epochs", "1", "--no-plot", "--save", "m.npz", env=env, cwd=tmp_path)
+    r = run(
+        "train",
+        "--dataset",
+        "mnist",
+        "--epochs",
+        "1",
+        "--no-plot",
+        "--save",
+        "m.npz",
+        env=env,
+        cwd=tmp_path,
+    )
     assert r.returncode == 0, r.stderr
     assert "training on the first 8,000 test images" in r.stderr
     r = run("eval", "m.npz", env=env, cwd=tmp_path)  # the dataset comes from the model file
     assert r.returncode == 0, r.stderr
     assert "training on" not in r.stderr and "evaluating on the last 2,000 test images" in r.stderr
     assert r.stdout.startswith("mnist: accuracy ")
-    r = run("eval", "m.npz", "--dataset", "mnist", "--data-dir", str(cache), cwd=tmp_path)  # the same data, named
+    r = run(
+        "eval", "m.npz", "--dataset", "mnist", "--data-dir", str(cache), cwd=tmp_path
+    )  # the same data, named
     assert r.returncode == 0, r.stderr
     # no data anywhere: the error names both ways to get it
-    r = run("eval", "m.npz", "--dataset", "mnist", env={"MICROGRAD_C_DATA_DIR": str(tmp_path / "empty")}, cwd=tmp_path)
+    r = run(
+        "eval",
+        "m.npz",
+        "--dataset",
+        "mnist",
+        env={"MICROGRAD_C_DATA_DIR": str(tmp_path / "empty")},
+        cwd=tmp_path,
+    )
     assert r.returncode == 2
     assert "--data-dir" in r.stderr and "--download" in r.stderr and "Traceback" not in r.stderr
-    r = run("train", "--dataset", "mnist", "--data-dir", str(tmp_path), cwd=tmp_path)  # a directory without the files
+    r = run(
+        "train", "--dataset", "mnist", "--data-dir", str(tmp_path), cwd=tmp_path
+    )  # a directory without the files
     assert r.returncode == 2 and "no MNIST test files" in r.stderr and "--download" in r.stderr
 
 
 def test_relative_data_dir_is_relative_to_the_current_directory(tmp_path):
     write_small_mnist(tmp_path / "work" / "data")
-    r = run("train", "--dataset", "mnist", "--data-dir", "data", "--epochs", "1", "--no-plot", "--quiet",
-            cwd=tmp_path / "work")
+    r = run(
+        "train",
+        "--dataset",
+        "mnist",
+        "--data-dir",
+        "data",
+        "--epochs",
+        "1",
+        "--no-plot",
+        "--quiet",
+        cwd=tmp_path / "work",
+    )
     assert r.returncode == 0, r.stderr
 
 
 def test_download_without_network_fails_once_clearly_and_leaves_nothing(tmp_path):
     cache = tmp_path / "cache" / "micrograd_c" / "mnist"
-    env = {"MICROGRAD_C_DATA_DIR": str(cache), "MICROGRAD_C_MNIST_MIRRORS": "http://127.0.0.1:9/a/ http://127.0.0.1:9/b/"}
+    env = {
+        "MICROGRAD_C_DATA_DIR": str(cache),
+        "MICROGRAD_C_MNIST_MIRRORS": "http://127.0.0.1:9/a/ http://127.0.0.1:9/b/",
+    }
     r = run("train", "--dataset", "mnist", "--download", "--quiet", env=env, cwd=tmp_path)
     assert r.returncode == 2
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in r.stderr
-    assert lines[0].count("http://127.0.0.1:9/a/") == 1 and lines[0].count("http://127.0.0.1:9/b/") == 1
+    assert (
+        lines[0].count("http://127.0.0.1:9/a/") == 1
+        and lines[0].count("http://127.0.0.1:9/b/") == 1
+    )
     assert "(3 attempts)" in lines[0] and "pass --data-dir DIR" in lines[0]
     assert not (tmp_path / "cache").exists()  # no empty directories left behind
 
 
 def test_a_log_gets_plain_progress_lines_not_a_frozen_bar(tmp_path):
-    r = run("train", "--epochs", "100", "--no-plot", cwd=tmp_path)  # stderr is a pipe here, not a terminal
+    r = run(
+        "train", "--epochs", "100", "--no-plot", cwd=tmp_path
+    )  # stderr is a pipe here, not a terminal
     assert r.returncode == 0, r.stderr
     lines = [line for line in r.stderr.splitlines() if line.startswith("epoch ")]
     import re
+
     assert not re.search(r"(?<![0-9])0/100", r.stderr) and "\r" not in r.stderr
     assert [line.split()[1] for line in lines] == [f"{k}/100" for k in range(10, 101, 10)]
 
@@ -307,10 +507,28 @@ def test_one_epoch_still_draws_a_curve(tmp_path, monkeypatch, backend):
     def fake_plot(path, data, predict, history, curve=()):
         seen.update(history=list(history), curve=list(curve))
         return path
+
     monkeypatch.setattr(commands, "plot", fake_plot)
     monkeypatch.chdir(tmp_path)
-    assert commands.main(["train", "--dataset", "xor", "--epochs", "1", "--batch-size", "1", "--backend", backend,
-                     "--quiet", "--plot", "x.png"]) == 0
+    assert (
+        commands.main(
+            [
+                "train",
+                "--dataset",
+                "xor",
+                "--epochs",
+                "1",
+                "--batch-size",
+                "1",
+                "--backend",
+                backend,
+                "--quiet",
+                "--plot",
+                "x.png",
+            ]
+        )
+        == 0
+    )
     assert len(seen["history"]) == 1
     xs = [t for t, _ in seen["curve"]]
     assert len(xs) == 100 and xs == sorted(xs) and xs[-1] == 1.0  # 200 samples: a point per 2
@@ -324,8 +542,22 @@ def test_chunked_epochs_train_the_same_model_on_every_backend(tmp_path):
     outs = {}
     for backend in ["tape", "eager"] + (["c"] if _have_cc() else []):
         path = tmp_path / f"{backend}.npz"
-        r = run("train", "--dataset", "xor", "--epochs", "2", "--batch-size", "4", "--backend", backend,
-                "--no-plot", "--quiet", "--save", str(path), cwd=tmp_path)
+        r = run(
+            "train",
+            "--dataset",
+            "xor",
+            "--epochs",
+            "2",
+            "--batch-size",
+            "4",
+            "--backend",
+            backend,
+            "--no-plot",
+            "--quiet",
+            "--save",
+            str(path),
+            cwd=tmp_path,
+        )
         assert r.returncode == 0, r.stderr
         outs[backend] = MLP.load(path).state_dict()
     for backend, sd in outs.items():
@@ -344,14 +576,20 @@ def test_bench_says_which_references_it_skipped_and_how_to_get_them(tmp_path):
     assert "micrograd 0.1.0" not in out and "PyTorch" not in out.split("skipped")[0]
     skipped = next(line for line in out.splitlines() if line.startswith("skipped references"))
     assert "micrograd (pip install micrograd==0.1.0)" in skipped
-    assert "PyTorch (pip install torch==2.13.0)" in skipped and "JAX (pip install jax jaxlib)" in skipped
+    assert (
+        "PyTorch (pip install torch==2.13.0)" in skipped
+        and "JAX (pip install jax jaxlib)" in skipped
+    )
     assert "pip install 'micrograd-c[bench]'" in out
-    assert "ratios against micrograd_c eager in this run" in out and "against micrograd in" not in out
+    assert (
+        "ratios against micrograd_c eager in this run" in out and "against micrograd in" not in out
+    )
     assert "CPU: " in out
 
 
 def _bench_states(names, nin, nouts, n):
     from micrograd_c.app import bench
+
     X, y = bench._data(nin, nouts[-1], n)
     states = {}
     for name, make in names.items():
@@ -366,20 +604,24 @@ def _bench_states(names, nin, nouts, n):
 def test_bench_references_train_the_same_model(nin, nouts, n):
     """Each reference row runs the same SGD from the same start: equal parameters afterwards."""
     from micrograd_c.app import bench
+
     names = {"tape": lambda i, o: bench._program_engine("tape", i, o)}
     try:
         import micrograd.engine as me
         import micrograd.nn as mn
+
         names["micrograd"] = lambda i, o: bench._values_engine(me.Value, mn.MLP, i, o)
     except ImportError:
         pass
     try:
         import torch  # noqa: F401
+
         names["torch"] = bench._torch_engine
     except ImportError:
         pass
     try:
         import jax  # noqa: F401
+
         names["jax step"] = lambda i, o: bench._jax_engine(i, o, scan=False)
         names["jax scan"] = lambda i, o: bench._jax_engine(i, o, scan=True)
     except ImportError:
@@ -397,16 +639,20 @@ def test_bench_references_train_the_same_model(nin, nouts, n):
 
 # ---- issue #10: files, arguments, output ---------------------------------------------------------
 
+
 def _moons_model(tmp_path):
     model = tmp_path / "m.npz"
     if not model.exists():
-        r = run("train", "--epochs", "5", "--no-plot", "--quiet", "--save", str(model), cwd=tmp_path)
+        r = run(
+            "train", "--epochs", "5", "--no-plot", "--quiet", "--save", str(model), cwd=tmp_path
+        )
         assert r.returncode == 0, r.stderr
     return model
 
 
 def _rewrite_meta(src, dst, **changes):
     import json
+
     with np.load(src) as z:
         arrays = {k: z[k] for k in z.files}
     meta = json.loads(str(arrays.pop("__meta__")))
@@ -415,7 +661,13 @@ def _rewrite_meta(src, dst, **changes):
         np.savez(f, __meta__=np.array(json.dumps(meta)), **arrays)
 
 
-HOSTILE = ["x */ int planted_by_the_dataset = 1; /*", "a\n#define model_infer evil\n", "\\", "*/", "??/"]
+HOSTILE = [
+    "x */ int planted_by_the_dataset = 1; /*",
+    "a\n#define model_infer evil\n",
+    "\\",
+    "*/",
+    "??/",
+]
 
 
 @pytest.mark.parametrize("hostile", HOSTILE)
@@ -442,44 +694,67 @@ def test_export_c_refuses_a_prefix_that_is_not_an_identifier(tmp_path):
     assert not (tmp_path / "x.c").exists()
 
 
-@pytest.mark.xfail(strict=True, reason="emitter (lead): gcc -Wtype-limits on 's < 0' in mg_load_init, clang "
-                   "-Wunused-function on the unused static kernels of kernels.h in inference-only sources")
+@pytest.mark.xfail(
+    strict=True,
+    reason="emitter (lead): gcc -Wtype-limits on 's < 0' in mg_load_init, clang "
+    "-Wunused-function on the unused static kernels of kernels.h in inference-only sources",
+)
 def test_exported_c_compiles_without_warnings(tmp_path):
     model = _moons_model(tmp_path)
     assert run("export-c", str(model), "-o", str(tmp_path / "m.c")).returncode == 0
     import shutil
+
     compilers = [c for c in ("gcc", "clang") if shutil.which(c)]
     if not compilers:
         pytest.skip("no gcc or clang")
     for c in compilers:
-        r = subprocess.run([c, "-std=c11", "-Wall", "-Wextra", "-Werror", "-c", str(tmp_path / "m.c"), "-o",
-                            str(tmp_path / "m.o")], capture_output=True, text=True)
+        r = subprocess.run(
+            [
+                c,
+                "-std=c11",
+                "-Wall",
+                "-Wextra",
+                "-Werror",
+                "-c",
+                str(tmp_path / "m.c"),
+                "-o",
+                str(tmp_path / "m.o"),
+            ],
+            capture_output=True,
+            text=True,
+        )
         assert r.returncode == 0, f"{c}: {r.stderr}"
 
 
 def test_eval_of_a_file_that_is_not_a_model_says_so(tmp_path):
     r = run("eval", "/etc/passwd")
     assert r.returncode == 2 and "pickle" not in r.stderr
-    assert r.stderr.strip() == "micrograd-c: error: /etc/passwd: not a micrograd-c model file (not a .npz archive)"
+    assert (
+        r.stderr.strip()
+        == "micrograd-c: error: /etc/passwd: not a micrograd-c model file (not a .npz archive)"
+    )
     r = run("eval", str(tmp_path))
     assert r.returncode == 2 and "is a directory" in r.stderr
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--batch-size", "0"], "argument --batch-size: must be between 1"),
-    (["--limit", "0"], "argument --limit: must be between 1"),
-    (["--limit", "-5"], "argument --limit: must be between 1"),
-    (["--epochs", str(10**30)], "argument --epochs: must be between 1 and 1,000,000,000"),
-    (["--epochs", "0"], "argument --epochs: must be between 1"),
-    (["--l2", "nan"], "argument --l2: must be a finite number at least 0"),
-    (["--l2", "-1"], "argument --l2: must be a finite number at least 0"),
-    (["--lr", "inf"], "argument --lr: must be a finite number greater than 0"),
-    (["--lr", "0"], "argument --lr: must be a finite number greater than 0"),
-    (["--threads", "0"], "argument --threads: must be between 1"),
-    (["--seed", "-1"], "argument --seed: must be between 0"),
-    (["--hidden", "16,0"], "every width must be between 1"),
-    (["--hidden", "100000,100000"], "more than 100,000,000"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--batch-size", "0"], "argument --batch-size: must be between 1"),
+        (["--limit", "0"], "argument --limit: must be between 1"),
+        (["--limit", "-5"], "argument --limit: must be between 1"),
+        (["--epochs", str(10**30)], "argument --epochs: must be between 1 and 1,000,000,000"),
+        (["--epochs", "0"], "argument --epochs: must be between 1"),
+        (["--l2", "nan"], "argument --l2: must be a finite number at least 0"),
+        (["--l2", "-1"], "argument --l2: must be a finite number at least 0"),
+        (["--lr", "inf"], "argument --lr: must be a finite number greater than 0"),
+        (["--lr", "0"], "argument --lr: must be a finite number greater than 0"),
+        (["--threads", "0"], "argument --threads: must be between 1"),
+        (["--seed", "-1"], "argument --seed: must be between 0"),
+        (["--hidden", "16,0"], "every width must be between 1"),
+        (["--hidden", "100000,100000"], "more than 100,000,000"),
+    ],
+)
 def test_bad_numbers_are_refused_before_training(tmp_path, args, message):
     r = run("train", "--no-plot", *args, cwd=tmp_path)
     assert r.returncode == 2, r.stderr
@@ -502,23 +777,32 @@ def test_a_failed_save_leaves_no_temporary_file(tmp_path, monkeypatch):
         f.write(b"partial")
         f.flush()
         raise OSError(28, "No space left on device")
+
     monkeypatch.setattr(np.lib.format, "write_array", failing_write)
     with pytest.raises(OSError, match="No space left on device"):
         model.save(tmp_path / "m.npz")
     assert os.listdir(tmp_path) == []
-    with pytest.raises(commands.UsageError, match="m.npz: cannot write the model .No space left on device"):
+    with pytest.raises(
+        commands.UsageError, match="m.npz: cannot write the model .No space left on device"
+    ):
         commands.save_model(str(tmp_path / "m.npz"), model, {})
     assert os.listdir(tmp_path) == []
 
 
 def test_eval_into_a_closed_pipe_is_quiet(tmp_path):
     model = _moons_model(tmp_path)
-    p = subprocess.Popen([sys.executable, "-m", "micrograd_c", "eval", str(model)], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, cwd=tmp_path)
+    p = subprocess.Popen(
+        [sys.executable, "-m", "micrograd_c", "eval", str(model)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=tmp_path,
+    )
     p.stdout.close()  # `| head -0`: the reader is gone before anything is written
     err = p.stderr.read().decode()
     assert p.wait(timeout=120) == 0, err
-    assert "BrokenPipeError" not in err and "Traceback" not in err and "Exception ignored" not in err
+    assert (
+        "BrokenPipeError" not in err and "Traceback" not in err and "Exception ignored" not in err
+    )
 
 
 def test_a_saved_model_has_the_usual_permissions(tmp_path):

@@ -5,17 +5,16 @@ from a directory and a file that this user owns and nobody else can write; each 
 under a name no earlier load used (a rebuilt entry is really reloaded); the key says what
 ``-march=native`` meant; a hanging compiler is killed with all its children.
 """
+
 from __future__ import annotations
 
 import os
 import random
-import shutil
 import stat
 import subprocess
 import sys
 import textwrap
 import time
-from typing import Tuple
 
 import numpy as np
 import pytest
@@ -39,18 +38,21 @@ def private_cache(tmp_path, monkeypatch):
     return tmp_path / "cache"
 
 
-def program(backend: str = "c", **kw) -> Tuple[MLP, mc.Program]:
+def program(backend: str = "c", **kw) -> tuple[MLP, mc.Program]:
     random.seed(0)
     model = MLP(3, [4, 2])
     x, y = mc.inputs(3), mc.inputs(1)
     out = model(x)
     loss = mc.cross_entropy(out, y[0])
-    return model, mc.compile(loss, inputs=x, targets=y, params=model.parameters(), outputs=out,
-                             backend=backend, **kw)
+    return model, mc.compile(
+        loss, inputs=x, targets=y, params=model.parameters(), outputs=out, backend=backend, **kw
+    )
 
 
 def works(model: MLP, prog: mc.Program) -> bool:
-    return bool(np.array_equal(prog.forward([0.1, 0.2, 0.3], [1]), [o.data for o in model([0.1, 0.2, 0.3])]))
+    return bool(
+        np.array_equal(prog.forward([0.1, 0.2, 0.3], [1]), [o.data for o in model([0.1, 0.2, 0.3])])
+    )
 
 
 def entry_path(cache) -> str:
@@ -64,23 +66,29 @@ def build_shared(path: str, source: str) -> None:
     src = path + ".src.c"
     with open(src, "w") as f:
         f.write(source)
-    subprocess.run(CC.command + ["-shared", "-fPIC", "-o", path, src], check=True, capture_output=True)
+    subprocess.run(
+        CC.command + ["-shared", "-fPIC", "-o", path, src], check=True, capture_output=True
+    )
     os.remove(src)
 
 
 def planted(path: str, marker: str, extra: str = "") -> None:
     """A library whose constructor creates `marker`: planted code that runs when loaded."""
-    build_shared(path, textwrap.dedent(f"""
+    build_shared(
+        path,
+        textwrap.dedent(f"""
         #include <stdio.h>
         __attribute__((constructor)) static void planted(void) {{
             FILE *f = fopen("{marker}", "w");
             if (f) fclose(f);
         }}
         {extra}
-    """))
+    """),
+    )
 
 
 # ---- item 5: only private, owned entries are loaded -------------------------------------------
+
 
 @needs_cc
 @posix_only
@@ -191,6 +199,7 @@ def test_auto_falls_back_when_no_build_loads(monkeypatch):
 
 # ---- item 7: a rebuilt entry is loaded again -------------------------------------------------
 
+
 @needs_cc
 def test_rebuilt_entry_is_reloaded_in_the_same_process(private_cache):
     # a stale entry with the right symbols but another layout: the first load refuses it, the
@@ -201,7 +210,9 @@ def test_rebuilt_entry_is_reloaded_in_the_same_process(private_cache):
     assert fp in source
     os.makedirs(private_cache, mode=0o700, exist_ok=True)
     # an entry generated for another program (another fingerprint) where this one's belongs
-    build_shared(entry_path(private_cache), source.replace(fp, f"0x{tape_prog.tape.fingerprint ^ 1:016x}ULL"))
+    build_shared(
+        entry_path(private_cache), source.replace(fp, f"0x{tape_prog.tape.fingerprint ^ 1:016x}ULL")
+    )
     model, prog = program()
     assert prog.backend == "c" and prog.info["cached"] is False and works(model, prog)
     # and again, after the entry changes under a process that loaded it
@@ -226,19 +237,24 @@ def test_each_build_at_one_path_loads_as_itself(tmp_path):
 
 # ---- item 6: the key says what -march=native means -------------------------------------------
 
+
 def fake_cpu_compiler(tmp_path) -> str:
     """A compiler that reports another CPU for -march=native, as the same compiler on another
     machine would (the real one does the compiling)."""
     path = tmp_path / "fakecc"
-    path.write_text(textwrap.dedent(f"""\
+    path.write_text(
+        textwrap.dedent(f"""\
         #!/bin/sh
         for a in "$@"; do
             case "$a" in
-            --help=target) printf '  -march=  \\t\\t%s\\n  -mavx512f  \\t\\t[%s]\\n' "$FAKE_CPU" "$FAKE_AVX512"; exit 0;;
+            --help=target)
+                printf '  -march=  \\t\\t%s\\n  -mavx512f  \\t\\t[%s]\\n' "$FAKE_CPU" "$FAKE_AVX512"
+                exit 0;;
             esac
         done
         exec {CC.path} "$@"
-    """))
+    """)
+    )
     path.chmod(0o755)
     return str(path)
 
@@ -247,14 +263,18 @@ def fake_cpu_compiler(tmp_path) -> str:
 @posix_only
 def test_cache_key_depends_on_what_march_native_resolves_to(tmp_path):
     cc = fake_cpu_compiler(tmp_path)
-    code = ("from micrograd_c import compiler\n"
-            "tc = compiler.find_compiler()\n"
-            "fl = compiler.default_flags(tc)\n"
-            "print('-march=native' in fl, compiler.codecache._cache_key('int x;', tc, fl))\n")
+    code = (
+        "from micrograd_c import compiler\n"
+        "tc = compiler.find_compiler()\n"
+        "fl = compiler.default_flags(tc)\n"
+        "print('-march=native' in fl, compiler.codecache._cache_key('int x;', tc, fl))\n"
+    )
     keys = []
     for cpu, avx in (("znver3", "disabled"), ("sapphirerapids", "enabled"), ("znver3", "disabled")):
         env = dict(os.environ, CC=cc, FAKE_CPU=cpu, FAKE_AVX512=avx)
-        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+        r = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
+        )
         assert r.returncode == 0, r.stderr
         native, key = r.stdout.split()
         assert native == "True"
@@ -271,6 +291,7 @@ def test_resolved_target_describes_this_machine():
 
 
 # ---- item 8: hanging compilers and fallback directories --------------------------------------
+
 
 def pid_gone(pid: int) -> bool:
     """Whether `pid` has exited (a zombie waiting for its parent counts as exited)."""
@@ -292,7 +313,8 @@ def pid_gone(pid: int) -> bool:
 def test_compiler_timeout_kills_the_whole_process_group(tmp_path):
     pidfile = tmp_path / "grandchild.pid"
     cc = tmp_path / "hangcc"
-    cc.write_text(textwrap.dedent(f"""\
+    cc.write_text(
+        textwrap.dedent(f"""\
         #!/bin/sh
         for a in "$@"; do case "$a" in *.c) if grep -q mgc_program "$a"; then
             sleep 1000 &
@@ -300,7 +322,8 @@ def test_compiler_timeout_kills_the_whole_process_group(tmp_path):
             wait
         fi;; esac; done
         exec {CC.path} "$@"
-    """))
+    """)
+    )
     cc.chmod(0o755)
     with pytest.raises(mc.CompileError, match="timed out"):
         program("c", cc=str(cc), timeout=1.0)
@@ -338,7 +361,9 @@ def test_fallback_cache_directory_is_removed_at_exit(tmp_path):
         print(os.path.dirname(p.info["library"]))
     """)
     env = dict(os.environ, TMPDIR=str(tmp))
-    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300
+    )
     assert r.returncode == 0, r.stderr
     used = r.stdout.strip()
     assert used.startswith(str(tmp)) and os.path.basename(used).startswith("micrograd_c-cache-")

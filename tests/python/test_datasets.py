@@ -1,4 +1,5 @@
 """Dataset loaders: generated data, IDX validation, downloads against a local HTTP server."""
+
 from __future__ import annotations
 
 import gzip
@@ -76,7 +77,9 @@ def test_idx_validation(tmp_path):
     with pytest.raises(ds.DatasetError, match="11 images but 12 labels"):
         ds.load_mnist(str(tmp_path))
     corrupt = bytearray(gzip.compress(good))
-    corrupt[20:30] = b"\xff" * 10  # a valid gzip header over a broken deflate stream (found by fuzzing)
+    corrupt[20:30] = (
+        b"\xff" * 10
+    )  # a valid gzip header over a broken deflate stream (found by fuzzing)
     (tmp_path / "t10k-images-idx3-ubyte.gz").write_bytes(bytes(corrupt))
     with pytest.raises(ds.DatasetError, match="cannot read|shape"):  # garbage from the header on
         ds.load_mnist(str(tmp_path))
@@ -89,12 +92,13 @@ def test_idx_validation(tmp_path):
 
 # ---- downloads ---------------------------------------------------------------------------------
 
+
 class Server:
     """A local HTTP server with knobs: Range support, a corrupt file, a connection that drops."""
 
     def __init__(self, files):
         self.files = dict(files)
-        self.drop_once = set()    # names whose first response stops halfway
+        self.drop_once = set()  # names whose first response stops halfway
         self.ranges = True
         self.requests = []
         outer = self
@@ -122,7 +126,7 @@ class Server:
                 self.end_headers()
                 if name in outer.drop_once:
                     outer.drop_once.discard(name)
-                    self.wfile.write(body[start:start + (len(body) - start) // 2])
+                    self.wfile.write(body[start : start + (len(body) - start) // 2])
                     self.wfile.flush()
                     self.connection.close()  # the rest never comes
                     return
@@ -168,7 +172,9 @@ def test_download_resumes_after_a_dropped_connection(tmp_path):
     name = "t10k-images-idx3-ubyte.gz"
     with Server(files) as srv:
         srv.drop_once.add(name)
-        path = ds.download(name, str(tmp_path / "dl"), sums[name], mirrors=[srv.url], retries=3, timeout=10)
+        path = ds.download(
+            name, str(tmp_path / "dl"), sums[name], mirrors=[srv.url], retries=3, timeout=10
+        )
         ranges = [r for n, r in srv.requests if n == name]
     assert open(path, "rb").read() == files[name]
     assert ranges[0] is None and ranges[1] is not None and ranges[1].startswith("bytes=")  # resumed
@@ -192,7 +198,9 @@ def test_download_rejects_a_corrupt_file_and_tries_the_next_mirror(tmp_path):
     bad = dict(files)
     bad[name] = files[name][:-3] + b"xyz"
     with Server(bad) as corrupt, Server(files) as good:
-        path = ds.download(name, str(tmp_path / "dl"), sums[name], mirrors=[corrupt.url, good.url], timeout=10)
+        path = ds.download(
+            name, str(tmp_path / "dl"), sums[name], mirrors=[corrupt.url, good.url], timeout=10
+        )
     assert open(path, "rb").read() == files[name]
     with Server(bad) as corrupt:
         with pytest.raises(ds.DatasetError, match="SHA-256"):
@@ -202,14 +210,20 @@ def test_download_rejects_a_corrupt_file_and_tries_the_next_mirror(tmp_path):
 
 def test_download_reports_unreachable_mirrors(tmp_path):
     with pytest.raises(ds.DatasetError, match="could not download"):
-        ds.download("x.gz", str(tmp_path), "0" * 64, mirrors=["http://127.0.0.1:9/"], retries=1, timeout=2)
+        ds.download(
+            "x.gz", str(tmp_path), "0" * 64, mirrors=["http://127.0.0.1:9/"], retries=1, timeout=2
+        )
 
 
 # ---- issue #10 item 16: the header bounds everything read after it -----------------------------
 
+
 def test_a_gzip_bomb_costs_no_more_than_its_header_declares(tmp_path):
     import tracemalloc
-    header = struct.pack(">HBB", 0, 0x08, 3) + struct.pack(">III", 10, 28, 28)  # 7,840 bytes declared
+
+    header = struct.pack(">HBB", 0, 0x08, 3) + struct.pack(
+        ">III", 10, 28, 28
+    )  # 7,840 bytes declared
     bomb = tmp_path / "bomb.gz"
     with gzip.open(bomb, "wb", compresslevel=9) as f:
         f.write(header)
@@ -227,16 +241,23 @@ def test_a_gzip_bomb_costs_no_more_than_its_header_declares(tmp_path):
     assert peak < 8_000_000  # the old reader decompressed all 200 MB first
 
 
-@pytest.mark.parametrize("dims, message", [
-    ((0, 28, 28), "holds no data"),
-    ((5, 0), "holds no data"),
-    ((2**32 - 1,) * 4, "more than the"),           # the product wraps a 64-bit integer
-    ((2**16, 2**16, 2**16, 2**16), "more than the"),  # exactly 2**64: wrapped to 0 before
-    ((60000, 28, 28, 28), "more than the"),
-])
+@pytest.mark.parametrize(
+    "dims, message",
+    [
+        ((0, 28, 28), "holds no data"),
+        ((5, 0), "holds no data"),
+        ((2**32 - 1,) * 4, "more than the"),  # the product wraps a 64-bit integer
+        ((2**16, 2**16, 2**16, 2**16), "more than the"),  # exactly 2**64: wrapped to 0 before
+        ((60000, 28, 28, 28), "more than the"),
+    ],
+)
 def test_absurd_or_empty_shapes_are_refused(tmp_path, dims, message):
     p = tmp_path / "x-idx"
-    p.write_bytes(struct.pack(">HBB", 0, 0x08, len(dims)) + struct.pack(">" + "I" * len(dims), *dims) + b"\1" * 16)
+    p.write_bytes(
+        struct.pack(">HBB", 0, 0x08, len(dims))
+        + struct.pack(">" + "I" * len(dims), *dims)
+        + b"\1" * 16
+    )
     with pytest.raises(ds.DatasetError, match=message):
         ds.read_idx(str(p))
     with gzip.open(tmp_path / "x-idx.gz", "wb") as f:
@@ -247,7 +268,10 @@ def test_absurd_or_empty_shapes_are_refused(tmp_path, dims, message):
 
 def test_trailing_data_and_short_bodies_are_refused_in_gzip_too(tmp_path):
     arr = np.arange(12).reshape(3, 4)
-    for body, what in ((idx_bytes(arr) + b"\0", "more than 12"), (idx_bytes(arr)[:-1], "file has 11")):
+    for body, what in (
+        (idx_bytes(arr) + b"\0", "more than 12"),
+        (idx_bytes(arr)[:-1], "file has 11"),
+    ):
         (tmp_path / "a.gz").write_bytes(gzip.compress(body))
         with pytest.raises(ds.DatasetError, match=what):
             ds.read_idx(str(tmp_path / "a.gz"))
@@ -262,11 +286,16 @@ def test_reader_on_a_directory_is_a_dataset_error(tmp_path):
 
 # ---- issue #11 item 3: a failed download says so once and leaves nothing behind ------------------
 
+
 def test_failed_download_names_each_mirror_once_and_removes_what_it_created(tmp_path):
     dest = tmp_path / "cache" / "micrograd_c" / "mnist"
     with pytest.raises(ds.DatasetError) as e:
-        ds.download_mnist(str(dest), mirrors=["http://127.0.0.1:9/m1/", "http://127.0.0.1:9/m2/"], retries=3,
-                          timeout=2)
+        ds.download_mnist(
+            str(dest),
+            mirrors=["http://127.0.0.1:9/m1/", "http://127.0.0.1:9/m2/"],
+            retries=3,
+            timeout=2,
+        )
     msg = str(e.value)
     assert msg.count("http://127.0.0.1:9/m1/") == 1 and msg.count("http://127.0.0.1:9/m2/") == 1
     assert msg.count("(3 attempts)") == 2

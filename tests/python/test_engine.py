@@ -1,24 +1,26 @@
 """Value against micrograd 0.1.0 (the oracle) and against finite differences."""
+
 from __future__ import annotations
 
 import math
 import pickle
 import random
-from typing import Any, Callable, List, Sequence, Tuple
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from micrograd.engine import Value as RefValue
 
 import micrograd_c as mc
-from micrograd.engine import Value as RefValue
 from micrograd_c.engine import Op, Value
 
 from conftest import close, fd_matches
 
 
-def readme_example(V: Any) -> Tuple[Any, Any, Any]:
+def readme_example(V: Any) -> tuple[Any, Any, Any]:
     a = V(-4.0)
     b = V(2.0)
     c = a + b
@@ -47,8 +49,19 @@ def test_micrograd_readme_example_matches_reference():
 def test_reflected_ops_with_numbers_on_either_side(other):
     for V in (Value, RefValue):
         a = V(1.75)
-        exprs = [a + other, other + a, a - other, other - a, a * other, other * a, a / other,
-                 other / a, -a, a ** 3, a ** -0.5]
+        exprs = [
+            a + other,
+            other + a,
+            a - other,
+            other - a,
+            a * other,
+            other * a,
+            a / other,
+            other / a,
+            -a,
+            a**3,
+            a**-0.5,
+        ]
         data = [float(e.data) for e in exprs]
         if V is Value:
             ours = data
@@ -64,7 +77,7 @@ def test_numpy_integers_work_on_either_side():
     a = Value(1.5)
     k = np.int64(-2)
     assert (a / k).data == -0.75 and (k / a).data == -2 / 1.5 and (k * a).data == -3.0
-    assert (a ** k).data == 1.5 ** -2
+    assert (a**k).data == 1.5**-2
 
 
 def test_reused_intermediate_and_second_backward():
@@ -147,7 +160,7 @@ def test_prev_and_op_for_graph_drawing():
     d = c + 1
     assert c._op == "*" and d._op == "+" and a._op == ""
     assert c._prev == {a, b} and a in c._prev  # canonical handles: identity holds
-    assert (a ** 2)._op == "**2" and (a ** -0.5)._op == "**-0.5"
+    assert (a**2)._op == "**2" and (a**-0.5)._op == "**-0.5"
     assert a.relu()._op == "ReLU"
     (k,) = [v for v in d._prev if v is not c]
     assert k.data == 1.0 and k._op == ""
@@ -191,7 +204,9 @@ def test_pickle_a_leaf():
 OPS = ["add", "sub", "mul", "div", "neg", "pow", "relu", "radd", "rsub", "rmul", "rdiv"]
 
 
-def build(V: Any, leaves: Sequence[float], prog: Sequence[Tuple[str, int, int, float]]) -> Tuple[List[Any], Any]:
+def build(
+    V: Any, leaves: Sequence[float], prog: Sequence[tuple[str, int, int, float]]
+) -> tuple[list[Any], Any]:
     nodes = [V(x) for x in leaves]
     leaf_nodes = list(nodes)
     for op, i, j, c in prog:
@@ -226,16 +241,26 @@ def build(V: Any, leaves: Sequence[float], prog: Sequence[Tuple[str, int, int, f
             y = c / a if abs(ad) > 0.25 else c * a
         nodes.append(y)
     out = nodes[-1]
-    for n in nodes[len(leaves):-1]:
+    for n in nodes[len(leaves) : -1]:
         out = out + n * 0.5  # every intermediate reaches the output
     return leaf_nodes, out
 
 
 @settings(max_examples=300, deadline=None)
 @given(
-    leaves=st.lists(st.floats(-3, 3, allow_nan=False).filter(lambda x: abs(x) > 1e-3), min_size=1, max_size=4),
-    prog=st.lists(st.tuples(st.sampled_from(OPS), st.integers(0, 50), st.integers(0, 50),
-                            st.floats(-2, 2, allow_nan=False)), min_size=1, max_size=12),
+    leaves=st.lists(
+        st.floats(-3, 3, allow_nan=False).filter(lambda x: abs(x) > 1e-3), min_size=1, max_size=4
+    ),
+    prog=st.lists(
+        st.tuples(
+            st.sampled_from(OPS),
+            st.integers(0, 50),
+            st.integers(0, 50),
+            st.floats(-2, 2, allow_nan=False),
+        ),
+        min_size=1,
+        max_size=12,
+    ),
 )
 def test_random_graphs_match_micrograd(leaves, prog):
     ours_leaves, ours = build(Value, leaves, prog)
@@ -250,7 +275,8 @@ def test_random_graphs_match_micrograd(leaves, prog):
 
 # ---- ops micrograd lacks: finite differences -----------------------------------------------
 
-def grad_and_fd(fn: Callable[[List[Any]], Any], x: List[float], check: Sequence[int] = ()) -> None:
+
+def grad_and_fd(fn: Callable[[list[Any]], Any], x: list[float], check: Sequence[int] = ()) -> None:
     vals = [Value(v) for v in x]
     y = fn(vals) * 1.5
     y.backward()
@@ -258,7 +284,7 @@ def grad_and_fd(fn: Callable[[List[Any]], Any], x: List[float], check: Sequence[
     def f(xs: Sequence[float]) -> float:
         return float((fn([Value(v) for v in xs]) * 1.5).data)
 
-    for i in (check or range(len(x))):
+    for i in check or range(len(x)):
         assert fd_matches(f, x, i, vals[i].grad), (fn, x, i, vals[i].grad)
 
 
@@ -327,13 +353,18 @@ def test_nan_and_inf_propagate_as_ieee():
 
 # ---- exact numbers at the edges (issue #10, item 13) -----------------------------------------
 
-DIVISIONS = [lambda a, b: a / b, lambda a, b: 10.0 / b, lambda a, b: a / 3.0, lambda a, b: 7 / (a * b),
-             lambda a, b: (a * 1.25) / (b + 0.5)]
+DIVISIONS = [
+    lambda a, b: a / b,
+    lambda a, b: 10.0 / b,
+    lambda a, b: a / 3.0,
+    lambda a, b: 7 / (a * b),
+    lambda a, b: (a * 1.25) / (b + 0.5),
+]
 
 
 def test_division_is_micrographs_bit_for_bit():
     # micrograd divides as a * b**-1: two roundings, which 7/3 shows in the last bit
-    assert (Value(7.0) / Value(3.0)).data == (RefValue(7.0) / RefValue(3.0)).data == 7.0 * 3.0 ** -1
+    assert (Value(7.0) / Value(3.0)).data == (RefValue(7.0) / RefValue(3.0)).data == 7.0 * 3.0**-1
     assert (Value(7.0) / 3.0).data == (RefValue(7.0) / 3.0).data
     assert (7.0 / Value(3.0)).data == (7.0 / RefValue(3.0)).data
     rs = random.Random(10)
@@ -364,6 +395,7 @@ def test_readme_example_forward_matches_micrograd_bit_for_bit():
 @pytest.mark.parametrize("backend", ["tape", "c"])
 def test_compiled_division_equals_eager_bit_for_bit(backend, tmp_path, monkeypatch):
     from micrograd_c import compiler
+
     if backend == "c":
         try:
             compiler.find_compiler()
@@ -388,7 +420,7 @@ def test_compiled_division_equals_eager_bit_for_bit(backend, tmp_path, monkeypat
 
 def test_powers_at_zero_have_pytorchs_gradients():
     a = Value(0.0)
-    y = a ** 0
+    y = a**0
     y.backward()
     assert y.data == 1.0 and a.grad == 0.0  # 0 * 0**-1 would be NaN
     r = Value(-2.0)
@@ -396,11 +428,11 @@ def test_powers_at_zero_have_pytorchs_gradients():
     z.backward()
     assert r.grad == 0.0 and z.data == 1.0
     a, b = Value(0.0), Value(2.0)
-    p = a ** b
+    p = a**b
     p.backward()
     assert (p.data, a.grad, b.grad) == (0.0, 0.0, 0.0)  # b.grad: 0 * log(0) would be NaN
     a, b = Value(0.0), Value(0.0)
-    q = a ** b
+    q = a**b
     q.backward()
     assert (q.data, a.grad, b.grad) == (1.0, 0.0, 0.0)
     try:
@@ -410,13 +442,14 @@ def test_powers_at_zero_have_pytorchs_gradients():
     for x, e in ((0.0, 2.0), (0.0, 0.0), (2.0, 0.0), (0.0, 0.5)):
         ta = torch.tensor(x, dtype=torch.float64, requires_grad=True)
         tb = torch.tensor(e, dtype=torch.float64, requires_grad=True)
-        (ta ** tb).backward()
+        (ta**tb).backward()
         va, vb = Value(x), Value(e)
-        (va ** vb).backward()
+        (va**vb).backward()
         assert (va.grad, vb.grad) == (ta.grad.item(), tb.grad.item()), (x, e)
 
 
 # ---- wrong arguments are one-line errors (issue #10, item 17) --------------------------------
+
 
 @pytest.mark.parametrize("method", ["add", "sub", "mul", "div", "max", "powv", "pow"])
 def test_op_methods_raise_on_wrong_types(method):

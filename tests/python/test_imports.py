@@ -1,4 +1,5 @@
 """What importing costs: the engine alone, the compiler and the application only when used."""
+
 from __future__ import annotations
 
 import json
@@ -10,8 +11,12 @@ import micrograd_c
 
 def _modules_after(code: str) -> list:
     """The modules loaded by ``code`` in a fresh interpreter."""
-    r = subprocess.run([sys.executable, "-c", code + "\nimport sys, json; print(json.dumps(sorted(sys.modules)))"],
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-c", code + "\nimport sys, json; print(json.dumps(sorted(sys.modules)))"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout.splitlines()[-1])
 
@@ -27,11 +32,17 @@ def test_importing_the_engine_imports_neither_the_compiler_nor_its_dependencies(
 
 
 def test_lazy_names_load_their_module_on_first_use():
-    loaded = _modules_after("import micrograd_c as mc\nassert mc.compile is mc.compiler.compile\n"
-                            "assert mc.MLP.__module__ == 'micrograd_c.nn'")
+    loaded = _modules_after(
+        "import micrograd_c as mc\nassert mc.compile is mc.compiler.compile\n"
+        "assert mc.MLP.__module__ == 'micrograd_c.nn'"
+    )
     assert "micrograd_c.compiler.program" in loaded and "micrograd_c.nn" in loaded
-    assert not [m for m in loaded if m.startswith("micrograd_c.app")]  # the library never imports it
-    star = _modules_after("from micrograd_c import *\nassert callable(compile) and MLP and draw_dot")
+    assert not [
+        m for m in loaded if m.startswith("micrograd_c.app")
+    ]  # the library never imports it
+    star = _modules_after(
+        "from micrograd_c import *\nassert callable(compile) and MLP and draw_dot"
+    )
     assert "micrograd_c.compiler" in star
     assert {"compile", "MLP", "CompileError", "nn", "compiler"} <= set(dir(micrograd_c))
     try:
@@ -43,6 +54,8 @@ def test_lazy_names_load_their_module_on_first_use():
 
 
 def test_no_library_module_imports_the_application():
-    loaded = _modules_after("import micrograd_c.compiler, micrograd_c.datasets, micrograd_c.modelfile, "
-                            "micrograd_c.nn, micrograd_c.viz, micrograd_c.functional")
+    loaded = _modules_after(
+        "import micrograd_c.compiler, micrograd_c.datasets, micrograd_c.modelfile, "
+        "micrograd_c.nn, micrograd_c.viz, micrograd_c.functional"
+    )
     assert not [m for m in loaded if m.startswith("micrograd_c.app")]

@@ -1,4 +1,5 @@
 """Lifetimes: graphs are reclaimed promptly by reference counting; handles never dangle."""
+
 from __future__ import annotations
 
 import gc
@@ -66,13 +67,19 @@ def test_checkpoint_releases_and_stale_handles_raise():
     assert mc.graph_len() == base
     assert w.grad == 4.0 and w.data == 2.0
     assert y._alive is False
-    for use in (lambda: y.data, lambda: y.grad, lambda: y + 1, lambda: y.backward(), lambda: y._prev):
+    for use in (
+        lambda: y.data,
+        lambda: y.grad,
+        lambda: y + 1,
+        lambda: y.backward(),
+        lambda: y._prev,
+    ):
         with pytest.raises(mc.StaleValueError, match="released"):
             use()
     assert "released" in repr(y)
     # the stale handle's slot may be reused: new values are unaffected by the stale handle
     z = w + 3
-    del y
+    y = None  # drops the handle (the lambdas above share this variable)
     gc.collect()
     assert z.data == 5.0 and z._alive
 

@@ -5,10 +5,10 @@ new Values reuse their slots; a variadic reader calls back into Python (``__floa
 collects its operands, and the callback can release them. Neither may compute with, write into or
 release another Value.
 """
+
 from __future__ import annotations
 
 import gc
-import os
 import subprocess
 import sys
 import textwrap
@@ -30,7 +30,7 @@ def test_model_created_inside_a_checkpoint_is_stale_after_it():
         params = model.parameters()
     # new Values reuse the released slots, variadic nodes among them
     others = [Value(float(i)) for i in range(300)]
-    sums = [mc.vsum(others[i:i + 5]) for i in range(0, 100, 5)]
+    sums = [mc.vsum(others[i : i + 5]) for i in range(0, 100, 5)]
     uses = [
         lambda: model([1.0, 2.0]),
         lambda: neuron([1.0, 2.0, 3.0]),
@@ -39,7 +39,9 @@ def test_model_created_inside_a_checkpoint_is_stale_after_it():
         lambda: model.layers[0].neurons[0]([1.0, 2.0]),
         lambda: params[0].data,
         lambda: model.state_dict(),
-        lambda: model.load_state_dict({k: np.zeros_like(v) for k, v in MLP(2, [3, 1]).state_dict().items()}),
+        lambda: model.load_state_dict(
+            {k: np.zeros_like(v) for k, v in MLP(2, [3, 1]).state_dict().items()}
+        ),
         lambda: model._c.get_data(),
         lambda: model._c.get_grad(),
         lambda: model._c.set_data(np.zeros(13)),
@@ -53,7 +55,7 @@ def test_model_created_inside_a_checkpoint_is_stale_after_it():
         assert [o.data for o in others] == [float(k) for k in range(300)], i
     with pytest.raises(StaleValueError):
         model.zero_grad()
-    del model, neuron, layer, params
+    model = neuron = layer = params = None  # drops the models (the lambdas share these variables)
     gc.collect()
     # dropping the models released nothing else
     assert all(o._alive for o in others) and all(s._alive for s in sums)
@@ -98,6 +100,7 @@ def test_model_created_before_the_checkpoint_is_untouched():
 
 
 # ---- variadic readers and number callbacks (__float__) --------------------------------------
+
 
 class Releaser:
     """A number whose ``__float__`` runs ``action`` on call number ``on`` (1-based)."""
@@ -173,11 +176,10 @@ def test_writes_convert_the_number_before_resolving_the_value():
         a = Value(1.5)
         junk = []
 
-        def release_a():
+        def release_a(token=token, junk=junk):
             _core.checkpoint_restore(token)
             junk.extend(Value(100.0) for _ in range(8))  # takes a's slot
 
         with pytest.raises(StaleValueError):
             setattr(a, attr, Releaser(2.0, release_a))
         assert all(j.data == 100.0 and j.grad == 0.0 for j in junk)
-

@@ -1,9 +1,11 @@
-"""Value lifetimes as a state machine: create, combine, drop, collect, backward, save/restore, access.
+"""Value lifetimes as a state machine: create, combine, drop, collect, backward, save/restore,
+access.
 
 A model tracks which Values must be alive and what their data must be; after any sequence of
 steps, a live handle reads the right data and a released one raises StaleValueError (never a
 crash), and the process graph holds no more values than the live handles need.
 """
+
 from __future__ import annotations
 
 import gc
@@ -12,7 +14,14 @@ import math
 import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
-from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invariant, precondition, rule
+from hypothesis.stateful import (
+    Bundle,
+    RuleBasedStateMachine,
+    consumes,
+    invariant,
+    precondition,
+    rule,
+)
 
 import micrograd_c as mc
 from micrograd_c import _core
@@ -63,10 +72,18 @@ class Lifetimes(RuleBasedStateMachine):
             with pytest.raises(mc.StaleValueError):
                 _ = a.v + b.v
             return self._track(Value(0.0), 0.0, frozenset())
-        v = {"+": lambda: a.v + b.v, "-": lambda: a.v - b.v, "*": lambda: a.v * b.v,
-             "max": lambda: a.v.max(b.v)}[op]()
-        data = {"+": a.data + b.data, "-": a.data - b.data, "*": a.data * b.data,
-                "max": max(a.data, b.data)}[op]
+        v = {
+            "+": lambda: a.v + b.v,
+            "-": lambda: a.v - b.v,
+            "*": lambda: a.v * b.v,
+            "max": lambda: a.v.max(b.v),
+        }[op]()
+        data = {
+            "+": a.data + b.data,
+            "-": a.data - b.data,
+            "*": a.data * b.data,
+            "max": max(a.data, b.data),
+        }[op]
         return self._track(v, data, a.keeps | b.keeps)
 
     @rule(k=consumes(keys))

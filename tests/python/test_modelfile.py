@@ -1,5 +1,6 @@
 """Model files: MLP.save / MLP.load round trips, and every malformed or hostile file refused with
 one clear error, before anything is allocated (micrograd_c.modelfile)."""
+
 from __future__ import annotations
 
 import json
@@ -29,8 +30,15 @@ def _outputs(m, x):
     return [v.data for v in (out if isinstance(out, list) else [out])]
 
 
-@pytest.mark.parametrize("sizes, activation", [((3, [5, 4, 2]), "tanh"), ((2, [1]), "relu"),
-                                                ((4, [3, 1]), "sigmoid"), ((2, [16, 16, 1]), "relu")])
+@pytest.mark.parametrize(
+    "sizes, activation",
+    [
+        ((3, [5, 4, 2]), "tanh"),
+        ((2, [1]), "relu"),
+        ((4, [3, 1]), "sigmoid"),
+        ((2, [16, 16, 1]), "relu"),
+    ],
+)
 def test_save_then_load_gives_the_same_model(tmp_path, sizes, activation):
     m = _model(sizes, activation)
     path = tmp_path / "m.npz"
@@ -39,7 +47,7 @@ def test_save_then_load_gives_the_same_model(tmp_path, sizes, activation):
     assert back.sizes == m.sizes and repr(back) == repr(m)
     for k, v in m.state_dict().items():
         assert np.array_equal(back.state_dict()[k], v)
-    x = [0.3, -1.2, 0.7, 2.0][:sizes[0]]
+    x = [0.3, -1.2, 0.7, 2.0][: sizes[0]]
     assert _outputs(back, x) == _outputs(m, x)  # bit for bit
 
 
@@ -53,7 +61,9 @@ def test_metadata_is_kept_and_the_format_is_versioned(tmp_path):
     assert meta["sizes"] == [3, 5, 4, 2] and meta["activation"] == "tanh"
     # numpy alone reads the file, without pickle
     with np.load(tmp_path / "m.npz", allow_pickle=False) as z:
-        assert sorted(z.files) == ["__meta__"] + [f"layers.{i}.{k}" for i in range(3) for k in ("bias", "weight")]
+        assert sorted(z.files) == ["__meta__"] + [
+            f"layers.{i}.{k}" for i in range(3) for k in ("bias", "weight")
+        ]
         assert z["layers.0.weight"].shape == (5, 3) and z["layers.0.weight"].dtype == np.float64
         assert json.loads(str(z["__meta__"]))["version"] == 1
 
@@ -93,18 +103,30 @@ def _rewrite(src, dst, meta=None, arrays=None, drop=()):
     np.savez(dst, __meta__=np.array(json.dumps(m)), **members)
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"meta": {"version": 2}}, "written by a newer micrograd-c (model file format version 2; this one reads up to 1)"),
-    ({"drop": ["version"]}, "format version 'None' is not a version"),
-    ({"meta": {"format": "something else"}}, "not a micrograd-c model file"),
-    ({"meta": {"sizes": [3, 0, 2]}}, "layer sizes are missing or invalid"),
-    ({"meta": {"sizes": [3, 5]}}, "the arrays do not match the layer sizes [3, 5]"),
-    ({"meta": {"activation": "gelu"}}, "unknown activation 'gelu'"),
-    ({"arrays": {"layers.0.weight": np.zeros((5, 4))}}, "layers.0.weight: expected shape (5, 3), got (5, 4)"),
-    ({"arrays": {"layers.0.bias": np.zeros(5, dtype=np.int64)}}, "layers.0.bias: expected float64 data"),
-    ({"arrays": {"layers.9.bias": np.zeros(5)}}, "unexpected ['layers.9.bias']"),
-    ({"drop": ["layers.1.bias"]}, "missing ['layers.1.bias']"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (
+            {"meta": {"version": 2}},
+            "written by a newer micrograd-c (model file format version 2; this one reads up to 1)",
+        ),
+        ({"drop": ["version"]}, "format version 'None' is not a version"),
+        ({"meta": {"format": "something else"}}, "not a micrograd-c model file"),
+        ({"meta": {"sizes": [3, 0, 2]}}, "layer sizes are missing or invalid"),
+        ({"meta": {"sizes": [3, 5]}}, "the arrays do not match the layer sizes [3, 5]"),
+        ({"meta": {"activation": "gelu"}}, "unknown activation 'gelu'"),
+        (
+            {"arrays": {"layers.0.weight": np.zeros((5, 4))}},
+            "layers.0.weight: expected shape (5, 3), got (5, 4)",
+        ),
+        (
+            {"arrays": {"layers.0.bias": np.zeros(5, dtype=np.int64)}},
+            "layers.0.bias: expected float64 data",
+        ),
+        ({"arrays": {"layers.9.bias": np.zeros(5)}}, "unexpected ['layers.9.bias']"),
+        ({"drop": ["layers.1.bias"]}, "missing ['layers.1.bias']"),
+    ],
+)
 def test_malformed_files_are_refused_with_one_line(tmp_path, change, message):
     good = tmp_path / "good.npz"
     _model().save(good)
@@ -112,7 +134,9 @@ def test_malformed_files_are_refused_with_one_line(tmp_path, change, message):
     _rewrite(good, bad, **change)
     with pytest.raises(ModelFileError) as e:
         MLP.load(bad)
-    assert str(e.value).startswith(f"{bad}: ") and message in str(e.value) and "\n" not in str(e.value)
+    assert (
+        str(e.value).startswith(f"{bad}: ") and message in str(e.value) and "\n" not in str(e.value)
+    )
 
 
 def test_files_that_are_not_model_files(tmp_path):
@@ -121,10 +145,14 @@ def test_files_that_are_not_model_files(tmp_path):
         MLP.load(tmp_path / "text")
     good = tmp_path / "good.npz"
     _model().save(good)
-    (tmp_path / "cut.npz").write_bytes(good.read_bytes()[:300])  # a truncated zip (found by fuzzing)
+    (tmp_path / "cut.npz").write_bytes(
+        good.read_bytes()[:300]
+    )  # a truncated zip (found by fuzzing)
     with pytest.raises(ModelFileError, match="not a micrograd-c model file"):
         MLP.load(tmp_path / "cut.npz")
-    np.savez(tmp_path / "pickled.npz", __meta__=np.array([{"format": modelfile.FORMAT}], dtype=object))
+    np.savez(
+        tmp_path / "pickled.npz", __meta__=np.array([{"format": modelfile.FORMAT}], dtype=object)
+    )
     with pytest.raises(ModelFileError, match="metadata of shape"):
         MLP.load(tmp_path / "pickled.npz")
     with zipfile.ZipFile(tmp_path / "other.npz", "w") as zf:
@@ -142,6 +170,7 @@ def _npz(path, members):
     or an int n for n zero bytes written in chunks."""
     import io
     import zipfile
+
     with zipfile.ZipFile(path, "w") as zf:
         for name, (header, data, compress) in members.items():
             buf = io.BytesIO()
@@ -160,24 +189,46 @@ def _npz(path, members):
 
 def _meta_member(sizes):
     import json
-    arr = np.array(json.dumps({"format": modelfile.FORMAT, "version": 1, "sizes": sizes, "activation": "relu"}))
+
+    arr = np.array(
+        json.dumps({"format": modelfile.FORMAT, "version": 1, "sizes": sizes, "activation": "relu"})
+    )
     return ({"descr": arr.dtype.str, "fortran_order": False, "shape": ()}, arr.tobytes(), False)
 
 
 HOSTILE_MODELS = {
     # a tiny file whose metadata claims 20M parameters, arrays shaped to match, no data
-    "claims-20M": lambda: {"__meta__": _meta_member([2000, 10000, 10]),
-                           "layers.0.weight": ({"descr": "<f8", "fortran_order": False, "shape": (10000, 2000)}, b"", False),
-                           "layers.0.bias": ({"descr": "<f8", "fortran_order": False, "shape": (10000,)}, b"", False),
-                           "layers.1.weight": ({"descr": "<f8", "fortran_order": False, "shape": (10, 10000)}, b"", False),
-                           "layers.1.bias": ({"descr": "<f8", "fortran_order": False, "shape": (10,)}, b"", False)},
+    "claims-20M": lambda: {
+        "__meta__": _meta_member([2000, 10000, 10]),
+        "layers.0.weight": (
+            {"descr": "<f8", "fortran_order": False, "shape": (10000, 2000)},
+            b"",
+            False,
+        ),
+        "layers.0.bias": ({"descr": "<f8", "fortran_order": False, "shape": (10000,)}, b"", False),
+        "layers.1.weight": (
+            {"descr": "<f8", "fortran_order": False, "shape": (10, 10000)},
+            b"",
+            False,
+        ),
+        "layers.1.bias": ({"descr": "<f8", "fortran_order": False, "shape": (10,)}, b"", False),
+    },
     # the same with no arrays at all
     "claims-20M-no-arrays": lambda: {"__meta__": _meta_member([2000, 10000, 10])},
     # a deflate bomb: 1.2 GB of zeros for a 2x2 model's bias, in a file of about 1.2 MB
-    "bomb": lambda: {"__meta__": _meta_member([2, 2]),
-                     "layers.0.weight": ({"descr": "<f8", "fortran_order": False, "shape": (2, 2)}, b"\0" * 32, False),
-                     "layers.0.bias": ({"descr": "<f8", "fortran_order": False, "shape": (150 << 20,)},
-                                       1200 << 20, True)},
+    "bomb": lambda: {
+        "__meta__": _meta_member([2, 2]),
+        "layers.0.weight": (
+            {"descr": "<f8", "fortran_order": False, "shape": (2, 2)},
+            b"\0" * 32,
+            False,
+        ),
+        "layers.0.bias": (
+            {"descr": "<f8", "fortran_order": False, "shape": (150 << 20,)},
+            1200 << 20,
+            True,
+        ),
+    },
 }
 
 
@@ -206,5 +257,3 @@ def test_hostile_model_files_are_refused_before_allocating(tmp_path, kind):
     # the file is refused before its claims are believed: the old reader built the 20M-parameter
     # MLP (3.6 GB) or inflated the 1.2 GB array before refusing
     assert int(r.stdout.split("peak MB:")[1]) < 400, r.stdout
-
-

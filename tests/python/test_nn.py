@@ -1,14 +1,15 @@
 """nn classes against micrograd 0.1.0: same init, same forward, same training, same API."""
+
 from __future__ import annotations
 
 import pickle
 import random
 
+import micrograd.nn as ref_nn
 import numpy as np
 import pytest
-
-import micrograd.nn as ref_nn
 from micrograd.engine import Value as RefValue
+
 from micrograd_c.engine import Value
 from micrograd_c.nn import MLP, Layer, Module, Neuron
 
@@ -100,7 +101,7 @@ def test_training_steps_match_micrograd():
     Y = [1 if a * b > 0 else -1 for a, b in X]
     ours, ref = both(4, MLP, ref_nn.MLP, 2, [8, 8, 1])
     for model, V in ((ours, Value), (ref, RefValue)):
-        for k in range(5):
+        for _ in range(5):
             scores = [model([V(a), V(b)]) for a, b in X]
             loss = sum((1 + -y * s).relu() for y, s in zip(Y, scores)) * (1.0 / len(X))
             model.zero_grad()
@@ -134,13 +135,23 @@ def test_state_dict_matches_torch_linear():
     torch = pytest.importorskip("torch")
     random.seed(8)
     m = MLP(3, [4, 2])
-    net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2)).double()
+    net = torch.nn.Sequential(
+        torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2)
+    ).double()
     sd = m.state_dict()
-    net.load_state_dict({k.replace("layers.0", "0").replace("layers.1", "2"): torch.from_numpy(v)
-                         for k, v in sd.items()})
+    net.load_state_dict(
+        {
+            k.replace("layers.0", "0").replace("layers.1", "2"): torch.from_numpy(v)
+            for k, v in sd.items()
+        }
+    )
     x = [0.2, 0.4, -0.6]
-    assert np.allclose(net(torch.tensor(x, dtype=torch.float64)).detach().numpy(), [o.data for o in m(x)],
-                       rtol=1e-12, atol=0)
+    assert np.allclose(
+        net(torch.tensor(x, dtype=torch.float64)).detach().numpy(),
+        [o.data for o in m(x)],
+        rtol=1e-12,
+        atol=0,
+    )
 
 
 def test_pickle_round_trip():
@@ -172,22 +183,25 @@ def test_bad_shapes_are_clear_errors():
         MLP(2, [3])(["a", 1.0])
 
 
-@pytest.mark.parametrize("make, exc, words", [
-    (lambda: MLP(2.5, [1]), TypeError, "nin must be an integer"),
-    (lambda: MLP("2", [1]), TypeError, "nin must be an integer"),
-    (lambda: MLP(2, [1.5]), TypeError, "layer widths must be integers"),
-    (lambda: MLP(2, 3), TypeError, "nouts must be a sequence"),
-    (lambda: MLP(-3, [1]), ValueError, "at least one input"),
-    (lambda: MLP(2, [1], activation=5), TypeError, "activation must be a string"),
-    (lambda: Neuron(-1), ValueError, "nin must be at least 1"),
-    (lambda: Neuron(2.0), TypeError, "nin must be an integer"),
-    (lambda: Neuron(None), TypeError, "nin must be an integer"),
-    (lambda: Layer(2, 0), ValueError, "nout must be at least 1"),
-    (lambda: Layer("a", 2), TypeError, "nin must be an integer"),
-    (lambda: Layer(2, 2.5), TypeError, "nout must be an integer"),
-    (lambda: MLP(2, [2 ** 70]), ValueError, "too many"),
-    (lambda: Neuron(2 ** 64), ValueError, "too many"),
-])
+@pytest.mark.parametrize(
+    "make, exc, words",
+    [
+        (lambda: MLP(2.5, [1]), TypeError, "nin must be an integer"),
+        (lambda: MLP("2", [1]), TypeError, "nin must be an integer"),
+        (lambda: MLP(2, [1.5]), TypeError, "layer widths must be integers"),
+        (lambda: MLP(2, 3), TypeError, "nouts must be a sequence"),
+        (lambda: MLP(-3, [1]), ValueError, "at least one input"),
+        (lambda: MLP(2, [1], activation=5), TypeError, "activation must be a string"),
+        (lambda: Neuron(-1), ValueError, "nin must be at least 1"),
+        (lambda: Neuron(2.0), TypeError, "nin must be an integer"),
+        (lambda: Neuron(None), TypeError, "nin must be an integer"),
+        (lambda: Layer(2, 0), ValueError, "nout must be at least 1"),
+        (lambda: Layer("a", 2), TypeError, "nin must be an integer"),
+        (lambda: Layer(2, 2.5), TypeError, "nout must be an integer"),
+        (lambda: MLP(2, [2**70]), ValueError, "too many"),
+        (lambda: Neuron(2**64), ValueError, "too many"),
+    ],
+)
 def test_wrong_arguments_are_one_line_errors(make, exc, words):
     with pytest.raises(exc) as e:
         make()
@@ -197,9 +211,15 @@ def test_wrong_arguments_are_one_line_errors(make, exc, words):
 
 def test_core_constructors_speak_micrograd_c():
     from micrograd_c import _core
-    for make in (lambda: _core.MLP(2.5, [1], "relu"), lambda: _core.Neuron(-1, "relu"),
-                 lambda: _core.Layer(2, "x", "relu"), lambda: _core.MLP(2, [1], 5),
-                 lambda: _core.MLP(2, [1], "relu").layer("a"), lambda: _core.Neuron(2, "relu").__call__(5)):
+
+    for make in (
+        lambda: _core.MLP(2.5, [1], "relu"),
+        lambda: _core.Neuron(-1, "relu"),
+        lambda: _core.Layer(2, "x", "relu"),
+        lambda: _core.MLP(2, [1], 5),
+        lambda: _core.MLP(2, [1], "relu").layer("a"),
+        lambda: _core.Neuron(2, "relu").__call__(5),
+    ):
         with pytest.raises((TypeError, ValueError, IndexError)) as e:
             make()
         assert "\n" not in str(e.value) and "incompatible function arguments" not in str(e.value)

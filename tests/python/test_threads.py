@@ -4,11 +4,11 @@ Two threads that each train their own model with the documented pattern (build t
 call backward inside ``with checkpoint():``, update the parameters after it) must get exactly
 the parameters they get when run one after the other.
 """
+
 from __future__ import annotations
 
 import sys
 import threading
-from typing import Dict, List
 
 import numpy as np
 import pytest
@@ -18,7 +18,7 @@ from micrograd_c.engine import Value
 from micrograd_c.nn import MLP
 
 
-def initial_state(seed: int, sizes: List[int]) -> Dict[str, np.ndarray]:
+def initial_state(seed: int, sizes: list[int]) -> dict[str, np.ndarray]:
     rs = np.random.RandomState(seed)
     out = {}
     for i in range(len(sizes) - 1):
@@ -27,7 +27,7 @@ def initial_state(seed: int, sizes: List[int]) -> Dict[str, np.ndarray]:
     return out
 
 
-def train(seed: int, steps: int, start: threading.Barrier = None) -> Dict[str, np.ndarray]:
+def train(seed: int, steps: int, start: threading.Barrier | None = None) -> dict[str, np.ndarray]:
     """The documented pattern; the model and the data are created by the training thread."""
     if start is not None:
         start.wait()
@@ -55,15 +55,15 @@ def fast_switching():
     sys.setswitchinterval(old)
 
 
-def run_threads(seeds: List[int], steps: int) -> List[Dict[str, np.ndarray]]:
-    results: List = [None] * len(seeds)
-    errors: List[BaseException] = []
+def run_threads(seeds: list[int], steps: int) -> list[dict[str, np.ndarray]]:
+    results: list = [None] * len(seeds)
+    errors: list[BaseException] = []
     start = threading.Barrier(len(seeds))
 
     def worker(i: int) -> None:
         try:
             results[i] = train(seeds[i], steps, start)
-        except BaseException as e:  # noqa: BLE001 -- reported by the main thread
+        except BaseException as e:
             errors.append(e)
 
     threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(seeds))]
@@ -89,8 +89,8 @@ def test_two_threads_train_their_own_models_as_if_alone(fast_switching):
 
 def test_a_thread_does_not_release_values_created_meanwhile_by_another(fast_switching):
     inside, outside = threading.Event(), threading.Event()
-    made: List[Value] = []
-    seen: List[float] = []
+    made: list[Value] = []
+    seen: list[float] = []
 
     def holder() -> None:
         with mc.checkpoint():
@@ -115,14 +115,14 @@ def test_a_thread_does_not_release_values_created_meanwhile_by_another(fast_swit
 
 def test_many_short_lived_threads_reuse_domains():
     # more threads than there are checkpoint domains, one after the other
-    def step(out: List[float]) -> None:
+    def step(out: list[float]) -> None:
         x = Value(3.0)
         with mc.checkpoint():
             y = x * x
             y.backward()
         out.append(x.grad)
 
-    out: List[float] = []
+    out: list[float] = []
     for _ in range(300):
         t = threading.Thread(target=step, args=(out,))
         t.start()

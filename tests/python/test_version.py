@@ -1,4 +1,5 @@
 """One version: meson.build's project version is the package's, the module's and libmg's."""
+
 from __future__ import annotations
 
 import os

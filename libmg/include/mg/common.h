@@ -29,20 +29,22 @@ extern "C" {
  * The status table: one row per status, `X(NAME, code, message)`.
  * It generates the `MG_*` status constants, mg_status_name() and mg_strerror().
  */
-#define MG_STATUS_LIST(X)                                                      \
-    X(OK, 0, "success")                                                        \
-    X(ENOMEM, -1, "out of memory")                                             \
-    X(EINVAL, -2, "invalid argument")                                          \
-    X(ERANGE, -3, "value out of range")                                        \
-    X(ESTALE, -4, "value was released (stale handle)")                         \
-    X(EFORMAT, -5, "malformed input")                                          \
+#define MG_STATUS_LIST(X)                                                                          \
+    X(OK, 0, "success")                                                                            \
+    X(ENOMEM, -1, "out of memory")                                                                 \
+    X(EINVAL, -2, "invalid argument")                                                              \
+    X(ERANGE, -3, "value out of range")                                                            \
+    X(ESTALE, -4, "value was released (stale handle)")                                             \
+    X(EFORMAT, -5, "malformed input")                                                              \
     X(EIO, -6, "input/output error")
 
 #define MG__STATUS_ENUM(name, code, msg) MG_##name = (code),
 /** Status codes returned by fallible libmg calls: MG_OK (0) or a negative error. */
 typedef enum mg_status {
+    /* clang-format off */
     MG_STATUS_LIST(MG__STATUS_ENUM)
     MG__STATUS_MIN = -7 /**< One below the lowest status; not a status. */
+    /* clang-format on */
 } mg_status;
 #undef MG__STATUS_ENUM
 
@@ -70,7 +72,8 @@ MG_API const char *mg_strerror(int status);
 typedef struct mg_allocator {
     /** Allocates @p size bytes; returns NULL on failure. */
     void *(*malloc_fn)(size_t size, void *ctx);
-    /** Resizes @p ptr (NULL allowed) to @p size bytes; returns NULL on failure, leaving @p ptr valid. */
+    /** Resizes @p ptr (NULL allowed) to @p size bytes; returns NULL on failure, leaving @p ptr
+     * valid. */
     void *(*realloc_fn)(void *ptr, size_t size, void *ctx);
     /** Frees @p ptr; NULL is a no-op. */
     void (*free_fn)(void *ptr, void *ctx);

@@ -83,7 +83,8 @@ MG_API size_t mg_graph_bytes(const mg_graph *g);
 /**
  * @brief Records the current point in the graph's history.
  * @param g the graph
- * @return a checkpoint to pass to mg_graph_restore(); a checkpoint of a NULL graph restores nothing.
+ * @return a checkpoint to pass to mg_graph_restore(); a checkpoint of a NULL graph restores
+ * nothing.
  */
 MG_API mg_graph_checkpoint mg_graph_save(const mg_graph *g);
 
@@ -416,8 +417,7 @@ MG_API mg_value *mg_hinge(mg_graph *g, mg_value *const *score, mg_value *const *
  *        not an integer in [0, n) makes the op fail with MG_EINVAL (frozen programs give NaN).
  * @return new value or NULL.
  */
-MG_API mg_value *mg_cross_entropy(mg_graph *g, mg_value *const *logits, size_t n,
-                                  mg_value *target);
+MG_API mg_value *mg_cross_entropy(mg_graph *g, mg_value *const *logits, size_t n, mg_value *target);
 
 /** @cond MG_OLD_NAMES */
 /* ---- TO REMOVE: the names before the naming rule (docs/ARCHITECTURE.md, "Naming") ------------

@@ -30,17 +30,20 @@ extern "C" {
  * applies (-1: none). It generates ::mg_activation, mg_activation_name() and mg_activation_op();
  * neurons, the bindings and the Python classes all read it.
  */
-#define MG_ACTIVATION_LIST(X)                                                                  \
-    X(LINEAR, "linear", -1)                                                                    \
-    X(RELU, "relu", MG_OP_RELU)                                                                \
-    X(TANH, "tanh", MG_OP_TANH)                                                                \
+#define MG_ACTIVATION_LIST(X)                                                                      \
+    X(LINEAR, "linear", -1)                                                                        \
+    X(RELU, "relu", MG_OP_RELU)                                                                    \
+    X(TANH, "tanh", MG_OP_TANH)                                                                    \
     X(SIGMOID, "sigmoid", MG_OP_SIGMOID)
 
 #define MG__ACT_ENUM(id, name, op) MG_ACT_##id,
-/** Activation applied by a neuron (MG_ACT_RELU is micrograd's default); from #MG_ACTIVATION_LIST. */
+/** Activation applied by a neuron (MG_ACT_RELU is micrograd's default); from #MG_ACTIVATION_LIST.
+ */
 typedef enum mg_activation {
+    /* clang-format off */
     MG_ACTIVATION_LIST(MG__ACT_ENUM)
     MG_ACT_COUNT /**< Number of activations; not an activation. */
+    /* clang-format on */
 } mg_activation;
 #undef MG__ACT_ENUM
 
@@ -88,7 +91,7 @@ typedef struct mg_mlp mg_mlp;
  * @return the neuron, freed with mg_neuron_free(); NULL on failure (the graph is unchanged).
  */
 MG_API mg_neuron *mg_neuron_new(mg_graph *g, size_t nin, mg_activation act, mg_init init,
-                                 mg_rng *rng);
+                                mg_rng *rng);
 /**
  * @brief Applies a neuron to @p x.
  * @param g the neuron's graph
@@ -132,8 +135,8 @@ MG_API void mg_neuron_free(mg_neuron *n);
  * @param rng generator (NULL: zero weights)
  * @return the layer, freed with mg_layer_free(); NULL on failure (the graph is unchanged).
  */
-MG_API mg_layer *mg_layer_new(mg_graph *g, size_t nin, size_t nout, mg_activation act,
-                               mg_init init, mg_rng *rng);
+MG_API mg_layer *mg_layer_new(mg_graph *g, size_t nin, size_t nout, mg_activation act, mg_init init,
+                              mg_rng *rng);
 /**
  * @brief Applies a layer.
  * @param g the layer's graph
@@ -175,7 +178,7 @@ MG_API void mg_layer_free(mg_layer *l);
  * @return the MLP, freed with mg_mlp_free(); NULL on failure (the graph is unchanged).
  */
 MG_API mg_mlp *mg_mlp_new(mg_graph *g, size_t nin, const size_t *nouts, size_t nlayers,
-                           mg_activation act, mg_init init, mg_rng *rng);
+                          mg_activation act, mg_init init, mg_rng *rng);
 /**
  * @brief Applies an MLP.
  * @param g the MLP's graph

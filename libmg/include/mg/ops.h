@@ -69,8 +69,10 @@ extern "C" {
 
 /** Operation that produced a value; generated from MG_OP_LIST. */
 typedef enum mg_op {
+    /* clang-format off */
     MG_OP_LIST(MG__OP_ENUM_S, MG__OP_ENUM_N)
     MG_OP_COUNT /**< Number of ops; not an op. */
+    /* clang-format on */
 } mg_op;
 #undef MG__OP_ENUM_S
 #undef MG__OP_ENUM_N

@@ -9,10 +9,11 @@ The library (``micrograd_c`` and its compiler) never imports this package. Modul
 - :mod:`.parser`: the command line;
 - :mod:`.commands`: ``train``, ``eval``, ``export-c``, ``bench`` and :func:`main`.
 """
+
 from __future__ import annotations
 
 
-def main(argv: "list[str] | None" = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     """Run the ``micrograd-c`` command; returns the exit status (see :mod:`.commands`)."""
     from .commands import main as run
 

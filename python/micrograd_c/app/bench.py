@@ -10,6 +10,7 @@ parameters (micrograd_c's MLP under ``random.seed(0)``), so they all train the s
 References that are not installed are listed as skipped with the command that installs them
 (all of them: ``pip install 'micrograd-c[bench]'``).
 """
+
 from __future__ import annotations
 
 import os
@@ -18,11 +19,12 @@ import random
 import statistics
 import sys
 import time
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
-Workload = Tuple[str, int, List[int], int]  # name, nin, nouts, samples for fast engines
+Workload = tuple[str, int, list[int], int]  # name, nin, nouts, samples for fast engines
 
 #: The environment references are pinned with: one thread each. Thread pools read these when
 #: they load, so ``micrograd-c bench`` restarts itself with them (and XLA reads its flags when
@@ -50,21 +52,29 @@ class Engine:
     does untimed one-off work for the shapes (JIT compilation); ``state()`` returns the
     parameters as PyTorch-shaped arrays (``layers.{i}.weight`` (out, in), ``layers.{i}.bias``)."""
 
-    def __init__(self, train: Callable[[np.ndarray, np.ndarray], None], state: Callable[[], Dict[str, np.ndarray]],
-                 prepare: Optional[Callable[[np.ndarray, np.ndarray], None]] = None) -> None:
+    def __init__(
+        self,
+        train: Callable[[np.ndarray, np.ndarray], None],
+        state: Callable[[], dict[str, np.ndarray]],
+        prepare: Callable[[np.ndarray, np.ndarray], None] | None = None,
+    ) -> None:
         self.train = train
         self.state = state
         self.prepare = prepare or (lambda X, y: None)
 
 
-def _data(nin: int, nout: int, n: int) -> Tuple[np.ndarray, np.ndarray]:
+def _data(nin: int, nout: int, n: int) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.RandomState(0)
     X = rng.rand(n, nin) * (0.1 if nin > 2 else 1.0)  # keep the MNIST-shaped MSE from diverging
-    y = (rng.randint(0, 2, n) * 2 - 1.0) if nout == 1 else rng.randint(0, nout, n).astype(np.float64)
+    y = (
+        (rng.randint(0, 2, n) * 2 - 1.0)
+        if nout == 1
+        else rng.randint(0, nout, n).astype(np.float64)
+    )
     return X, y
 
 
-def initial_state(nin: int, nouts: List[int]) -> Dict[str, np.ndarray]:
+def initial_state(nin: int, nouts: list[int]) -> dict[str, np.ndarray]:
     """The parameters every engine starts from: micrograd_c's (= micrograd's) init, seed 0."""
     from micrograd_c.nn import MLP
 
@@ -72,7 +82,7 @@ def initial_state(nin: int, nouts: List[int]) -> Dict[str, np.ndarray]:
     return MLP(nin, nouts).state_dict()
 
 
-def _values_engine(Value: Any, MLP: Any, nin: int, nouts: List[int]) -> Engine:
+def _values_engine(Value: Any, MLP: Any, nin: int, nouts: list[int]) -> Engine:
     """micrograd-style training written against a given Value/MLP pair."""
     random.seed(0)
     model = MLP(nin, nouts)
@@ -85,25 +95,32 @@ def _values_engine(Value: Any, MLP: Any, nin: int, nouts: List[int]) -> Engine:
             if nout == 1:
                 loss = (1 + -float(t) * out).relu()
             else:
-                loss = sum(((o - (1.0 if i == int(t) else 0.0)) ** 2 for i, o in enumerate(out)), Value(0.0))
+                loss = sum(
+                    ((o - (1.0 if i == int(t) else 0.0)) ** 2 for i, o in enumerate(out)),
+                    Value(0.0),
+                )
             model.zero_grad()
             loss.backward()
             for p in params:
                 p.data -= LR * p.grad
 
-    def state() -> Dict[str, np.ndarray]:
+    def state() -> dict[str, np.ndarray]:
         flat = np.array([p.data for p in params])
         sizes = [nin] + nouts
         out, k = {}, 0
         for i in range(len(nouts)):
-            block = flat[k:k + sizes[i + 1] * (sizes[i] + 1)].reshape(sizes[i + 1], sizes[i] + 1)
-            out[f"layers.{i}.weight"], out[f"layers.{i}.bias"] = block[:, :sizes[i]], block[:, sizes[i]]
+            block = flat[k : k + sizes[i + 1] * (sizes[i] + 1)].reshape(sizes[i + 1], sizes[i] + 1)
+            out[f"layers.{i}.weight"], out[f"layers.{i}.bias"] = (
+                block[:, : sizes[i]],
+                block[:, sizes[i]],
+            )
             k += block.size
         return out
+
     return Engine(train, state)
 
 
-def _program_engine(backend: str, nin: int, nouts: List[int]) -> Engine:
+def _program_engine(backend: str, nin: int, nouts: list[int]) -> Engine:
     import micrograd_c as mc
     from micrograd_c.nn import MLP
 
@@ -118,24 +135,27 @@ def _program_engine(backend: str, nin: int, nouts: List[int]) -> Engine:
         onehot = mc.inputs(nouts[-1])
         loss = mc.vsum([(o - t) ** 2 for o, t in zip(out, onehot)])
         y = onehot
-    prog = mc.compile(loss, inputs=x, targets=y, params=model.parameters(), outputs=out, backend=backend)
+    prog = mc.compile(
+        loss, inputs=x, targets=y, params=model.parameters(), outputs=out, backend=backend
+    )
     nout = nouts[-1]
 
     def train(X: np.ndarray, t: np.ndarray) -> None:
         Y = t.reshape(-1, 1) if nout == 1 else np.eye(nout)[t.astype(int)]
         prog.fit(X, Y, epochs=1, lr=LR, batch_size=1, shuffle=False)
 
-    def state() -> Dict[str, np.ndarray]:
+    def state() -> dict[str, np.ndarray]:
         prog.write_back()
         return model.state_dict()
+
     return Engine(train, state)
 
 
-def _torch_engine(nin: int, nouts: List[int]) -> Engine:
+def _torch_engine(nin: int, nouts: list[int]) -> Engine:
     import torch
 
     torch.set_num_threads(1)
-    layers: List[Any] = []
+    layers: list[Any] = []
     sizes = [nin] + nouts
     for i in range(len(nouts)):
         layers.append(torch.nn.Linear(sizes[i], sizes[i + 1]))
@@ -165,10 +185,16 @@ def _torch_engine(nin: int, nouts: List[int]) -> Engine:
             loss.backward()
             opt.step()
 
-    def state() -> Dict[str, np.ndarray]:
-        return {k: v for i, lin in enumerate(linears)
-                for k, v in ((f"layers.{i}.weight", lin.weight.detach().numpy().copy()),
-                             (f"layers.{i}.bias", lin.bias.detach().numpy().copy()))}
+    def state() -> dict[str, np.ndarray]:
+        return {
+            k: v
+            for i, lin in enumerate(linears)
+            for k, v in (
+                (f"layers.{i}.weight", lin.weight.detach().numpy().copy()),
+                (f"layers.{i}.bias", lin.bias.detach().numpy().copy()),
+            )
+        }
+
     return Engine(train, state)
 
 
@@ -181,15 +207,17 @@ def _import_jax() -> Any:
     return jax
 
 
-def _jax_engine(nin: int, nouts: List[int], scan: bool) -> Engine:
+def _jax_engine(nin: int, nouts: list[int], scan: bool) -> Engine:
     """JAX, float64, one thread: ``jax.jit`` of one SGD step called per sample, or (``scan``) one
     jitted ``lax.scan`` of that step over the whole epoch."""
     jax = _import_jax()
     import jax.numpy as jnp
 
     init = initial_state(nin, nouts)
-    params: List[Any] = [[jnp.asarray(init[f"layers.{i}.weight"]), jnp.asarray(init[f"layers.{i}.bias"])]
-                         for i in range(len(nouts))]
+    params: list[Any] = [
+        [jnp.asarray(init[f"layers.{i}.weight"]), jnp.asarray(init[f"layers.{i}.bias"])]
+        for i in range(len(nouts))
+    ]
     nout = nouts[-1]
 
     def loss_fn(ps: Any, x: Any, t: Any) -> Any:
@@ -210,19 +238,25 @@ def _jax_engine(nin: int, nouts: List[int], scan: bool) -> Engine:
         return jax.lax.scan(lambda p, xt: (sgd(p, xt[0], xt[1]), None), ps, (X, T))[0]
 
     box = {"params": params}
-    compiled: Dict[Any, Any] = {}
+    compiled: dict[Any, Any] = {}
 
     def prepare(X: np.ndarray, y: np.ndarray) -> None:  # ahead-of-time compilation, untimed
         if scan:
-            compiled[X.shape] = jax.jit(epoch).lower(box["params"], jnp.asarray(X), jnp.asarray(y)).compile()
+            compiled[X.shape] = (
+                jax.jit(epoch).lower(box["params"], jnp.asarray(X), jnp.asarray(y)).compile()
+            )
         else:
-            compiled["step"] = jax.jit(sgd).lower(box["params"], jnp.asarray(X[0]), jnp.asarray(y[0])).compile()
+            compiled["step"] = (
+                jax.jit(sgd).lower(box["params"], jnp.asarray(X[0]), jnp.asarray(y[0])).compile()
+            )
 
     def train(X: np.ndarray, y: np.ndarray) -> None:
         if scan:
             if X.shape not in compiled:
                 prepare(X, y)
-            box["params"] = jax.block_until_ready(compiled[X.shape](box["params"], jnp.asarray(X), jnp.asarray(y)))
+            box["params"] = jax.block_until_ready(
+                compiled[X.shape](box["params"], jnp.asarray(X), jnp.asarray(y))
+            )
             return
         if "step" not in compiled:
             prepare(X, y)
@@ -231,9 +265,13 @@ def _jax_engine(nin: int, nouts: List[int], scan: bool) -> Engine:
             ps = step(ps, xi, yi)
         box["params"] = jax.block_until_ready(ps)
 
-    def state() -> Dict[str, np.ndarray]:
-        return {k: np.asarray(v) for i, (w, b) in enumerate(box["params"])
-                for k, v in ((f"layers.{i}.weight", w), (f"layers.{i}.bias", b))}
+    def state() -> dict[str, np.ndarray]:
+        return {
+            k: np.asarray(v)
+            for i, (w, b) in enumerate(box["params"])
+            for k, v in ((f"layers.{i}.weight", w), (f"layers.{i}.bias", b))
+        }
+
     return Engine(train, state, prepare)
 
 
@@ -259,70 +297,116 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-EngineSpec = Tuple[str, Callable[[int, List[int]], Engine], Callable[[str, int], int]]
+EngineSpec = tuple[str, Callable[[int, list[int]], Engine], Callable[[str, int], int]]
 
 
-def available_engines(quick: bool = False) -> Tuple[List[EngineSpec], List[str]]:
+def available_engines(quick: bool = False) -> tuple[list[EngineSpec], list[str]]:
     """The engines to run and the references skipped (each with how to install it)."""
     import micrograd_c as mc
     from micrograd_c.engine import Value as CValue
     from micrograd_c.nn import MLP as CMLP
 
-    skipped: List[str] = []
-    ref_samples = {"moons MLP(2,[16,16,1])": 20 if quick else 100, "MLP(784,[50,10])": 1 if quick else 2}
-    eager_samples = {"moons MLP(2,[16,16,1])": 100 if quick else 500, "MLP(784,[50,10])": 5 if quick else 20}
-    engines: List[EngineSpec] = []
+    skipped: list[str] = []
+    ref_samples = {
+        "moons MLP(2,[16,16,1])": 20 if quick else 100,
+        "MLP(784,[50,10])": 1 if quick else 2,
+    }
+    eager_samples = {
+        "moons MLP(2,[16,16,1])": 100 if quick else 500,
+        "MLP(784,[50,10])": 5 if quick else 20,
+    }
+    engines: list[EngineSpec] = []
     try:
         import micrograd.engine as ref_engine
         import micrograd.nn as ref_nn
     except ImportError:
         skipped.append(f"micrograd ({INSTALL['micrograd']})")
     else:
-        engines.append(("micrograd 0.1.0", lambda i, o: _values_engine(ref_engine.Value, ref_nn.MLP, i, o),
-                        lambda w, n: ref_samples[w]))
-    engines.append(("micrograd_c eager", lambda i, o: _values_engine(CValue, CMLP, i, o), lambda w, n: eager_samples[w]))
+        engines.append(
+            (
+                "micrograd 0.1.0",
+                lambda i, o: _values_engine(ref_engine.Value, ref_nn.MLP, i, o),
+                lambda w, n: ref_samples[w],
+            )
+        )
+    engines.append(
+        (
+            "micrograd_c eager",
+            lambda i, o: _values_engine(CValue, CMLP, i, o),
+            lambda w, n: eager_samples[w],
+        )
+    )
     engines.append(("micrograd_c tape", lambda i, o: _program_engine("tape", i, o), lambda w, n: n))
     try:
         mc.compiler.find_compiler()
     except mc.CompileError:
-        skipped.append("micrograd_c compiled (no working C compiler: install gcc or clang, or set $CC)")
+        skipped.append(
+            "micrograd_c compiled (no working C compiler: install gcc or clang, or set $CC)"
+        )
     else:
-        engines.append(("micrograd_c compiled", lambda i, o: _program_engine("c", i, o), lambda w, n: n))
+        engines.append(
+            ("micrograd_c compiled", lambda i, o: _program_engine("c", i, o), lambda w, n: n)
+        )
     try:
         import torch
     except ImportError:
         skipped.append(f"PyTorch ({INSTALL['PyTorch']})")
     else:
-        engines.append((f"PyTorch {torch.__version__.split('+')[0]} float64", _torch_engine, lambda w, n: min(n, 1000)))
+        engines.append(
+            (
+                f"PyTorch {torch.__version__.split('+')[0]} float64",
+                _torch_engine,
+                lambda w, n: min(n, 1000),
+            )
+        )
     try:
         jax = _import_jax()
     except ImportError:
         skipped.append(f"JAX ({INSTALL['JAX']})")
     else:
-        engines.append((f"JAX {jax.__version__} jit step", lambda i, o: _jax_engine(i, o, scan=False),
-                        lambda w, n: min(n, 1000)))
-        engines.append((f"JAX {jax.__version__} jit lax.scan epoch", lambda i, o: _jax_engine(i, o, scan=True),
-                        lambda w, n: n))
+        engines.append(
+            (
+                f"JAX {jax.__version__} jit step",
+                lambda i, o: _jax_engine(i, o, scan=False),
+                lambda w, n: min(n, 1000),
+            )
+        )
+        engines.append(
+            (
+                f"JAX {jax.__version__} jit lax.scan epoch",
+                lambda i, o: _jax_engine(i, o, scan=True),
+                lambda w, n: n,
+            )
+        )
     return engines, skipped
 
 
 def run(repeat: int = 5, quick: bool = False, out: Callable[[str], None] = print) -> int:
     """Print the benchmark table (through ``out``); returns 0."""
     sys.setrecursionlimit(max(sys.getrecursionlimit(), 100_000))
-    workloads: List[Workload] = [("moons MLP(2,[16,16,1])", 2, [16, 16, 1], 100 if quick else 2000),
-                                 ("MLP(784,[50,10])", 784, [50, 10], 20 if quick else 1000)]
+    workloads: list[Workload] = [
+        ("moons MLP(2,[16,16,1])", 2, [16, 16, 1], 100 if quick else 2000),
+        ("MLP(784,[50,10])", 784, [50, 10], 20 if quick else 1000),
+    ]
     engines, skipped = available_engines(quick)
 
-    results: Dict[Tuple[str, str], float] = {}
+    results: dict[tuple[str, str], float] = {}
     for ename, make, count in engines:
         for wname, nin, nouts, n in workloads:
             X, y = _data(nin, nouts[-1], count(wname, n))
             engine = make(nin, nouts)
             reps = max(1, repeat if not ename.startswith("micrograd 0") else min(repeat, 3))
             results[(ename, wname)] = _measure(engine, X, y, reps)
-            print(f"  {ename:34s} {wname:24s} {results[(ename, wname)]:12,.1f} samples/s", file=sys.stderr)
+            print(
+                f"  {ename:34s} {wname:24s} {results[(ename, wname)]:12,.1f} samples/s",
+                file=sys.stderr,
+            )
 
-    base = "micrograd 0.1.0" if any(e[0] == "micrograd 0.1.0" for e in engines) else "micrograd_c eager"
+    base = (
+        "micrograd 0.1.0"
+        if any(e[0] == "micrograd 0.1.0" for e in engines)
+        else "micrograd_c eager"
+    )
     out(f"\n{'engine':34s}" + "".join(f" {w[0]:>24s} {'ratio':>8s}" for w in workloads))
     for ename, _, _ in engines:
         row = f"{ename:34s}"
@@ -332,8 +416,11 @@ def run(repeat: int = 5, quick: bool = False, out: Callable[[str], None] = print
             ratio = f"{r / ref:7.0f}x" if ref else "       -"
             row += f" {r:20,.1f}/s  {ratio}"
         out(row)
-    out(f"samples/s of per-sample SGD training, float64, one thread; medians of {repeat} runs (micrograd: up to 3); "
-        f"ratios against {base} in this run; CPU: {cpu_model()}")
+    out(
+        f"samples/s of per-sample SGD training, float64, one thread; medians of {repeat} runs "
+        "(micrograd: up to 3); "
+        f"ratios against {base} in this run; CPU: {cpu_model()}"
+    )
     if skipped:
         out("skipped references (not installed): " + "; ".join(skipped))
         out("all references at once: pip install 'micrograd-c[bench]'")

@@ -10,6 +10,7 @@ Errors a person can meet (a bad option, a missing or corrupt data file, a model 
 shape, no C compiler) end with one line on stderr and exit status 2; ``--debug`` shows the
 traceback.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -20,7 +21,8 @@ import re
 import subprocess
 import sys
 import tempfile
-from typing import Any, Callable, Dict, Optional, Sequence, Tuple
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -64,6 +66,7 @@ def _logger(quiet: bool) -> Callable[[str], None]:
 
 # ---- model files ---------------------------------------------------------------------------------
 
+
 def check_save_path(path: str) -> None:
     """Refuse a ``--save`` path that cannot be written, before any training happens."""
     if os.path.isdir(path):
@@ -79,7 +82,7 @@ def check_save_path(path: str) -> None:
     os.remove(probe)
 
 
-def save_model(path: str, model: MLP, meta: Dict[str, Any]) -> None:
+def save_model(path: str, model: MLP, meta: dict[str, Any]) -> None:
     """``model.save(path, meta)``; a write that fails is a :class:`UsageError`."""
     try:
         model.save(path, meta)
@@ -87,7 +90,7 @@ def save_model(path: str, model: MLP, meta: Dict[str, Any]) -> None:
         raise UsageError(f"{path}: cannot write the model ({e.strerror or e})") from None
 
 
-def load_model(path: str) -> Tuple[MLP, Dict[str, Any]]:
+def load_model(path: str) -> tuple[MLP, dict[str, Any]]:
     """The model in ``path`` and its metadata; anything but a readable model file is a
     :class:`UsageError` (see :func:`micrograd_c.modelfile.load`)."""
     try:
@@ -104,6 +107,7 @@ def load_model(path: str) -> Tuple[MLP, Dict[str, Any]]:
 
 # ---- train ---------------------------------------------------------------------------------------
 
+
 class _Progress:
     """Per epoch: a tqdm bar on a terminal; in a log, about ten plain lines; a warning, once, when
     the loss becomes NaN."""
@@ -119,19 +123,31 @@ class _Progress:
             except ImportError:
                 pass
             else:
-                self.bar = tqdm(total=epochs, desc="train", unit="epoch", file=sys.stderr, dynamic_ncols=True,
-                                mininterval=0.25)
+                self.bar = tqdm(
+                    total=epochs,
+                    desc="train",
+                    unit="epoch",
+                    file=sys.stderr,
+                    dynamic_ncols=True,
+                    mininterval=0.25,
+                )
 
     def __call__(self, epoch: int, loss: float, acc: float) -> None:
         if math.isnan(loss) and not self.nan_warned:
-            print(f"{PROG}: warning: the loss became NaN in epoch {epoch + 1}: lower --lr"
-                  + (" or --l2" if self.l2 else ""), file=sys.stderr)
+            print(
+                f"{PROG}: warning: the loss became NaN in epoch {epoch + 1}: lower --lr"
+                + (" or --l2" if self.l2 else ""),
+                file=sys.stderr,
+            )
             self.nan_warned = True
         if self.bar is not None:
             self.bar.update(1)
             self.bar.set_postfix(loss=f"{loss:.4f}", acc=f"{acc:.3f}")
         elif not self.args.quiet and ((epoch + 1) % self.every == 0 or epoch + 1 == self.epochs):
-            print(f"epoch {epoch + 1}/{self.epochs}  loss {loss:.5f}  accuracy {acc:.4f}", file=sys.stderr)
+            print(
+                f"epoch {epoch + 1}/{self.epochs}  loss {loss:.5f}  accuracy {acc:.4f}",
+                file=sys.stderr,
+            )
 
     def close(self) -> None:
         if self.bar is not None:
@@ -144,11 +160,16 @@ def cmd_train(args: argparse.Namespace) -> int:
         check_save_path(args.save)  # before training: a bad path must not cost the trained model
     d = DEFAULTS[args.dataset]
     hidden = parse_hidden(args.hidden) if args.hidden is not None else d.hidden
-    cfg = TrainConfig(loss=args.loss or d.loss, l2=args.l2 if args.l2 is not None else d.l2,
-                      epochs=args.epochs if args.epochs is not None else d.epochs,
-                      lr=args.lr if args.lr is not None else d.lr,
-                      batch_size=args.batch_size if args.batch_size is not None else d.batch_size,
-                      threads=args.threads, seed=args.seed, backend=args.backend)
+    cfg = TrainConfig(
+        loss=args.loss or d.loss,
+        l2=args.l2 if args.l2 is not None else d.l2,
+        epochs=args.epochs if args.epochs is not None else d.epochs,
+        lr=args.lr if args.lr is not None else d.lr,
+        batch_size=args.batch_size if args.batch_size is not None else d.batch_size,
+        threads=args.threads,
+        seed=args.seed,
+        backend=args.backend,
+    )
     data = load_data(args.dataset, args.seed, args.data_dir, args.download, args.limit, log)
     try:
         check_loss(cfg.loss, data.classes)
@@ -160,9 +181,13 @@ def cmd_train(args: argparse.Namespace) -> int:
     random.seed(args.seed)
     model = MLP(data.nin, hidden + [nout], activation=args.activation)
     trainer = Trainer(model, data, cfg)
-    log(f"{data.name}: {len(data.Xtr)} training samples, {data.nin} features; MLP({data.nin}, {hidden + [nout]}), "
-        f"{len(trainer.params)} parameters; {cfg.loss} loss" + (f" + {cfg.l2:g} L2" if cfg.l2 else "")
-        + f"; backend {trainer.backend} (ready in {trainer.build_seconds:.2f} s)")
+    log(
+        f"{data.name}: {len(data.Xtr)} training samples, {data.nin} features; "
+        f"MLP({data.nin}, {hidden + [nout]}), "
+        f"{len(trainer.params)} parameters; {cfg.loss} loss"
+        + (f" + {cfg.l2:g} L2" if cfg.l2 else "")
+        + f"; backend {trainer.backend} (ready in {trainer.build_seconds:.2f} s)"
+    )
 
     meta = {"dataset": data.name, "loss": cfg.loss}
     progress = _Progress(args, cfg.epochs, cfg.l2)
@@ -183,8 +208,14 @@ def cmd_train(args: argparse.Namespace) -> int:
     rate = n * cfg.epochs / result.seconds if result.seconds > 0 else float("inf")
     final_loss, final_acc = result.history[-1]
     split = "training set" if data.classes == 0 else "held-out set"
-    say(f"final loss {final_loss:.5f}, accuracy {final_acc:.4f} on the {split} ({len(data.yte)} samples)")
-    say(f"trained {cfg.epochs} epoch(s) in {result.seconds:.2f} s: {rate:,.0f} samples/s ({trainer.backend})")
+    say(
+        f"final loss {final_loss:.5f}, accuracy {final_acc:.4f} on the {split} "
+        f"({len(data.yte)} samples)"
+    )
+    say(
+        f"trained {cfg.epochs} epoch(s) in {result.seconds:.2f} s: {rate:,.0f} samples/s "
+        f"({trainer.backend})"
+    )
     if args.save:
         say(f"model saved to {args.save}")
     if not args.no_plot:
@@ -193,7 +224,9 @@ def cmd_train(args: argparse.Namespace) -> int:
             written = plot(path, data, trainer.predict, result.history, result.curve)
         except ImportError:
             if args.plot:
-                raise UsageError("--plot needs matplotlib: pip install 'micrograd-c[plot]'") from None
+                raise UsageError(
+                    "--plot needs matplotlib: pip install 'micrograd-c[plot]'"
+                ) from None
             log("no plot: matplotlib is not installed (pip install 'micrograd-c[plot]')")
         else:
             say(f"plot written to {written}")
@@ -202,27 +235,44 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 # ---- eval, export-c, bench -----------------------------------------------------------------------
 
+
 def _inference_program(model: MLP) -> Any:
     """The model as an inference-only frozen program (interpreted)."""
     from .. import compiler
 
     x = compiler.inputs(model.sizes[0])
     out = model(x)
-    return compiler.compile(None, inputs=x, outputs=out if isinstance(out, list) else [out], backend="tape")
+    return compiler.compile(
+        None, inputs=x, outputs=out if isinstance(out, list) else [out], backend="tape"
+    )
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
     model, meta = load_model(args.model)
     dataset = args.dataset or meta.get("dataset")
     if dataset not in DATASETS:
-        raise UsageError(f"{args.model}: the model file does not name a known dataset: pass --dataset")
-    data: Data = load_data(dataset, args.seed, args.data_dir, args.download, args.limit, _logger(args.quiet),
-                           purpose="eval")
+        raise UsageError(
+            f"{args.model}: the model file does not name a known dataset: pass --dataset"
+        )
+    data: Data = load_data(
+        dataset,
+        args.seed,
+        args.data_dir,
+        args.download,
+        args.limit,
+        _logger(args.quiet),
+        purpose="eval",
+    )
     if data.nin != model.sizes[0]:
-        raise UsageError(f"{args.model}: the model takes {model.sizes[0]} inputs, {dataset} has {data.nin} features")
+        raise UsageError(
+            f"{args.model}: the model takes {model.sizes[0]} inputs, "
+            f"{dataset} has {data.nin} features"
+        )
     nout = data.classes or 1
     if model.sizes[-1] != nout:
-        raise UsageError(f"{args.model}: the model has {model.sizes[-1]} outputs, {dataset} needs {nout}")
+        raise UsageError(
+            f"{args.model}: the model has {model.sizes[-1]} outputs, {dataset} needs {nout}"
+        )
     scores = _inference_program(model).predict(data.Xte)
     acc = accuracy(scores, data.yte, data.classes)
     say(f"{dataset}: accuracy {acc:.4f} on {len(data.yte)} samples")
@@ -248,8 +298,10 @@ _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}\Z")
 
 def cmd_export_c(args: argparse.Namespace) -> int:
     if not _IDENT.match(args.prefix):
-        raise UsageError(f"--prefix {args.prefix[:40]!r}: must be a C identifier (letters, digits, _), "
-                         f"at most 64 characters")
+        raise UsageError(
+            f"--prefix {args.prefix[:40]!r}: must be a C identifier (letters, digits, _), "
+            f"at most 64 characters"
+        )
     model, meta = load_model(args.model)
     src = _inference_program(model).c_source(prefix=args.prefix, inference_only=True)
     # Nothing read from the model file or a path reaches the source except numbers and names
@@ -257,16 +309,21 @@ def cmd_export_c(args: argparse.Namespace) -> int:
     dataset = meta.get("dataset")
     trained = f", trained on {dataset}" if dataset in DATASETS else ""
     sizes = ", ".join(str(int(n)) for n in model.sizes)
-    header = (f"/* Exported by micrograd-c: an MLP({sizes}){trained}.\n"
-              f" * Call {args.prefix}infer(x, y, NULL): x has {int(model.sizes[0])} inputs, y receives "
-              f"{int(model.sizes[-1])} outputs. Link with -lm. */\n")
+    header = (
+        f"/* Exported by micrograd-c: an MLP({sizes}){trained}.\n"
+        f" * Call {args.prefix}infer(x, y, NULL): x has {int(model.sizes[0])} inputs, y receives "
+        f"{int(model.sizes[-1])} outputs. Link with -lm. */\n"
+    )
     try:
         with atomic_write(args.output, "w") as f:
             f.write(header + src)
     except OSError as e:
         raise UsageError(f"-o {args.output}: cannot write ({e.strerror or e})") from None
-    say(f"wrote {args.output} ({len(src) // 1024} KB): {args.prefix}infer(const double *x, double *y, "
-        f"double *work); compile with: cc -std=c11 -O2 -c {args.output}, link with -lm")
+    say(
+        f"wrote {args.output} ({len(src) // 1024} KB): "
+        f"{args.prefix}infer(const double *x, double *y, double *work); "
+        f"compile with: cc -std=c11 -O2 -c {args.output}, link with -lm"
+    )
     return 0
 
 
@@ -282,14 +339,18 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return bench.run(repeat=args.repeat, quick=args.quick, out=say)
 
 
-COMMANDS: Dict[str, Callable[[argparse.Namespace], int]] = {
-    "train": cmd_train, "eval": cmd_eval, "export-c": cmd_export_c, "bench": cmd_bench,
+COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "train": cmd_train,
+    "eval": cmd_eval,
+    "export-c": cmd_export_c,
+    "bench": cmd_bench,
 }
 
 
 # ---- entry point ---------------------------------------------------------------------------------
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+
+def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
@@ -306,7 +367,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except BrokenPipeError:  # the reader of stdout went away: not worth a message
         _silence_stdout()
         return 0
-    except Exception as e:  # noqa: BLE001 - the command's one place that turns errors into a line
+    except Exception as e:
         if debug:
             raise
         from ..compiler import CompileError
@@ -322,5 +383,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 2
 
 
-__all__ = ["main", "cmd_train", "cmd_eval", "cmd_export_c", "cmd_bench", "load_model", "save_model",
-           "check_save_path", "say", "COMMANDS"]
+__all__ = [
+    "main",
+    "cmd_train",
+    "cmd_eval",
+    "cmd_export_c",
+    "cmd_bench",
+    "load_model",
+    "save_model",
+    "check_save_path",
+    "say",
+    "COMMANDS",
+]

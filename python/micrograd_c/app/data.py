@@ -1,9 +1,11 @@
 """The datasets ``micrograd-c`` trains on, split as the command splits them, and its defaults."""
+
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Dict, List, NamedTuple, Optional
+from typing import NamedTuple
 
 import numpy as np
 
@@ -15,7 +17,7 @@ DATASETS = ("moons", "xor", "digits", "mnist")
 class Defaults(NamedTuple):
     """How ``micrograd-c train`` trains a dataset when no option says otherwise."""
 
-    hidden: List[int]
+    hidden: list[int]
     loss: str
     epochs: int
     lr: float
@@ -23,7 +25,7 @@ class Defaults(NamedTuple):
     l2: float
 
 
-DEFAULTS: Dict[str, Defaults] = {
+DEFAULTS: dict[str, Defaults] = {
     "moons": Defaults([16, 16], "hinge", 100, 0.1, 10, 1e-4),
     "xor": Defaults([8], "hinge", 50, 0.1, 10, 1e-4),
     "digits": Defaults([32], "xent", 20, 0.05, 1, 0.0),
@@ -50,11 +52,13 @@ class Data:
 
 def has_mnist(d: str, split: str) -> bool:
     """Whether ``d`` holds the IDX files of MNIST's ``split`` ("train" or "test"), gzip or raw."""
-    return all(os.path.exists(os.path.join(d, stem)) or os.path.exists(os.path.join(d, stem + ".gz"))
-               for stem in ds.MNIST_FILES[split])
+    return all(
+        os.path.exists(os.path.join(d, stem)) or os.path.exists(os.path.join(d, stem + ".gz"))
+        for stem in ds.MNIST_FILES[split]
+    )
 
 
-def locate_mnist(data_dir: Optional[str], download: bool, log: Callable[[str], None]) -> str:
+def locate_mnist(data_dir: str | None, download: bool, log: Callable[[str], None]) -> str:
     """The directory MNIST is read from, the same way for ``train`` and ``eval``.
 
     ``data_dir`` (``--data-dir``, relative to the current directory) wins; otherwise the download
@@ -71,23 +75,37 @@ def locate_mnist(data_dir: Optional[str], download: bool, log: Callable[[str], N
         try:
             return ds.download_mnist(d, log=log)
         except ds.DatasetError as e:
-            raise ds.DatasetError(f"{e}. Without network access, pass --data-dir DIR, a directory holding "
-                                  f"the MNIST IDX files ({ds.MNIST_FILES['test'][0]}.gz, ...)") from None
+            raise ds.DatasetError(
+                f"{e}. Without network access, pass --data-dir DIR, a directory holding "
+                f"the MNIST IDX files ({ds.MNIST_FILES['test'][0]}.gz, ...)"
+            ) from None
     if data_dir is not None and not os.path.isdir(d):
-        raise ds.DatasetError(f"--data-dir {data_dir}: no such directory (give the directory that holds the "
-                              f"MNIST IDX files, or add --download to fetch them there)")
+        raise ds.DatasetError(
+            f"--data-dir {data_dir}: no such directory (give the directory that holds the "
+            f"MNIST IDX files, or add --download to fetch them there)"
+        )
     if not has_mnist(d, "test"):
         if data_dir is None:
-            raise ds.DatasetError(f"MNIST is not in {cache}: pass --data-dir DIR (a directory with the IDX files, "
-                                  f"gzip or raw) or --download to fetch it there")
-        raise ds.DatasetError(f"{shown}: no MNIST test files ({ds.MNIST_FILES['test'][0]}[.gz], "
-                              f"{ds.MNIST_FILES['test'][1]}[.gz]); add --download to fetch them there")
+            raise ds.DatasetError(
+                f"MNIST is not in {cache}: pass --data-dir DIR (a directory with the IDX files, "
+                f"gzip or raw) or --download to fetch it there"
+            )
+        raise ds.DatasetError(
+            f"{shown}: no MNIST test files ({ds.MNIST_FILES['test'][0]}[.gz], "
+            f"{ds.MNIST_FILES['test'][1]}[.gz]); add --download to fetch them there"
+        )
     return d
 
 
-def load_data(name: str, seed: int = 0, data_dir: Optional[str] = None, download: bool = False,
-              limit: Optional[int] = None, log: Callable[[str], None] = lambda msg: None,
-              purpose: str = "train") -> Data:
+def load_data(
+    name: str,
+    seed: int = 0,
+    data_dir: str | None = None,
+    download: bool = False,
+    limit: int | None = None,
+    log: Callable[[str], None] = lambda msg: None,
+    purpose: str = "train",
+) -> Data:
     """The dataset ``name`` (one of :data:`DATASETS`) split as ``train`` trains and evaluates it.
 
     moons and xor are generated (micrograd's demo measures on its training set); digits is
@@ -99,7 +117,11 @@ def load_data(name: str, seed: int = 0, data_dir: Optional[str] = None, download
     :class:`~micrograd_c.datasets.DatasetError` for missing or malformed data.
     """
     if name in ("moons", "xor"):
-        X, y = ds.make_moons(100, 0.1, seed=1337 + seed) if name == "moons" else ds.make_xor(200, 0.1, seed=seed)
+        X, y = (
+            ds.make_moons(100, 0.1, seed=1337 + seed)
+            if name == "moons"
+            else ds.make_xor(200, 0.1, seed=seed)
+        )
         if limit:
             X, y = X[:limit], y[:limit]
         return Data(name, X, y, X, y, 0)
@@ -120,13 +142,19 @@ def load_data(name: str, seed: int = 0, data_dir: Optional[str] = None, download
         else:
             # only the test set is present: train on its first 8,000 images, evaluate on the rest
             if purpose == "train":
-                log(f"{d}: no training files; training on the first 8,000 test images, evaluating on the last 2,000")
+                log(
+                    f"{d}: no training files; training on the first 8,000 test images, "
+                    "evaluating on the last 2,000"
+                )
             else:
-                log(f"{d}: no training files; evaluating on the last 2,000 test images (train held them out)")
+                log(
+                    f"{d}: no training files; evaluating on the last 2,000 test images "
+                    "(train held them out)"
+                )
             Xtr, ytr, Xte, yte = Xte[:8000], yte[:8000], Xte[-2000:], yte[-2000:]
         if limit:
             Xtr, ytr = Xtr[:limit], ytr[:limit]
-            Xte, yte = Xte[:max(1, limit // 4)], yte[:max(1, limit // 4)]
+            Xte, yte = Xte[: max(1, limit // 4)], yte[: max(1, limit // 4)]
         return Data(name, Xtr, ytr, Xte, yte, 10)
     raise ValueError(f"unknown dataset {name!r} (expected one of {', '.join(DATASETS)})")
 

@@ -1,18 +1,24 @@
 """What ``micrograd-c train`` draws: the decision boundary of a 2-D dataset (as micrograd's demo
 draws it), otherwise the training curve and the held-out accuracy. Needs matplotlib
 (``pip install 'micrograd-c[plot]'``): without it, :func:`plot` raises ``ImportError``."""
+
 from __future__ import annotations
 
 import os
-from typing import Callable, Sequence, Tuple
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
 from .data import Data
 
 
-def plot(path: str, data: Data, predict: Callable[[np.ndarray], np.ndarray],
-         history: Sequence[Tuple[float, float]], curve: Sequence[Tuple[float, float]] = ()) -> str:
+def plot(
+    path: str,
+    data: Data,
+    predict: Callable[[np.ndarray], np.ndarray],
+    history: Sequence[tuple[float, float]],
+    curve: Sequence[tuple[float, float]] = (),
+) -> str:
     """Write the plot as PNG to ``path``; returns its absolute path.
 
     For a dataset of two features and two classes, the decision boundary of ``predict`` (the

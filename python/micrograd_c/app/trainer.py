@@ -18,14 +18,16 @@ parameters of the last completed step: an epoch of a compiled or interpreted pro
 over whole batches, and an eager step is applied with SIGINT held. ``fit`` then returns with
 ``interrupted`` set instead of raising.
 """
+
 from __future__ import annotations
 
 import signal
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from types import FrameType
-from typing import Any, Callable, List, Optional, Sequence, Tuple
+from typing import Any
 
 import numpy as np
 
@@ -72,7 +74,7 @@ def accuracy(scores: np.ndarray, y: np.ndarray, classes: int) -> float:
     return float(np.mean(np.argmax(scores, axis=1) == y))
 
 
-def _outputs(out: Any) -> List[Value]:
+def _outputs(out: Any) -> list[Value]:
     return out if isinstance(out, list) else [out]
 
 
@@ -97,9 +99,9 @@ class TrainResult:
     """What :meth:`Trainer.fit` did."""
 
     #: ``(mean training loss, held-out accuracy)`` after each completed epoch
-    history: List[Tuple[float, float]] = field(default_factory=list)
+    history: list[tuple[float, float]] = field(default_factory=list)
     #: ``(epoch as a fraction, mean loss)`` per part of an epoch (about :data:`CURVE_POINTS`)
-    curve: List[Tuple[float, float]] = field(default_factory=list)
+    curve: list[tuple[float, float]] = field(default_factory=list)
     #: seconds spent training (accuracy measurements excluded)
     seconds: float = 0.0
     #: whether Ctrl-C ended training early
@@ -116,7 +118,9 @@ class Trainer:
 
     def __init__(self, model: MLP, data: Data, config: TrainConfig) -> None:
         if config.backend not in BACKENDS:
-            raise ValueError(f"unknown backend {config.backend!r} (expected one of {', '.join(BACKENDS)})")
+            raise ValueError(
+                f"unknown backend {config.backend!r} (expected one of {', '.join(BACKENDS)})"
+            )
         check_loss(config.loss, data.classes)
         self.model, self.data, self.config = model, data, config
         self.batch = max(1, min(config.batch_size, len(data.Xtr)))
@@ -133,10 +137,13 @@ class Trainer:
             loss = build_loss(config.loss, out, y[0], data.classes)
             if config.l2:
                 loss = loss + config.l2 * F.vsum([p * p for p in self.params])
-            self.program = compiler.compile(loss, inputs=x, targets=y, params=self.params, outputs=out,
-                                            backend=config.backend)
+            self.program = compiler.compile(
+                loss, inputs=x, targets=y, params=self.params, outputs=out, backend=config.backend
+            )
             compiler_name = self.program.info.get("compiler")
-            self.backend = self.program.backend + (f" ({compiler_name})" if self.program.backend == "c" else "")
+            self.backend = self.program.backend + (
+                f" ({compiler_name})" if self.program.backend == "c" else ""
+            )
         #: seconds the program took to build (0 for eager)
         self.build_seconds = time.perf_counter() - t0
 
@@ -150,7 +157,7 @@ class Trainer:
                 rows.append([v.data for v in _outputs(self.model(list(row)))])
         return np.array(rows, dtype=np.float64).reshape(len(X), -1)
 
-    def fit(self, on_epoch: Optional[Callable[[int, float, float], None]] = None) -> TrainResult:
+    def fit(self, on_epoch: Callable[[int, float, float], None] | None = None) -> TrainResult:
         """Train ``config.epochs`` epochs; after each, ``on_epoch(epoch, mean loss, held-out
         accuracy)`` (epoch from 0). Returns the result; the model holds the trained parameters,
         also after Ctrl-C (see the module docstring)."""
@@ -163,7 +170,9 @@ class Trainer:
             self.program.write_back()
         return result
 
-    def _epochs(self, result: TrainResult, on_epoch: Optional[Callable[[int, float, float], None]]) -> None:
+    def _epochs(
+        self, result: TrainResult, on_epoch: Callable[[int, float, float], None] | None
+    ) -> None:
         """With few epochs an epoch is trained in several calls over consecutive whole batches of
         one shuffled order, so that the curve has about CURVE_POINTS points."""
         cfg, data, batch = self.config, self.data, self.batch
@@ -181,7 +190,7 @@ class Trainer:
                 order = np.random.RandomState(seed % (2**32)).permutation(n)
                 total = 0.0
                 for start in range(0, n, chunk):
-                    idx = order[start:start + chunk]
+                    idx = order[start : start + chunk]
                     part = self._train(idx, seed, shuffle=False)
                     total += part * len(idx)
                     result.curve.append((epoch + (start + len(idx)) / n, part))
@@ -192,13 +201,22 @@ class Trainer:
             if on_epoch is not None:
                 on_epoch(epoch, lv, acc)
 
-    def _train(self, idx: Optional[np.ndarray], seed: int, shuffle: bool) -> float:
-        """The samples ``idx`` (all, in an order shuffled with ``seed``, when None); the mean loss."""
+    def _train(self, idx: np.ndarray | None, seed: int, shuffle: bool) -> float:
+        """Trains on the samples ``idx`` (all of them, shuffled with ``seed``, when None); returns
+        their mean loss."""
         cfg, data = self.config, self.data
         if self.program is not None:
             X, y = (data.Xtr, data.ytr) if idx is None else (data.Xtr[idx], data.ytr[idx])
-            losses = self.program.fit(X, y, epochs=1, lr=cfg.lr, batch_size=self.batch, shuffle=shuffle,
-                                      seed=seed if shuffle else 0, threads=cfg.threads)
+            losses = self.program.fit(
+                X,
+                y,
+                epochs=1,
+                lr=cfg.lr,
+                batch_size=self.batch,
+                shuffle=shuffle,
+                seed=seed if shuffle else 0,
+                threads=cfg.threads,
+            )
             return float(losses[0])
         if idx is None:
             idx = np.random.RandomState(seed % (2**32)).permutation(len(data.Xtr))
@@ -209,7 +227,7 @@ class Trainer:
         cfg, data, params = self.config, self.data, self.params
         total = 0.0
         for b in range(0, len(order), self.batch):
-            idx = order[b:b + self.batch]
+            idx = order[b : b + self.batch]
             with checkpoint():
                 for s in idx:
                     out = _outputs(self.model(list(data.Xtr[s])))
@@ -232,8 +250,10 @@ class _SigintHeld:
         self.pending = False
         self.old: Any = None
         if threading.current_thread() is threading.main_thread():
-            def hold(signum: int, frame: Optional[FrameType]) -> None:
+
+            def hold(signum: int, frame: FrameType | None) -> None:
                 self.pending = True
+
             self.old = signal.signal(signal.SIGINT, hold)
         return self
 
@@ -244,5 +264,14 @@ class _SigintHeld:
             raise KeyboardInterrupt
 
 
-__all__ = ["Trainer", "TrainConfig", "TrainResult", "check_loss", "build_loss", "accuracy", "LOSSES",
-           "BACKENDS", "CURVE_POINTS"]
+__all__ = [
+    "Trainer",
+    "TrainConfig",
+    "TrainResult",
+    "check_loss",
+    "build_loss",
+    "accuracy",
+    "LOSSES",
+    "BACKENDS",
+    "CURVE_POINTS",
+]

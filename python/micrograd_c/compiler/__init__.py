@@ -14,11 +14,32 @@ works and otherwise the tape, with a warning. Compiled libraries are cached (see
 :func:`cache_dir`), keyed by the source, the compiler and its version, the flags and the
 emitter's version; a cache hit loads in milliseconds.
 """
+
 from __future__ import annotations
 
 from .codecache import build_library, cache_dir, load_library
 from .program import Float32Program, Program, compile, inputs
-from .toolchain import CANDIDATES, DEFAULT_FLAGS, CompileError, Toolchain, default_flags, find_compiler
+from .toolchain import (
+    CANDIDATES,
+    DEFAULT_FLAGS,
+    CompileError,
+    Toolchain,
+    default_flags,
+    find_compiler,
+)
 
-__all__ = ["compile", "inputs", "Program", "Float32Program", "CompileError", "find_compiler", "Toolchain",
-           "cache_dir", "build_library", "load_library", "DEFAULT_FLAGS", "CANDIDATES", "default_flags"]
+__all__ = [
+    "compile",
+    "inputs",
+    "Program",
+    "Float32Program",
+    "CompileError",
+    "find_compiler",
+    "Toolchain",
+    "cache_dir",
+    "build_library",
+    "load_library",
+    "DEFAULT_FLAGS",
+    "CANDIDATES",
+    "default_flags",
+]

@@ -14,6 +14,7 @@ rebuilt, each with a warning. A library is loaded from a private copy of the byt
 checked, under a name no earlier load in this process used, so a rebuilt entry is really loaded
 again (``dlopen`` returns the library already loaded under the same name).
 """
+
 from __future__ import annotations
 
 import atexit
@@ -29,8 +30,9 @@ import sys
 import tempfile
 import time
 import warnings
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, Dict, Iterator, Optional, Sequence
+from typing import Any
 
 from .. import _core
 from .._fs import user_cache_dir
@@ -56,7 +58,8 @@ def cache_dir() -> str:
 
 # ---- trust ----------------------------------------------------------------------------------
 
-def _untrusted(st: os.stat_result, what: str) -> Optional[str]:
+
+def _untrusted(st: os.stat_result, what: str) -> str | None:
     """Why a file or directory with status ``st`` may hold another user's code, or None."""
     if os.name != "posix":  # no owners or modes to check: the user's own cache is assumed
         return None
@@ -68,7 +71,7 @@ def _untrusted(st: os.stat_result, what: str) -> Optional[str]:
     return None
 
 
-def _private_root(root: str) -> Optional[str]:
+def _private_root(root: str) -> str | None:
     """Creates ``root`` (0700) if needed; why it cannot be trusted, or None. Raises OSError when
     it is not usable at all (not a directory, not writable)."""
     os.makedirs(root, mode=0o700, exist_ok=True)
@@ -78,7 +81,7 @@ def _private_root(root: str) -> Optional[str]:
     return why
 
 
-_fallback: Dict[int, str] = {}  # process id -> its private cache directory, once one was needed
+_fallback: dict[int, str] = {}  # process id -> its private cache directory, once one was needed
 
 
 def _fallback_root() -> str:
@@ -100,6 +103,7 @@ def _remove_fallback() -> None:
 
 # ---- cache ----------------------------------------------------------------------------------
 
+
 @contextmanager
 def _locked(path: str) -> Iterator[None]:
     """An exclusive lock on `path` (a lock file per cache key), across processes."""
@@ -107,6 +111,7 @@ def _locked(path: str) -> Iterator[None]:
     try:
         try:
             import fcntl
+
             fcntl.flock(fd, fcntl.LOCK_EX)
         except ImportError:  # not POSIX: rely on the atomic rename alone
             pass
@@ -117,15 +122,30 @@ def _locked(path: str) -> Iterator[None]:
 
 def _cache_key(source: str, tc: Toolchain, flags: Sequence[str]) -> str:
     h = hashlib.sha256()
-    for part in (source, tc.path, " ".join(tc.command), tc.version, "\0".join(flags),
-                 resolved_target(tc, flags), str(_core.EMITTER_VERSION), platform.machine(), sys.platform):
+    for part in (
+        source,
+        tc.path,
+        " ".join(tc.command),
+        tc.version,
+        "\0".join(flags),
+        resolved_target(tc, flags),
+        str(_core.EMITTER_VERSION),
+        platform.machine(),
+        sys.platform,
+    ):
         h.update(part.encode("utf-8", "surrogateescape"))
         h.update(b"\0")
     return h.hexdigest()[:32]
 
 
-def build_library(source: str, tc: Toolchain, flags: Sequence[str], *, cache: Optional[str] = None,
-                  timeout: float = 600.0) -> Dict[str, Any]:
+def build_library(
+    source: str,
+    tc: Toolchain,
+    flags: Sequence[str],
+    *,
+    cache: str | None = None,
+    timeout: float = 600.0,
+) -> dict[str, Any]:
     """Compile `source` into a shared library in the cache, unless it is there already.
 
     Returns ``{"path", "cached", "compile_seconds", "command"}``. Writes go to a temporary file
@@ -141,22 +161,29 @@ def build_library(source: str, tc: Toolchain, flags: Sequence[str], *, cache: Op
     except OSError as e:
         # a read-only, full or bogus cache directory must not stop a compile: build privately
         fallback = _fallback_root()
-        warnings.warn(f"the cache directory {root} is not usable ({e.strerror or e}); "
-                      f"compiling into {fallback} instead", RuntimeWarning, stacklevel=3)
+        warnings.warn(
+            f"the cache directory {root} is not usable ({e.strerror or e}); "
+            f"compiling into {fallback} instead",
+            RuntimeWarning,
+            stacklevel=3,
+        )
         root = fallback
     else:
         if why:
             fallback = _fallback_root()
-            warnings.warn(f"the cache directory {root} is not private: {why}; its libraries are not "
-                          f"loaded (that would run code others can plant there); compiling into "
-                          f"{fallback} instead (fix: chmod go-w, or set MICROGRAD_C_CACHE_DIR)",
-                          RuntimeWarning, stacklevel=3)
+            warnings.warn(
+                f"the cache directory {root} is not private: {why}; its libraries are not "
+                f"loaded (that would run code others can plant there); compiling into "
+                f"{fallback} instead (fix: chmod go-w, or set MICROGRAD_C_CACHE_DIR)",
+                RuntimeWarning,
+                stacklevel=3,
+            )
             root = fallback
     key = _cache_key(source, tc, flags)
     lib = os.path.join(root, f"mg_{key}.so")
     with _locked(lib + ".lock"):
         try:
-            st: Optional[os.stat_result] = os.lstat(lib)
+            st: os.stat_result | None = os.lstat(lib)
         except OSError:
             st = None
         if st is not None and stat.S_ISREG(st.st_mode) and st.st_size > 0:
@@ -177,7 +204,9 @@ def build_library(source: str, tc: Toolchain, flags: Sequence[str], *, cache: Op
             r = run_command(cmd, timeout)
         except subprocess.TimeoutExpired as e:
             _remove(tmp_lib)
-            out = "".join(part for part in (e.output, e.stderr) if isinstance(part, str))  # text mode
+            out = "".join(
+                part for part in (e.output, e.stderr) if isinstance(part, str)
+            )  # text mode
             raise CompileError(f"the C compiler timed out after {timeout:g} s", cmd, out) from None
         except OSError as e:
             raise CompileError(f"could not run the C compiler: {e}", cmd) from None
@@ -187,14 +216,18 @@ def build_library(source: str, tc: Toolchain, flags: Sequence[str], *, cache: Op
         seconds = time.perf_counter() - t0
         if r.returncode != 0 or not os.path.exists(tmp_lib):
             _remove(tmp_lib)
-            raise CompileError(f"the C compiler failed (exit status {r.returncode})", cmd, r.stdout + r.stderr)
+            raise CompileError(
+                f"the C compiler failed (exit status {r.returncode})", cmd, r.stdout + r.stderr
+            )
         try:
             # whatever the umask: nobody else may write what this user will load
             os.chmod(tmp_lib, stat.S_IMODE(os.stat(tmp_lib).st_mode) & ~0o022)
             os.replace(tmp_lib, lib)
         except OSError as e:
             _remove(tmp_lib)
-            raise CompileError(f"could not store the compiled library in {root}: {e}", cmd) from None
+            raise CompileError(
+                f"could not store the compiled library in {root}: {e}", cmd
+            ) from None
         return {"path": lib, "cached": False, "compile_seconds": seconds, "command": cmd}
 
 
@@ -207,7 +240,7 @@ def _remove(path: str) -> None:
 
 # ---- loading --------------------------------------------------------------------------------
 
-_loaded: Dict[str, ctypes.CDLL] = {}  # sha256 of a library's bytes -> that library, loaded
+_loaded: dict[str, ctypes.CDLL] = {}  # sha256 of a library's bytes -> that library, loaded
 _loads = itertools.count()
 
 
@@ -289,15 +322,20 @@ def load_verified(path: str) -> ctypes.CDLL:
 class CompiledProgram(ctypes.Structure):
     """libmg's ``mg_compiled``: what generated training code exports as ``<prefix>program``."""
 
-    _fields_ = [("abi", ctypes.c_uint), ("real_bytes", ctypes.c_uint), ("fingerprint", ctypes.c_ulonglong),
-                ("nnests", ctypes.c_size_t), ("kernels", ctypes.c_void_p)]
+    _fields_ = [
+        ("abi", ctypes.c_uint),
+        ("real_bytes", ctypes.c_uint),
+        ("fingerprint", ctypes.c_ulonglong),
+        ("nnests", ctypes.c_size_t),
+        ("kernels", ctypes.c_void_p),
+    ]
 
 
 #: What a compiled training program exports (after the prefix). A library lacking one is refused.
 SYMBOLS = ("program", "emitter_version")
 
 
-def load_library(path: str, tape: Any, prefix: str, *, float32: Optional[bool] = None) -> ctypes.CDLL:
+def load_library(path: str, tape: Any, prefix: str, *, float32: bool | None = None) -> ctypes.CDLL:
     """Load a compiled library (see :func:`load_verified`) and check that it is the tape's.
 
     Every symbol of :data:`SYMBOLS` must exist, the program must have been emitted for ``tape``
@@ -310,10 +348,14 @@ def load_library(path: str, tape: Any, prefix: str, *, float32: Optional[bool] =
         version = ctypes.c_int.in_dll(lib, prefix + "emitter_version").value
         program = CompiledProgram.in_dll(lib, prefix + "program")
     except ValueError as e:  # a missing symbol
-        raise LibraryLoadError(f"{path}: lacks {prefix}program or {prefix}emitter_version: not a library "
-                               f"generated by this micrograd_c ({e})") from None
+        raise LibraryLoadError(
+            f"{path}: lacks {prefix}program or {prefix}emitter_version: not a library "
+            f"generated by this micrograd_c ({e})"
+        ) from None
     if version != _core.EMITTER_VERSION:
-        raise LibraryLoadError(f"{path}: built by emitter version {version}, this is {_core.EMITTER_VERSION}")
+        raise LibraryLoadError(
+            f"{path}: built by emitter version {version}, this is {_core.EMITTER_VERSION}"
+        )
     if program.fingerprint != tape.fingerprint:
         raise LibraryLoadError(f"{path}: generated for another program")
     if float32 is not None and program.real_bytes != (4 if float32 else 8):

@@ -1,5 +1,6 @@
 """The C toolchain: finding a working compiler, its version, the default flags, what
 machine-dependent flags resolve to, and running the compiler under a time limit."""
+
 from __future__ import annotations
 
 import os
@@ -9,20 +10,23 @@ import shutil
 import signal
 import subprocess
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any
 
 #: Flags used when none are given: optimised, and no floating-point contraction, so compiled
 #: results equal the interpreter's and the eager graph's. Code compiled on the machine that runs
 #: it also gets ``-march=native`` when the compiler accepts it (see :func:`default_flags`).
-DEFAULT_FLAGS: List[str] = ["-O2", "-ffp-contract=off"]
+DEFAULT_FLAGS: list[str] = ["-O2", "-ffp-contract=off"]
 CANDIDATES = ("cc", "gcc", "clang", "tcc")
 
 
 class CompileError(RuntimeError):
     """The C compiler failed, timed out or is missing. ``command`` and ``output`` say how."""
 
-    def __init__(self, message: str, command: Optional[Sequence[str]] = None, output: str = "") -> None:
+    def __init__(
+        self, message: str, command: Sequence[str] | None = None, output: str = ""
+    ) -> None:
         self.command = list(command) if command else []
         self.output = output
         detail = f"\ncommand: {shlex.join(self.command)}" if self.command else ""
@@ -34,7 +38,8 @@ class CompileError(RuntimeError):
 
 # ---- running the compiler -------------------------------------------------------------------
 
-def run_command(cmd: Sequence[str], timeout: float) -> "subprocess.CompletedProcess[str]":
+
+def run_command(cmd: Sequence[str], timeout: float) -> subprocess.CompletedProcess[str]:
     """Run ``cmd`` with its output captured (text), in a process group of its own.
 
     A compiler is a tree of processes (driver, cc1, as, ld, or whatever a wrapper starts); when
@@ -43,9 +48,10 @@ def run_command(cmd: Sequence[str], timeout: float) -> "subprocess.CompletedProc
     Raises :class:`OSError` when the command cannot be started.
     """
     posix = os.name == "posix"
-    kw: Dict[str, Any] = {"start_new_session": True} if posix else {}
-    with subprocess.Popen(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                          errors="replace", **kw) as p:
+    kw: dict[str, Any] = {"start_new_session": True} if posix else {}
+    with subprocess.Popen(
+        list(cmd), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, errors="replace", **kw
+    ) as p:
         try:
             out, err = p.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -62,7 +68,7 @@ def run_command(cmd: Sequence[str], timeout: float) -> "subprocess.CompletedProc
     return subprocess.CompletedProcess(list(cmd), p.returncode, out, err)
 
 
-def _kill_group(p: "subprocess.Popen[str]", posix: bool) -> None:
+def _kill_group(p: subprocess.Popen[str], posix: bool) -> None:
     """SIGKILL to the group led by ``p`` (not yet waited for, so its id cannot be reused)."""
     try:
         if posix:
@@ -75,11 +81,12 @@ def _kill_group(p: "subprocess.Popen[str]", posix: bool) -> None:
 
 # ---- toolchain ------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class Toolchain:
     """A working C compiler: its command (``$CC`` may carry arguments), path and version."""
 
-    command: List[str]
+    command: list[str]
     path: str
     version: str
 
@@ -89,10 +96,10 @@ class Toolchain:
         return os.path.basename(self.command[0])
 
 
-_toolchains: Dict[str, Optional[Toolchain]] = {}
+_toolchains: dict[str, Toolchain | None] = {}
 
 
-def _version_of(cmd: List[str]) -> str:
+def _version_of(cmd: list[str]) -> str:
     for flag in ("--version", "-v"):
         try:
             r = run_command(cmd + [flag], timeout=30)
@@ -104,7 +111,7 @@ def _version_of(cmd: List[str]) -> str:
     return "unknown"
 
 
-def _probe(cmd: List[str]) -> Optional[Toolchain]:
+def _probe(cmd: list[str]) -> Toolchain | None:
     """The toolchain if `cmd` builds and links a shared library, else None."""
     key = "\0".join(cmd)
     if key in _toolchains:
@@ -126,7 +133,7 @@ def _probe(cmd: List[str]) -> Optional[Toolchain]:
     return tc
 
 
-def find_compiler(cc: Optional[str] = None) -> Toolchain:
+def find_compiler(cc: str | None = None) -> Toolchain:
     """The C compiler to use: ``cc`` if given, else ``$CC``, else the first of cc, gcc, clang, tcc
     that builds a shared library. Raises :class:`CompileError` when none works."""
     explicit = cc or os.environ.get("CC")
@@ -134,21 +141,25 @@ def find_compiler(cc: Optional[str] = None) -> Toolchain:
         cmd = shlex.split(explicit)
         tc = _probe(cmd)
         if tc is None:
-            raise CompileError(f"the C compiler {explicit!r} (from {'cc=' if cc else '$CC'}) does not work: "
-                               "it is missing or cannot build a shared library")
+            raise CompileError(
+                f"the C compiler {explicit!r} (from {'cc=' if cc else '$CC'}) does not work: "
+                "it is missing or cannot build a shared library"
+            )
         return tc
     for name in CANDIDATES:
         tc = _probe([name])
         if tc is not None:
             return tc
-    raise CompileError("no working C compiler found (tried cc, gcc, clang, tcc; set $CC); "
-                       "use backend='tape' to run without one")
+    raise CompileError(
+        "no working C compiler found (tried cc, gcc, clang, tcc; set $CC); "
+        "use backend='tape' to run without one"
+    )
 
 
-_native: Dict[str, bool] = {}
+_native: dict[str, bool] = {}
 
 
-def default_flags(tc: "Toolchain") -> List[str]:
+def default_flags(tc: Toolchain) -> list[str]:
     """:data:`DEFAULT_FLAGS` plus ``-march=native`` when ``tc`` accepts it.
 
     Contraction stays off, so vectorised code computes the same values as the scalar program.
@@ -160,8 +171,10 @@ def default_flags(tc: "Toolchain") -> List[str]:
             with open(src, "w") as f:
                 f.write("int mg_native(void) { return 1; }\n")
             try:
-                r = run_command(tc.command + ["-march=native", "-c", "-o", os.path.join(d, "n.o"), src],
-                                timeout=60)
+                r = run_command(
+                    tc.command + ["-march=native", "-c", "-o", os.path.join(d, "n.o"), src],
+                    timeout=60,
+                )
                 ok = r.returncode == 0 and not r.stderr.strip()
             except (OSError, subprocess.TimeoutExpired):
                 ok = False
@@ -171,10 +184,10 @@ def default_flags(tc: "Toolchain") -> List[str]:
 
 # ---- what machine-dependent flags mean here -------------------------------------------------
 
-_targets: Dict[Tuple[str, ...], str] = {}
+_targets: dict[tuple[str, ...], str] = {}
 
 
-def resolved_target(tc: "Toolchain", flags: Sequence[str]) -> str:
+def resolved_target(tc: Toolchain, flags: Sequence[str]) -> str:
     """What the machine-dependent flags among ``flags`` (``-march=native``, ``-mcpu=native``,
     ``-mtune=native``) resolve to on this machine, as text for the cache key; ``""`` when there
     are none.
@@ -194,7 +207,7 @@ def resolved_target(tc: "Toolchain", flags: Sequence[str]) -> str:
     return _targets[key]
 
 
-def _gcc_target(tc: "Toolchain", flags: Sequence[str]) -> str:
+def _gcc_target(tc: Toolchain, flags: Sequence[str]) -> str:
     try:
         r = run_command(tc.command + list(flags) + ["-Q", "--help=target"], timeout=60)
     except (OSError, subprocess.TimeoutExpired):
@@ -205,13 +218,15 @@ def _gcc_target(tc: "Toolchain", flags: Sequence[str]) -> str:
     return "gcc-target\n" + "\n".join(line for line in lines if line.startswith("-"))
 
 
-def _clang_target(tc: "Toolchain", flags: Sequence[str]) -> str:
+def _clang_target(tc: Toolchain, flags: Sequence[str]) -> str:
     try:
-        r = run_command(tc.command + list(flags) + ["-###", "-x", "c", "-c", os.devnull, "-o", os.devnull],
-                        timeout=60)
+        r = run_command(
+            tc.command + list(flags) + ["-###", "-x", "c", "-c", os.devnull, "-o", os.devnull],
+            timeout=60,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return ""
-    picked: List[str] = []
+    picked: list[str] = []
     for line in (r.stderr + r.stdout).splitlines():
         try:
             words = shlex.split(line)
