@@ -31,8 +31,9 @@ enum {
 #define MG_DOMAIN_BITS 8
 #define MG_DOMAIN_MASK ((1u << MG_DOMAIN_BITS) - 1u)
 
-/* 64 bytes: the issue's budget. Values live in blocks owned by the graph; `next`/`prev` link the
- * live values in creation order (so restore pops from the tail), `next` also links free slots. */
+/* 64 bytes, one cache line (checked below): a million-node graph costs 64 MB. Values live in blocks
+ * owned by the graph; `next`/`prev` link the live values in creation order (so restore pops from
+ * the tail), `next` also links free slots. */
 struct mg_value {
     double data;
     double grad;
@@ -156,8 +157,8 @@ static inline mg_value *mg_value__op(const mg_value *v, size_t i) {
     return i == 0 ? v->a.v : v->b.v;
 }
 
-/* Forward and local derivatives of an elementwise op, expanded from the table. `which` 0 gives
- * dA, 1 gives dB. Variadic and leaf ops are not elementwise: they give NaN here. */
+/* The forward value and the local derivatives (*dA, *dB) of an elementwise op, expanded from the
+ * table. Variadic and leaf ops are not elementwise: they give NaN here. */
 static inline double mg_op__forward(int op, double A, double B, double K) {
     (void)A;
     (void)B;

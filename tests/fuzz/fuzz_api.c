@@ -7,7 +7,8 @@
  * touch memory it does not own (ASan/UBSan/LeakSanitizer watch), and must keep its invariants,
  * which the harness checks (__builtin_trap on a broken one).
  *
- * Build: clang -fsanitize=fuzzer,address,undefined ... (see ./dev fuzz). */
+ * Built by meson with -Dfuzz=true, clang and ASan+UBSan: ./dev fuzz explores open-ended, ./dev
+ * test fuzz replays tests/fuzz/corpus/api and explores a bounded number of runs. */
 #include <mg/mg.h>
 
 #include "../c/failing_alloc.h"

@@ -40,7 +40,8 @@ typedef struct mg_value mg_value;
 
 /** A point in a graph's history, returned by mg_graph_save() and consumed by mg_graph_restore(). */
 typedef struct mg_graph_checkpoint {
-    uint64_t serial; /**< Serial number the next value created after the save receives. */
+    uint64_t serial; /**< The graph's next generation and current domain, as a serial (see
+                          mg_value_serial()); UINT64_MAX for a NULL graph. */
 } mg_graph_checkpoint;
 
 /* ------------------------------------------------------------------------------------------ */
@@ -73,8 +74,9 @@ MG_API void mg_graph_free(mg_graph *g);
 MG_API size_t mg_graph_len(const mg_graph *g);
 
 /**
- * @brief Bytes the graph uses: value blocks with their headers, operand arrays, backward working
- * memory. The untouched tail of the newest block (under 1 MiB) is reserved but not counted.
+ * @brief Bytes the graph uses: the graph itself, value blocks with their headers, operand arrays,
+ * backward working memory and the variadic ops' scratch. The untouched tail of the newest block
+ * (under 1 MiB) is reserved but not counted.
  * @param g the graph
  * @return the byte count; 0 for NULL.
  */
@@ -98,7 +100,7 @@ MG_API mg_graph_checkpoint mg_graph_save(const mg_graph *g);
  * proportional to what is freed. Values created after the save in another domain are kept, and
  * so is every value they use (see mg_graph_set_domain()); the walk then costs the number of values
  * created since the save.
- * @param g the graph
+ * @param g the graph; NULL frees nothing
  * @param cp a checkpoint from mg_graph_save() on the same graph
  * @return the number of values freed.
  */
@@ -134,28 +136,29 @@ MG_API void mg_graph_zero_grad(mg_graph *g);
 /**
  * @brief Reverse-mode backward pass from @p out.
  *
- * Seeds @p out's gradient with 1, recomputes the gradient of every intermediate value reachable
- * from @p out (a value made by an op) from zero, and adds into the leaves (values made by
- * mg_scalar()). Called twice, leaves receive their gradient twice. The traversal is iterative
- * and its working memory is kept by the graph and reused by the next call.
+ * Recomputes the gradient of every intermediate value reachable from @p out (a value made by an
+ * op) from zero, adds 1 to @p out's gradient, and adds each contribution into the leaves (values
+ * made by mg_scalar()). Called twice, leaves receive their gradient twice. The traversal is
+ * iterative and its working memory is kept by the graph and reused by the next call.
  * @param g the graph owning @p out
  * @param out the value to differentiate
- * @return MG_OK, MG_EINVAL for a NULL argument or a value of another graph, MG_ENOMEM when the
- *         working memory cannot grow (no gradient is changed then).
+ * @return MG_OK, MG_EINVAL for a NULL argument, a released value or a value of another graph,
+ *         MG_ENOMEM when the working memory cannot grow (no gradient is changed then).
  */
 MG_API int mg_backward(mg_graph *g, mg_value *out);
 
 /**
  * @brief Message describing the last error recorded on the graph.
  * @param g the graph
- * @return a string owned by the graph, valid until the next failing call; `""` when none.
+ * @return a string owned by the graph, valid until the next failing call; `""` when none,
+ *         `"no graph"` for NULL.
  */
 MG_API const char *mg_graph_last_error(const mg_graph *g);
 
 /**
  * @brief Status code of the last error recorded on the graph.
  * @param g the graph
- * @return the status (MG_OK when none).
+ * @return the status (MG_OK when none); MG_EINVAL for NULL.
  */
 MG_API int mg_graph_last_status(const mg_graph *g);
 
@@ -172,7 +175,7 @@ MG_API void mg_graph_clear_error(mg_graph *g);
  * freed at once, and the values it used are released in turn (iteratively, so a chain of any
  * depth is safe). Each op adds one reference to each operand. Off (the default), values live
  * until restore or mg_graph_free(), as C users expect.
- * @param g the graph
+ * @param g the graph; NULL is a no-op
  * @param on nonzero to turn autofree on
  */
 MG_API void mg_graph_set_autofree(mg_graph *g, int on);
@@ -278,16 +281,17 @@ MG_API uint64_t mg_value_serial(const mg_value *v);
 MG_API int mg_value_is_live(const mg_value *v, uint64_t serial);
 
 /**
- * @brief Adds a reference to a value (a handle or a container holding it).
+ * @brief Adds a reference to a value (a handle or a container holding it); the count saturates.
  * @param v the value; NULL is a no-op
  */
 MG_API void mg_value_retain(mg_value *v);
 
 /**
  * @brief Drops a reference; with autofree on, a value left with none is freed (see
- * mg_graph_set_autofree()). Never fails, never allocates.
+ * mg_graph_set_autofree()). A value whose count saturated (2^32 - 1 references) is never freed
+ * this way. Never fails, never allocates.
  * @param g the graph owning @p v
- * @param v the value; NULL is a no-op
+ * @param v the value; NULL, a released value and a value of another graph are no-ops
  */
 MG_API void mg_value_release(mg_graph *g, mg_value *v);
 

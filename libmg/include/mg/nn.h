@@ -7,12 +7,13 @@
  *
  * A neuron computes `act(b + w[0]*x[0] + ... + w[n-1]*x[n-1])` as one MG_OP_DOT node with a
  * bias plus the activation, which is bit for bit what micrograd's `Neuron.__call__` computes.
- * Parameters are created in the graph passed to the init call and hold one reference each for
- * the struct; the struct must be freed before the graph. A restore to a checkpoint saved before
- * the struct was created releases its parameters: the struct keeps each parameter's serial and
- * detects it, so calls then fail with MG_EINVAL, the `*_params` functions write nothing and return
- * 0, `*_is_live` returns 0, and freeing the struct releases nothing else. Sizes are checked before
- * anything is allocated: counts whose array sizes could wrap are refused.
+ * Parameters are created in the graph passed to mg_neuron_new(), mg_layer_new() or mg_mlp_new()
+ * and hold one reference each for the struct; the struct must be freed before the graph. A restore
+ * to a checkpoint saved before the struct was created releases its parameters: the struct keeps
+ * each parameter's serial and detects it, so calls then fail with MG_EINVAL, the `*_params`
+ * functions write nothing and return 0, `*_is_live` returns 0, and freeing the struct releases
+ * nothing else. Sizes are checked before anything is allocated: counts whose array sizes could wrap
+ * are refused.
  * @{
  */
 #ifndef MG_NN_H
@@ -116,11 +117,12 @@ MG_API size_t mg_neuron_params(const mg_neuron *n, mg_value **out);
  * @return 1 when live; 0 when a parameter was released, and for NULL.
  */
 MG_API int mg_neuron_is_live(const mg_neuron *n);
-/** @brief Number of inputs. @param n the neuron @return `nin`. */
+/** @brief Number of inputs. @param n the neuron @return `nin`; 0 for NULL. */
 MG_API size_t mg_neuron_nin(const mg_neuron *n);
-/** @brief Activation. @param n the neuron @return the activation. */
+/** @brief Activation. @param n the neuron @return the activation; MG_ACT_LINEAR for NULL. */
 MG_API mg_activation mg_neuron_activation(const mg_neuron *n);
-/** @brief Changes the activation. @param n the neuron @param act the activation */
+/** @brief Changes the activation. @param n the neuron; NULL is a no-op
+ *  @param act the activation; one out of range is ignored */
 MG_API void mg_neuron_set_activation(mg_neuron *n, mg_activation act);
 /** @brief Frees a neuron and drops its references to its parameters. @param n NULL is a no-op */
 MG_API void mg_neuron_free(mg_neuron *n);
@@ -156,9 +158,9 @@ MG_API size_t mg_layer_params(const mg_layer *l, mg_value **out);
 /** @brief Whether every parameter of a layer is still live. @param l the layer
  *  @return 1 when live; 0 when a parameter was released, and for NULL. */
 MG_API int mg_layer_is_live(const mg_layer *l);
-/** @brief Inputs per neuron. @param l the layer @return `nin`. */
+/** @brief Inputs per neuron. @param l the layer @return `nin`; 0 for NULL. */
 MG_API size_t mg_layer_nin(const mg_layer *l);
-/** @brief Number of neurons. @param l the layer @return `nout`. */
+/** @brief Number of neurons. @param l the layer @return `nout`; 0 for NULL. */
 MG_API size_t mg_layer_nout(const mg_layer *l);
 /** @brief The i-th neuron (owned by the layer). @param l the layer @param i index
  *  @return the neuron; NULL when out of range. */
@@ -198,11 +200,11 @@ MG_API size_t mg_mlp_params(const mg_mlp *m, mg_value **out);
 /** @brief Whether every parameter of an MLP is still live. @param m the MLP
  *  @return 1 when live; 0 when a parameter was released, and for NULL. */
 MG_API int mg_mlp_is_live(const mg_mlp *m);
-/** @brief Number of inputs. @param m the MLP @return `nin`. */
+/** @brief Number of inputs. @param m the MLP @return `nin`; 0 for NULL. */
 MG_API size_t mg_mlp_nin(const mg_mlp *m);
 /** @brief Number of outputs. @param m the MLP @return the last layer's width. */
 MG_API size_t mg_mlp_nout(const mg_mlp *m);
-/** @brief Number of layers. @param m the MLP @return the count. */
+/** @brief Number of layers. @param m the MLP @return the count; 0 for NULL. */
 MG_API size_t mg_mlp_nlayers(const mg_mlp *m);
 /** @brief The i-th layer (owned by the MLP). @param m the MLP @param i index
  *  @return the layer; NULL when out of range. */
