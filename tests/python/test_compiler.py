@@ -563,6 +563,8 @@ def test_full_disk_is_a_compile_error_and_auto_falls_back(monkeypatch):
 
 
 @needs_cc
+@pytest.mark.xfail(strict=True, raises=NotImplementedError,
+                   reason="issue #13: float32 storage moves onto libmg's one training driver")
 def test_float32_storage_trades_precision_only():
     X = np.random.RandomState(0).rand(64, 30)
     Y = np.random.RandomState(1).randint(0, 5, 64).astype(float)
@@ -572,7 +574,7 @@ def test_float32_storage_trades_precision_only():
     logits = model(x)
     prog = mc.compile(mc.cross_entropy(logits, y[0]), inputs=x, targets=y, params=model.parameters(),
                       outputs=logits, backend="c", float32=True)
-    assert isinstance(prog, compiler.Float32Program) and prog.info["float32"]
+    assert prog.info["float32"]
     assert prog.parameters.dtype == np.float32
     assert np.allclose(prog.parameters, p64.parameters, rtol=1e-6)
     for bs in (1, 8):

@@ -182,7 +182,8 @@ def _torch_engine(nin: int, nouts: list[int]) -> Engine:
                 target[int(y[i])] = 1.0
                 loss = ((out - target) ** 2).sum()
             opt.zero_grad()
-            loss.backward()
+            loss_any: Any = loss  # torch's stubs leave backward() untyped when torch is installed
+            loss_any.backward()
             opt.step()
 
     def state() -> dict[str, np.ndarray]:

@@ -18,7 +18,7 @@ emitter's version; a cache hit loads in milliseconds.
 from __future__ import annotations
 
 from .codecache import build_library, cache_dir, load_library
-from .program import Float32Program, Program, compile, inputs
+from .program import Program, compile, inputs
 from .toolchain import (
     CANDIDATES,
     DEFAULT_FLAGS,
@@ -32,7 +32,6 @@ __all__ = [
     "compile",
     "inputs",
     "Program",
-    "Float32Program",
     "CompileError",
     "find_compiler",
     "Toolchain",

@@ -139,8 +139,8 @@ def compile(loss: Optional[Value], inputs: Sequence[Value], targets: Sequence[Va
     gradients agree within 1e-12 (sums over shared weights run in a fixed order of their own).
     ``max_kernels`` bounds how many loop nests are compiled (hottest first; 0: libmg's default);
     the others run libmg's interpreter kernels. ``fast_math`` adds ``-ffast-math`` (off by
-    default: it lets the compiler reassociate sums, so results change). ``float32`` (off by
-    default, needs ``backend="c"``) stores the compiled program's slots as float32.
+    default: it lets the compiler reassociate sums, so results change). ``float32=True`` raises
+    :class:`NotImplementedError` until float32 storage runs on libmg's training driver.
     Raises :class:`CompileError` when ``backend="c"`` cannot compile.
     """
     if backend not in ("auto", "tape", "c"):
@@ -148,7 +148,8 @@ def compile(loss: Optional[Value], inputs: Sequence[Value], targets: Sequence[Va
     if float32 and backend != "c":
         raise ValueError("float32 storage is a property of compiled code: use backend='c'")
     if float32:
-        raise ValueError("float32 storage is not available in this build")
+        raise NotImplementedError("float32 storage is being rebuilt on libmg's one training driver "
+                                  "(issue #13); compile without float32 for now")
     t0 = time.perf_counter()
     tape = _core.Tape(loss, list(inputs), list(targets), list(params), list(outputs), raise_loops)
     info: Dict[str, Any] = {"freeze_seconds": time.perf_counter() - t0, "nslots": tape.nslots,
@@ -191,94 +192,3 @@ def _compile_c(tape: Any, info: Dict[str, Any], cc: Optional[str], flags: Option
     program = CompiledProgram.in_dll(lib, prefix + "program")
     tape.attach(ctypes.addressof(program), lib)
     return Program(tape, "c", info, lib)
-
-
-class Float32Program(Program):
-    """A compiled program with float32 storage, driven through its own ``fit_epoch``/``predict``.
-
-    ``parameters`` is a float32 view; :meth:`write_back` copies it into the model (as float64).
-    Single-sample :meth:`backward` and :meth:`step` are float64-only: train with :meth:`fit`.
-    """
-
-    def __init__(self, tape: Any, info: Dict[str, Any], lib: Any, prefix: str) -> None:
-        super().__init__(tape, "c", info, lib)
-        self._prefix = prefix
-        self._data = np.ascontiguousarray(tape.data(), dtype=np.float32)
-        self._grad = np.zeros(tape.nslots, dtype=np.float32)
-        npacked = ctypes.c_size_t.in_dll(lib, prefix + "npacked").value
-        self._pw = np.zeros(max(1, npacked), dtype=np.float32)
-        self._pg = np.zeros(max(1, npacked), dtype=np.float32)
-        self._loss = tape.loss_slot
-        ptr = ctypes.c_void_p
-        self._fit = getattr(lib, prefix + "fit_epoch")
-        self._fit.restype = ctypes.c_double
-        self._fit.argtypes = [ptr, ptr, ptr, ptr, ptr, ptr, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_double,
-                              ptr, ctypes.c_int, ctypes.c_ulonglong, ctypes.c_ulonglong]
-        self._predict = getattr(lib, prefix + "predict")
-        self._predict.restype = None
-        self._predict.argtypes = [ptr, ptr, ptr, ctypes.c_size_t, ptr]
-
-    @property
-    def parameters(self) -> np.ndarray:
-        return self._data[: self.tape.nparams]
-
-    @property
-    def grad(self) -> np.ndarray:
-        raise ValueError("a float32 program keeps no per-sample gradients between calls: train with fit()")
-
-    @property
-    def loss(self) -> float:
-        return float(self._data[self._loss])
-
-    def _rows(self, X: Any, width: int, what: str) -> np.ndarray:
-        X = np.ascontiguousarray(X, dtype=np.float64)
-        if X.ndim == 1 and width == 1:
-            X = X.reshape(-1, 1)
-        if X.ndim != 2 or X.shape[1] != width:
-            raise ValueError(f"{what}: expected shape (n, {width}), got {X.shape}")
-        return X
-
-    def forward(self, x: Any, y: Any = None) -> np.ndarray:
-        if y is not None:
-            t0 = self.tape.nparams + self.tape.ninputs
-            self._data[t0:t0 + self.tape.ntargets] = np.asarray(y, dtype=np.float64).reshape(-1)
-        return self.predict(np.asarray(x, dtype=np.float64).reshape(1, -1))[0]
-
-    def backward(self) -> None:
-        raise ValueError("a float32 program trains through fit(); step-by-step control needs float64")
-
-    def step(self, lr: float, count: int = 1) -> None:
-        raise ValueError("a float32 program trains through fit(); step-by-step control needs float64")
-
-    def fit(self, X: Any, Y: Any = None, epochs: int = 1, lr: float = 0.1, batch_size: int = 1,
-            shuffle: bool = True, seed: int = 0, progress: bool = False, threads: int = 1) -> List[float]:
-        if epochs < 0 or batch_size < 1 or threads < 1:
-            raise ValueError("epochs must be non-negative, batch_size and threads at least 1")
-        X = self._rows(X, self.tape.ninputs, "fit: X")
-        Yp = None
-        if self.tape.ntargets:
-            if Y is None:
-                raise ValueError("fit: this program has targets: pass Y")
-            Yr = self._rows(Y, self.tape.ntargets, "fit: Y")
-            if len(Yr) != len(X):
-                raise ValueError(f"fit: X has {len(X)} rows but Y has {len(Yr)}")
-            Yp = Yr.ctypes.data
-        perm = np.zeros(max(1, len(X)), dtype=np.uintp)
-        losses = []
-        for epoch in range(epochs):  # ctypes releases the GIL during each call
-            losses.append(self._fit(self._data.ctypes.data, self._grad.ctypes.data, self._pw.ctypes.data,
-                                    self._pg.ctypes.data, X.ctypes.data, Yp, len(X), batch_size, lr,
-                                    perm.ctypes.data, int(shuffle), seed, epoch))
-        return losses
-
-    def predict(self, X: Any) -> np.ndarray:
-        X = self._rows(X, self.tape.ninputs, "predict: X")
-        out = np.zeros((len(X), self.tape.noutputs), dtype=np.float64)
-        self._predict(self._data.ctypes.data, self._pw.ctypes.data, X.ctypes.data, len(X), out.ctypes.data)
-        return out
-
-    def write_back(self) -> int:
-        self.tape.data()[: self.tape.nparams] = self.parameters
-        return self.tape.write_back()
-
-
