@@ -158,7 +158,7 @@ def eager_reference(case: Case) -> Tuple[np.ndarray, float, np.ndarray]:
 
 
 def fit_params(prog: mc.Program, case: Case, p0: np.ndarray, batch: int, threads: int,
-               epochs: int = 2, lr: float = 0.03) -> Tuple[np.ndarray, List[float]]:
+               lr: float = 0.02, epochs: int = 2) -> Tuple[np.ndarray, List[float]]:
     prog.parameters[:] = p0
     losses = prog.fit(case.X, case.Y, epochs=epochs, lr=lr, batch_size=batch, shuffle=True, seed=7,
                       threads=threads)
@@ -249,10 +249,11 @@ def check_properties(case: Case, with_c: bool = False, with_fit: bool = True, ns
         for i in range(nsamples):
             assert_close(r_grad[i], s_grad[i], f"rerolled gradients vs scalar, after sample {i}")
         # predict: the outputs of forward
-        if case.outputs:
+        if case.outputs:  # (predict loads no targets: outputs that read them see the last forward's)
             pr = rer.predict(case.X[:nsamples])
-            assert_bitwise(pr, np.array(r_out), "rerolled predict vs forward")
-            assert_bitwise(sca.predict(case.X[:nsamples]), np.array(s_out), "scalar predict vs forward")
+            assert_bitwise(pr, sca.predict(case.X[:nsamples]), "rerolled predict vs scalar")
+            if case.Y is None:
+                assert_bitwise(pr, np.array(r_out), "rerolled predict vs forward")
         if with_c:
             cp = compile_case(case, backend="c")
             assert cp.backend == "c"
@@ -265,22 +266,26 @@ def check_properties(case: Case, with_c: bool = False, with_fit: bool = True, ns
                 assert_bitwise(cp.predict(case.X), rer.predict(case.X), "compiled predict vs tape")
         if with_fit:
             p0 = np.array([p.data for p in case.params])
-            for batch in (1, 4):
-                ref, ref_l = fit_params(rer, case, p0, batch, 1)
+            # steps of at most ~0.02 per sample: training that diverges amplifies rounding
+            # differences beyond any fixed tolerance
+            lr = 0.005 / max(1.0, float(np.max(np.abs(s_grad[0]))) if len(p0) else 1.0)
+            for batch in (1, (2, 3, 4, 7)[len(case.params) % 4]):
+                ref, ref_l = fit_params(rer, case, p0, batch, 1, lr)
                 for threads in (2, 3):
-                    got, got_l = fit_params(rer, case, p0, batch, threads)
+                    got, got_l = fit_params(rer, case, p0, batch, threads, lr)
                     assert_bitwise(got, ref, f"fit batch {batch}: {threads} threads vs 1 (parameters)")
                     assert_bitwise(got_l, ref_l, f"fit batch {batch}: {threads} threads vs 1 (losses)")
-                s, s_l = fit_params(sca, case, p0, batch, 1)
-                if not (np.all(np.isfinite(s)) and np.all(np.isfinite(s_l))):
+                s, s_l = fit_params(sca, case, p0, batch, 1, lr)
+                if not (np.all(np.isfinite(s)) and np.all(np.isfinite(s_l))) or \
+                        np.max(np.abs(s - p0), initial=0.0) > 1.0:
                     raise NotFinite("training diverges")
                 assert_close(ref, s, f"fit batch {batch}: rerolled vs scalar parameters")
                 assert_close(ref_l, s_l, f"fit batch {batch}: rerolled vs scalar losses")
                 if batch > 1:
-                    s2, s2_l = fit_params(sca, case, p0, batch, 2)
+                    s2, s2_l = fit_params(sca, case, p0, batch, 2, lr)
                     assert_bitwise(s2, s, f"scalar fit batch {batch}: 2 threads vs 1")
                 if with_c:
-                    c, c_l = fit_params(cp, case, p0, batch, 2)
+                    c, c_l = fit_params(cp, case, p0, batch, 2, lr)
                     assert_bitwise(c, ref, f"fit batch {batch}: compiled vs tape parameters")
                     assert_bitwise(c_l, ref_l, f"fit batch {batch}: compiled vs tape losses")
     except AssertionError:
@@ -369,8 +374,8 @@ def graph_code(case: Case, nsamples: int = 3) -> str:
         lines.append(f"{name} = {expr}")
     lines.append(f"loss = {names[id(case.loss)]}")
     lines.append("outputs = [" + ", ".join(names[id(o)] for o in case.outputs) + "]")
-    lines.append(f"X = np.array({case.X[:nsamples].tolist()!r})")
-    lines.append(f"Y = {None if case.Y is None else 'np.array(' + repr(case.Y[:nsamples].tolist()) + ')'}")
+    lines.append(f"X = np.array({case.X.tolist()!r})")
+    lines.append(f"Y = {None if case.Y is None else 'np.array(' + repr(case.Y.tolist()) + ')'}")
     lines.append(REPRO_TAIL)
     return "\n".join(lines) + "\n"
 
@@ -412,6 +417,7 @@ def dump_failure(case: Case) -> None:
 # Constants of every kind: signed zeros, integers, fractions, tiny and large magnitudes.
 CONSTS = [0.0, -0.0, 1, -1, 2, 3, 0.5, -0.25, 1.0, -7.25, 1e-3, 1e-300, 5e-324, 1e3, 0.1]
 NONZERO = [c for c in CONSTS if c != 0 and abs(c) >= 1e-3 and abs(c) <= 10]
+MODERATE = [c for c in CONSTS if abs(c) <= 10]  # biases and starts (1e3 there makes training chaotic)
 
 Tensor = List[List[List[Any]]]  # [channel][row][col]
 
@@ -620,7 +626,7 @@ def conv(ctx: Ctx, img: Tensor, one_d: bool = False, tied: Optional[dict] = None
         spec["w"] = [[[[ctx.weight(fan, spec["wkind"]) for _ in range(spec["kw"])] for _ in range(spec["kh"])]
                       for _ in range(nk)] for _ in range(spec["cout"])]
         spec["b"] = [ctx.weight() if spec["bias"] == "param" else
-                     (ctx.choice(CONSTS, "bias const") if spec["bias"] == "const" else None)
+                     (ctx.choice(MODERATE, "bias const") if spec["bias"] == "const" else None)
                      for _ in range(spec["cout"])]
         terms = [(ci, a, b) for ci in range(cin) for a in range(spec["kh"]) for b in range(spec["kw"])]
         if spec["order"] == "reversed":
@@ -711,7 +717,7 @@ def dense(ctx: Ctx, vals: List[Value], nout: int) -> List[Value]:
     W = [[ctx.weight(len(vals), wk) for _ in vals] for _ in range(nout)]
     out = []
     for row in W:
-        b = ctx.weight() if bias == "param" else ctx.choice(CONSTS, "dense bias const") if bias == "const" else None
+        b = ctx.weight() if bias == "param" else ctx.choice(MODERATE, "dense bias const") if bias == "const" else None
         out.append(reduce_terms(ctx, row, vals, b, form, swap))
     return out
 
@@ -896,9 +902,11 @@ def samples(ctx: Ctx, n_in: int, nrows: int = 6) -> np.ndarray:
     return X
 
 
-def finish(ctx: Ctx, x: List[Value], X: np.ndarray, final: List[Value], loss_kind: Optional[str] = None) -> Case:
-    """The loss over the final values, targets and the samples' targets."""
-    loss_kind = loss_kind or ctx.choice(["xent", "mse", "hinge", "squares", "mixed"], "loss")
+def finish(ctx: Ctx, x: List[Value], X: np.ndarray, final: List[Value], loss_kind: Optional[str] = None,
+           plain: bool = False) -> Case:
+    """The loss over the final values, targets and the samples' targets; the outputs (with
+    `plain`, the final values and nothing else)."""
+    loss_kind = loss_kind or ctx.choice(["xent", "mse", "hinge", "squares", "mixed", "targets by hand"], "loss")
     n = len(X)
     r = np.random.default_rng(ctx.rng.randrange(2**32))
     final = [v if isinstance(v, Value) else Value(v) + 0.0 for v in final]
@@ -919,6 +927,10 @@ def finish(ctx: Ctx, x: List[Value], X: np.ndarray, final: List[Value], loss_kin
         loss = mc.hinge(final, y)
     elif loss_kind == "squares":
         loss = sum(((v - 0.5) ** 2 for v in final), 0.0) * (1.0 / len(final))
+    elif loss_kind == "targets by hand":  # targets read by ordinary ops (a reduction over (o - y)**2)
+        Y = r.uniform(-1, 1, size=(n, len(final)))
+        y = [Value(float(v)) for v in Y[0]]
+        loss = sum(((o - t) * (o - t) for o, t in zip(final, y)), 0.0) * (1.0 / len(final))
     else:  # the losses together, over final values and intermediates
         m = min(len(final), 3)
         Y = r.integers(0, m, size=(n, 1)).astype(np.float64)
@@ -926,8 +938,20 @@ def finish(ctx: Ctx, x: List[Value], X: np.ndarray, final: List[Value], loss_kin
         extra = ctx.taps[:4] or final[:1]
         loss = mc.cross_entropy(final[:m], y[0]) + 0.1 * mc.vsum([e.tanh().square() for e in extra]) + \
             mc.hinge(final[:1], [1.0]) * 0.5
+    if plain:
+        return Case(x=x, y=y, params=ctx.params, loss=loss, outputs=list(final), X=X, Y=Y,
+                    structure={"log": ctx.log})
     outs = list(final) if ctx.flag("final values are outputs") else []
     outs += [t for t in ctx.taps[:6] if t not in outs]
+    extra = ctx.draw(st.sets(st.sampled_from(["side", "leaf", "loss", "twice"]), max_size=2), "extra outputs")
+    if "side" in extra:  # computed for the outputs only (not in the loss's cone)
+        outs += [(v * 0.5).tanh() for v in (ctx.taps[:2] or final[:2])]
+    if "leaf" in extra:
+        outs += x[:1] + ctx.params[:1]
+    if "loss" in extra:
+        outs.append(loss)
+    if "twice" in extra and outs:
+        outs.append(outs[0])
     return Case(x=x, y=y, params=ctx.params, loss=loss, outputs=outs, X=X, Y=Y,
                 structure={"log": ctx.log})
 
@@ -996,7 +1020,8 @@ def variadic_rows(ctx: Ctx, pools: Dict[str, List[Value]]) -> List[Value]:
         ctx.rng.shuffle(perm)
     elif layout == "duplicates":
         perm = [k // 2 for k in range(length)]
-    out = []
+    chained = ctx.flag("rows chained")  # each row starts from the one before: one level per row
+    out: List[Value] = []
     for r in range(nrows):
         a = [operand(ctx, pools, pattern[k], r * shift + perm[k]) for k in range(length)]
         b = [operand(ctx, pools, pattern[(k + 1) % length] if len(classes) > 1 else "param", r * shift + k + 3)
@@ -1006,13 +1031,13 @@ def variadic_rows(ctx: Ctx, pools: Dict[str, List[Value]]) -> List[Value]:
         elif form == "dot":
             v = mc.dot(a, b)
         elif form == "affine":
-            v = mc.affine(a, b, operand(ctx, pools, classes[-1], r))
+            v = mc.affine(a, b, out[-1] if chained and out else operand(ctx, pools, classes[-1], r))
         elif form == "sum":
             v = sum(a)
         elif form == "sum start":
-            v = sum(a, operand(ctx, pools, classes[-1], r + 1))
+            v = sum(a, out[-1].tanh() if chained and out else operand(ctx, pools, classes[-1], r + 1))
         else:
-            v = operand(ctx, pools, classes[0], r)
+            v = out[-1] if chained and out else operand(ctx, pools, classes[0], r)
             for p_, q_ in zip(a, b):
                 v = v + p_ * q_
         out.append(v if isinstance(v, Value) else Value(v) + 0.0)
@@ -1020,7 +1045,7 @@ def variadic_rows(ctx: Ctx, pools: Dict[str, List[Value]]) -> List[Value]:
 
 
 def pools_for(ctx: Ctx, x: List[Value]) -> Dict[str, List[Value]]:
-    n = 40
+    n = 64
     params = [ctx.weight(4) for _ in range(n)]
     values = [(xi * 0.5).tanh() if k % 2 else xi * params[k % n] for k, xi in enumerate(x * (n // len(x) + 1))][:n]
     frozen = [Value(c) for c in ([0.5, -0.25, 1.0, -0.0, 0.0, 2.0] * 7)[:n]]
@@ -1039,6 +1064,9 @@ def test_variadic_and_sums(data):
     if ctx.flag("second block"):
         rows = rows + variadic_rows(ctx, pools)
     rows = [r.tanh() for r in rows] if ctx.flag("squash") else rows
+    if ctx.flag("dense layer over the same parameters"):  # 8 outputs: packed weights
+        P, m, off = pools["param"], len(x), ctx.choice([0, 2, 3, 8, 16], "offset")
+        rows = rows + [sum((P[(off + j * m + i) % len(P)] * x[i] for i in range(m)), 0.0).tanh() for j in range(8)]
     check_case(finish(ctx, x, X, rows))
 
 
@@ -1236,7 +1264,7 @@ def conv_case(ctx: Ctx, C: int, H: int, W: int, k: int, cout: int, form: str, pa
                                 ws.append(w[co][ci][a][bb])
                                 xs.append(0.0)
                 out.append(reduce_terms(ctx, ws, xs, b[co], form, False).relu())
-    return finish(ctx, x, X, out, loss_kind="squares")
+    return finish(ctx, x, X, out, loss_kind="squares", plain=True)
 
 
 @examples(12)
@@ -1254,7 +1282,7 @@ def test_convolutions_are_rerolled(data):
     big = check_case(conv_case(ctx, C, H + 2, W + 3, k, cout, form, pad, zeros), with_fit=False, nsamples=2)
     for key in ("forward_nests", "backward_nests", "loops"):
         assert small[key] == big[key], (key, small, big)
-    assert big["forward_nests"] * 5 < big["statements"], big
+    assert big["forward_nests"] * 3 < big["statements"], big
 
 
 @examples(15)
@@ -1299,3 +1327,36 @@ def test_elementwise_layers_are_grouped(data):
     info = check_case(case, with_fit=False, nsamples=2)
     assert info["forward_nests"] <= 4 * nops + 8, info
     assert info["statements"] >= n * (nops + 1)
+
+
+@examples(25)
+@given(data=st.data())
+def test_parameter_slices(data):
+    """Rows of one shape over slices of one parameter vector, each starting from the row before
+    (a regulariser, a stack of tied sums: one level per row, so the rows become a sequential loop
+    whose parameter operands move by a stride per step), with other uses of those parameters: a
+    product with an input (its gradient alone: fused SGD at batch size 1) and a layer of 8
+    outputs (vectorised over outputs: packed weights)."""
+    ctx = Ctx(data)
+    m = ctx.choice([1, 2, 3], "inputs")
+    X = samples(ctx, m)
+    x = [Value(float(v)) for v in X[0]]
+    P = [ctx.weight(4) for _ in range(48)]
+    K, L = ctx.choice([2, 3, 5], "rows"), ctx.choice([1, 2, 3, 4], "slice")
+    start, stride = ctx.choice([0, 2, 6], "first"), ctx.choice([-3, -1, 1, 2, 4, 6], "stride")
+    term = ctx.choice(["p", "p*x", "p*p", "x*p"], "term")
+    prev: Any = x[0] * 0.5
+    rows = []
+    for r in range(K):
+        idx = [(start + r * stride + i) % len(P) for i in range(L)]
+        terms = [P[i] if term == "p" else P[i] * x[0] if term == "p*x" else P[i] * P[i] if term == "p*p"
+                 else x[-1] * P[i] for i in idx]
+        prev = sum(terms, prev.tanh() if ctx.flag("squash the start") else prev)
+        rows.append(prev)
+    final = list(rows) if ctx.flag("every row") else rows[-1:]
+    if ctx.flag("single use"):
+        final.append(P[ctx.int(0, len(P) - 1, "single")] * x[-1])
+    if ctx.flag("layer"):
+        off = ctx.choice([0, 3, 6, 9, 12, 16], "layer offset")
+        final += [sum((P[(off + j * m + i) % len(P)] * x[i] for i in range(m)), 0.0) for j in range(8)]
+    check_case(finish(ctx, x, X, final, loss_kind=ctx.choice(["mse", "squares"], "loss")))
