@@ -544,6 +544,7 @@ def unary(ctx: Ctx, vals: List[Value], label: str = "op") -> List[Value]:
     if kind == "max":
         m = ctx.choice(["const", "self", "neighbour", "reversed"], "max with")
         if m == "const":
+            c = ctx.choice([c, float("-inf")], "max const")
             return [v.max(c) for v in vals]
         if m == "self":
             return [v.max(v) for v in vals]
@@ -914,9 +915,12 @@ def finish(ctx: Ctx, x: List[Value], X: np.ndarray, final: List[Value], loss_kin
     Y: Optional[np.ndarray] = None
     if loss_kind == "xent":
         m = min(len(final), ctx.int(1, 5, "classes"))
-        Y = r.integers(0, m, size=(n, 1)).astype(np.float64)
-        y = [Value(float(Y[0, 0]))]
-        loss = mc.cross_entropy(final[:m], y[0])
+        if ctx.flag("a constant class"):  # no targets: the class is a number of the graph
+            loss = mc.cross_entropy(final[:m], ctx.int(0, m - 1, "class"))
+        else:
+            Y = r.integers(0, m, size=(n, 1)).astype(np.float64)
+            y = [Value(float(Y[0, 0]))]
+            loss = mc.cross_entropy(final[:m], y[0])
     elif loss_kind == "mse":
         Y = r.uniform(-1, 1, size=(n, len(final)))
         y = [Value(float(v)) for v in Y[0]]
@@ -936,8 +940,9 @@ def finish(ctx: Ctx, x: List[Value], X: np.ndarray, final: List[Value], loss_kin
         Y = r.integers(0, m, size=(n, 1)).astype(np.float64)
         y = [Value(float(Y[0, 0]))]
         extra = ctx.taps[:4] or final[:1]
+        k = min(len(final), len(extra), 2)
         loss = mc.cross_entropy(final[:m], y[0]) + 0.1 * mc.vsum([e.tanh().square() for e in extra]) + \
-            mc.hinge(final[:1], [1.0]) * 0.5
+            mc.hinge(final[:1], [1.0]) * 0.5 + mc.mse(final[:k], [e.tanh() for e in extra[::-1][:k]]) * 0.25
     if plain:
         return Case(x=x, y=y, params=ctx.params, loss=loss, outputs=list(final), X=X, Y=Y,
                     structure={"log": ctx.log})
@@ -1091,8 +1096,11 @@ def binary_rows(ctx: Ctx, a: List[Value], b: List[Any]) -> List[Value]:
             out.append(positive(u, how) ** (v if not isinstance(v, Value) else ctx.choice([2, 0.5, -1], "k")))
         elif op == "max":
             out.append(u.max(v))
-        else:
-            e = v.tanh() if isinstance(v, Value) else Value(float(v) if abs(float(v)) < 3 else 0.5)
+        else:  # a Value exponent: a leaf as it is (a parameter, an input), or bounded
+            if isinstance(v, Value):
+                e = v if mc.op_of(v) == mc.Op.LEAF and abs(v.data) <= 2 else v.tanh()
+            else:
+                e = Value(float(v) if abs(float(v)) < 3 else 0.5)
             out.append(positive(u, how) ** e)
     return out
 
@@ -1360,3 +1368,25 @@ def test_parameter_slices(data):
         off = ctx.choice([0, 3, 6, 9, 12, 16], "layer offset")
         final += [sum((P[(off + j * m + i) % len(P)] * x[i] for i in range(m)), 0.0) for j in range(8)]
     check_case(finish(ctx, x, X, final, loss_kind=ctx.choice(["mse", "squares"], "loss")))
+
+
+@examples(12)
+@given(data=st.data())
+def test_deep_convolutions(data):
+    """Two 2-D convolutions over several channels: the second one's input gradient moves along
+    more dims than a nest has outer dims (scattered), and overlapping windows alias."""
+    ctx = Ctx(data)
+    C, H, W = ctx.choice([2, 3], "channels"), ctx.choice([5, 6], "rows"), ctx.choice([5, 7], "cols")
+    X = samples(ctx, C * H * W)
+    x = [Value(float(v)) for v in X[0]]
+    img = unflat(x, (C, H, W))
+    for layer in range(2):
+        cin, h, w = shape(img)
+        k, cout = 2, ctx.choice([1, 2], f"channels out {layer}")
+        wt = [[[[ctx.weight(cin * k * k) for _ in range(k)] for _ in range(k)] for _ in range(cin)] for _ in range(cout)]
+        form = ctx.choice(["chain", "sum", "dot"], f"form {layer}")
+        img = [[[reduce_terms(ctx, [wt[co][ci][a][b] for ci in range(cin) for a in range(k) for b in range(k)],
+                              [img[ci][i + a][j + b] for ci in range(cin) for a in range(k) for b in range(k)],
+                              None, form, False).tanh()
+                 for j in range(w - k + 1)] for i in range(h - k + 1)] for co in range(cout)]
+    check_case(finish(ctx, x, X, flat(img)))
