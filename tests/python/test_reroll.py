@@ -63,8 +63,8 @@ SCALE = float(os.environ.get("MG_REROLL_SCALE", "1"))
 def examples(n: int) -> settings:
     """The profile's settings with `n` examples (scaled), for one test."""
     base = settings.get_profile(PROFILE)
-    if PROFILE != "reroll-ci":
-        n = max(n, base.max_examples * n // 40)
+    if PROFILE != "reroll-ci":  # hunting: the largest test gets the profile's count, the others in proportion
+        n = max(n, base.max_examples * n // 150)
     return settings(base, max_examples=max(1, int(n * SCALE)),
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                            HealthCheck.filter_too_much])
@@ -972,7 +972,7 @@ def input_image(ctx: Ctx, max_c: int = 2, max_h: int = 6, max_w: int = 9) -> Tup
 
 # ---- the properties -------------------------------------------------------------------------------
 
-@examples(40)
+@examples(150)
 @given(data=st.data())
 def test_pipelines(data):
     """Random pipelines of stages over a small image, then a loss."""
@@ -1057,7 +1057,7 @@ def pools_for(ctx: Ctx, x: List[Value]) -> Dict[str, List[Value]]:
     return {"param": params, "input": list(x), "number": [], "frozen": frozen, "value": values}
 
 
-@examples(30)
+@examples(120)
 @given(data=st.data())
 def test_variadic_and_sums(data):
     """vsum / dot / affine / sum() rows over operands of mixed classes and orders."""
@@ -1105,7 +1105,7 @@ def binary_rows(ctx: Ctx, a: List[Value], b: List[Any]) -> List[Value]:
     return out
 
 
-@examples(30)
+@examples(120)
 @given(data=st.data())
 def test_elementwise_ops(data):
     """Every elementwise op across vectors; second operands of every class, broadcast (one value
@@ -1147,7 +1147,7 @@ def test_elementwise_ops(data):
     check_case(finish(ctx, x, X, vals))
 
 
-@examples(30)
+@examples(120)
 @given(data=st.data())
 def test_recurrent(data):
     """A random cell applied T times with shared weights (the first step different or not), GRU
@@ -1165,7 +1165,7 @@ def test_recurrent(data):
     check_case(finish(ctx, x, X, states))
 
 
-@examples(25)
+@examples(80)
 @given(data=st.data())
 def test_conv_stacks(data):
     """Sliding windows, 1-D and 2-D, stacked, with pooling and skip connections."""
@@ -1228,7 +1228,7 @@ def test_zoo_families_compiled(name):
 # ---- compiled C: the generators again, fewer examples (each one compiles) -----------------------
 
 @needs_cc
-@examples(10)
+@examples(25)
 @given(data=st.data())
 def test_compiled_matches_tape(data):
     ctx = Ctx(data)
@@ -1275,7 +1275,7 @@ def conv_case(ctx: Ctx, C: int, H: int, W: int, k: int, cout: int, form: str, pa
     return finish(ctx, x, X, out, loss_kind="squares", plain=True)
 
 
-@examples(12)
+@examples(30)
 @given(data=st.data())
 def test_convolutions_are_rerolled(data):
     """A convolution (padding skipped, multiplied as constant zeros, or none): its nests do not
@@ -1293,7 +1293,7 @@ def test_convolutions_are_rerolled(data):
     assert big["forward_nests"] * 3 < big["statements"], big
 
 
-@examples(15)
+@examples(40)
 @given(data=st.data())
 def test_recurrences_are_rolled(data):
     """A recurrence of T >= 3 steps becomes a sequential loop, its nests independent of T."""
@@ -1318,7 +1318,7 @@ def test_recurrences_are_rolled(data):
     assert info["forward_nests"] <= 20, info
 
 
-@examples(10)
+@examples(25)
 @given(data=st.data())
 def test_elementwise_layers_are_grouped(data):
     """One op over a wide vector is one nest, whatever the width."""
@@ -1337,7 +1337,7 @@ def test_elementwise_layers_are_grouped(data):
     assert info["statements"] >= n * (nops + 1)
 
 
-@examples(25)
+@examples(100)
 @given(data=st.data())
 def test_parameter_slices(data):
     """Rows of one shape over slices of one parameter vector, each starting from the row before
@@ -1370,7 +1370,7 @@ def test_parameter_slices(data):
     check_case(finish(ctx, x, X, final, loss_kind=ctx.choice(["mse", "squares"], "loss")))
 
 
-@examples(12)
+@examples(40)
 @given(data=st.data())
 def test_deep_convolutions(data):
     """Two 2-D convolutions over several channels: the second one's input gradient moves along
