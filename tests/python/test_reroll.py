@@ -1422,3 +1422,48 @@ def test_deep_convolutions(data):
                               None, form, False).tanh()
                  for j in range(w - k + 1)] for i in range(h - k + 1)] for co in range(cout)]
     check_case(finish(ctx, x, X, flat(img)))
+
+
+# ---- regressions: the smallest graphs of the bugs these properties found -------------------------
+
+def _regression(name: str) -> Case:
+    X = np.array([[0.5, -1.5, 0.25, 1.0, -0.5, 0.75, 0.0], [0.25, 1.0, -0.5, 0.0, 0.5, -1.0, 2.0],
+                  [-0.5, 0.5, 1.5, -1.0, 0.25, 0.5, -0.25]])
+    if name == "vsum mixing classes":  # a table over inputs and parameters, an input first
+        x = [Value(float(v)) for v in X[0, :5]]
+        p = [Value(0.1 * (i + 1)) for i in range(5)]
+        s = mc.vsum([t for i in range(5) for t in (x[i], p[i])])
+        return Case(x=x, y=[], params=p, loss=s * s, outputs=[s], X=X[:, :5], Y=None)
+    if name == "start through a table":  # sums (start + a) + b, starts and windows not affine
+        x = [Value(float(v)) for v in X[0]]
+        out = [sum([x[a], x[a + 1]], s) for a, s in zip([0, 2, 5], [1.0, -0.0, 1.0])]
+        return Case(x=x, y=[], params=[], loss=mc.vsum(out), outputs=out, X=X, Y=None)
+    if name == "computed start through a table":  # the same, starts computed: gradients through it
+        x = [Value(float(v)) for v in X[0, :6]]
+        p = [Value(0.1), Value(0.2), Value(0.3)]
+        u = [q.tanh() for q in p]
+        out = [sum([x[2 * i], x[2 * i + 1]], u[j]) for i, j in enumerate([0, 2, 1])]
+        return Case(x=x, y=[], params=p, loss=mc.vsum([o * o for o in out]), outputs=out, X=X[:, :6], Y=None)
+    if name == "fused step and a loop":  # a loop writes p[1]'s gradient at t = 1; p[1]'s other use
+        x = [Value(float(v)) for v in X[0, :2]]
+        p = [Value(0.1 * (k + 1)) for k in range(6)]
+        v = x[0] * 0.5
+        s1 = v + p[3] + p[4] + p[5]
+        s2 = v.tanh() + p[0] + p[1] + p[2]
+        return Case(x=x, y=[], params=p, loss=mc.vsum([s1, s2, p[1] * x[1]]), outputs=[], X=X[:, :2], Y=None)
+    # "packed and a loop": a loop reads packed parameters at t = 1
+    x = [Value(float(v)) for v in X[0, :3]]
+    q = [Value(0.1 * (k + 1)) for k in range(3)]
+    W = [[Value(0.01 * (3 * j + i)) for i in range(3)] for j in range(8)]
+    v = x[0] * 0.5
+    s1 = v + q[0] + q[1] + q[2]
+    s2 = v.tanh() + W[1][0] + W[1][1] + W[1][2]
+    dense = [sum((W[j][i] * x[i] for i in range(3)), 0.0) for j in range(8)]
+    params = q + [w for row in W for w in row]
+    return Case(x=x, y=[], params=params, loss=mc.vsum([s1, s2]) + mc.vsum(dense), outputs=[], X=X[:, :3], Y=None)
+
+
+@pytest.mark.parametrize("name", ["vsum mixing classes", "start through a table", "computed start through a table",
+                                  "fused step and a loop", "packed and a loop"])
+def test_regressions(name):
+    check_case(_regression(name), with_c=HAVE_CC)
