@@ -23,9 +23,9 @@ Each example's checks run in a forked child (where the platform forks), so that 
 crashes fails its example instead of the session (``MG_REROLL_FORK=0`` runs them in-process).
 
 Profiles (registered in conftest.py): ``reroll-ci`` (the default: derandomized, bounded, no
-shrinking: the same examples every run, ~40 s) and ``reroll-hunt`` (random, shrinking, 2,000
-examples for the largest test), chosen with ``MG_REROLL_PROFILE``; ``MG_REROLL_SCALE`` multiplies
-the example counts. Hunting::
+shrinking: the same examples every run, 25-45 s on two busy cores) and ``reroll-hunt`` (random,
+shrinking, 2,000 examples for the largest test), chosen with ``MG_REROLL_PROFILE``;
+``MG_REROLL_SCALE`` multiplies the example counts. Hunting::
 
     MG_REROLL_PROFILE=reroll-hunt MG_REROLL_DUMP=/tmp/cases pytest tests/python/test_reroll.py \
         --hypothesis-seed=1
@@ -74,7 +74,7 @@ def examples(n: int) -> settings:
     """The profile's settings with `n` examples (scaled), for one test."""
     base = settings.get_profile(PROFILE)
     if PROFILE != "reroll-ci":  # hunting: the largest test gets the profile's count, the others in proportion
-        n = max(n, base.max_examples * n // 130)
+        n = max(n, base.max_examples * n // 110)
     return settings(base, max_examples=max(1, int(n * SCALE)),
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                            HealthCheck.filter_too_much])
@@ -982,7 +982,7 @@ def input_image(ctx: Ctx, max_c: int = 2, max_h: int = 6, max_w: int = 9) -> Tup
 
 # ---- the properties -------------------------------------------------------------------------------
 
-@examples(130)
+@examples(110)
 @given(data=st.data())
 def test_pipelines(data):
     """Random pipelines of stages over a small image, then a loss."""
@@ -1259,7 +1259,7 @@ def test_zoo_families_partly_compiled(name):
 # ---- compiled C: the generators again, fewer examples (each one compiles) -----------------------
 
 @needs_cc
-@examples(20)
+@examples(15)
 @given(data=st.data())
 def test_compiled_matches_tape(data):
     ctx = Ctx(data)
