@@ -31,7 +31,8 @@ shrinking, 2,000 examples for the largest test), chosen with ``MG_REROLL_PROFILE
         --hypothesis-seed=1
 
 ``MG_REROLL_DUMP`` names a directory where each failing case is written as a standalone script
-(the graph rebuilt op by op, the samples, and the rerolled-vs-scalar comparison).
+(the graph rebuilt op by op, the samples, and the rerolled-vs-scalar comparison); shrinking
+writes one per attempt, and the report names the final, smallest one ("reproduction: ...").
 """
 from __future__ import annotations
 
