@@ -49,3 +49,19 @@ def mnist_dir() -> str:
     if not os.path.exists(os.path.join(MNIST_DIR, "t10k-images-idx3-ubyte.gz")):
         pytest.skip("MNIST not present in ../shared/data/mnist")
     return MNIST_DIR
+
+
+# Hypothesis profiles of the rerolling tests (test_reroll.py picks one with MG_REROLL_PROFILE):
+# CI never fails at random (derandomized, bounded, no deadline); hunting draws fresh examples,
+# many of them (vary them with --hypothesis-seed).
+try:
+    from hypothesis import Phase as _Phase
+    from hypothesis import settings as _settings
+
+    # no shrinking in CI: a failing example is reported as drawn (the same one every run), at once
+    _settings.register_profile("reroll-ci", derandomize=True, deadline=None, max_examples=40, database=None,
+                               print_blob=True, phases=[_Phase.explicit, _Phase.generate])
+    _settings.register_profile("reroll-hunt", derandomize=False, deadline=None, max_examples=2000,
+                               print_blob=True)
+except ImportError:  # hypothesis is a test dependency; without it those tests are not collected
+    pass

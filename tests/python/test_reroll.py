@@ -1,0 +1,1470 @@
+"""Rerolling: structured graphs, written op by op as a micrograd user writes them, compile to
+programs that compute what the graph computes.
+
+Hypothesis draws the graphs from generators that compose: sliding windows (1-D and 2-D, kernel,
+stride, padding by skipping terms or by multiplying a constant 0.0, channels, layers), pooling
+(``max`` chains and sums), dense layers, recurrent cells applied T times with shared weights,
+GRU-like gates, skip connections, repeated blocks with tied weights, scrambled and reversed
+operand orders (gathers), duplicated operands, constants of every kind, ``sum`` with and without
+a start, ``vsum``/``dot``/``affine``, every elementwise op, and the three losses. For each graph:
+
+* eager (``Value.backward``), the rerolled tape, the scalar tape (``raise_loops=False``) and,
+  when a C compiler works, the compiled program agree: forward values and the loss bit for bit
+  (eager, rerolled, scalar, compiled); parameter gradients within 1e-12 relative of the scalar
+  program's and eager's, over several samples accumulated (so gradients a sample leaves behind
+  would show); the compiled program equals the tape bitwise (forward, gradients, ``fit``);
+* ``fit`` with 1, 2 and 3 threads gives bitwise the same parameters and losses, and the rerolled
+  program's ``fit`` stays within 1e-12 of the scalar program's (batch size 1, where SGD is fused
+  into the backward nests, and larger batches);
+* the structured cases really were rerolled (few nests, sequential loops for recurrences), so a
+  silent fallback to one nest per scalar fails.
+
+Each example's checks run in a forked child (where the platform forks), so that a program that
+crashes fails its example instead of the session (``MG_REROLL_FORK=0`` runs them in-process).
+
+Profiles (registered in conftest.py): ``reroll-ci`` (the default: derandomized, bounded, no
+shrinking: the same examples every run, 25-45 s on two busy cores) and ``reroll-hunt`` (random,
+shrinking, 2,000 examples for the largest test), chosen with ``MG_REROLL_PROFILE``;
+``MG_REROLL_SCALE`` multiplies the example counts. Hunting::
+
+    MG_REROLL_PROFILE=reroll-hunt MG_REROLL_DUMP=/tmp/cases pytest tests/python/test_reroll.py \
+        --hypothesis-seed=1
+
+``MG_REROLL_DUMP`` names a directory where each failing case is written as a standalone script
+(the graph rebuilt op by op, the samples, and the rerolled-vs-scalar comparison); shrinking
+writes one per attempt, and the report names the final, smallest one ("reproduction: ...").
+"""
+from __future__ import annotations
+
+import math
+import os
+import random
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, reject, settings
+from hypothesis import note as _note
+from hypothesis.errors import InvalidArgument
+from hypothesis import strategies as st
+
+import micrograd_c as mc
+from micrograd_c import compiler
+from micrograd_c.engine import Value
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+import zoo  # noqa: E402  (model families written op by op)
+
+import conftest  # noqa: E402,F401  (registers the hypothesis profiles)
+
+HAVE_CC = True
+try:
+    compiler.find_compiler()
+except mc.CompileError:
+    HAVE_CC = False
+needs_cc = pytest.mark.skipif(not HAVE_CC, reason="no C compiler")
+
+PROFILE = os.environ.get("MG_REROLL_PROFILE", "reroll-ci")
+SCALE = float(os.environ.get("MG_REROLL_SCALE", "1"))
+
+
+def examples(n: int) -> settings:
+    """The profile's settings with `n` examples (scaled), for one test."""
+    base = settings.get_profile(PROFILE)
+    if PROFILE != "reroll-ci":  # hunting: the largest test gets the profile's count, the others in proportion
+        n = max(n, base.max_examples * n // 110)
+    return settings(base, max_examples=max(1, int(n * SCALE)),
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                           HealthCheck.filter_too_much])
+
+
+@pytest.fixture(scope="module", autouse=True)
+def private_cache(tmp_path_factory):
+    """Compiled libraries go to a cache of this module's own."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MICROGRAD_C_CACHE_DIR", str(tmp_path_factory.mktemp("reroll-cache")))
+        yield
+
+
+def note(text: str) -> None:
+    """hypothesis' note inside a test; printed (pytest shows it on failure) outside one."""
+    try:
+        _note(text)
+    except InvalidArgument:
+        print(text)
+
+
+# ---- comparisons ------------------------------------------------------------------------------
+
+def bits(a: Any) -> np.ndarray:
+    return np.ascontiguousarray(np.asarray(a, dtype=np.float64)).view(np.uint64)
+
+
+def assert_bitwise(got: Any, want: Any, what: str) -> None:
+    g, w = np.asarray(got, dtype=np.float64), np.asarray(want, dtype=np.float64)
+    assert g.shape == w.shape, f"{what}: shapes {g.shape} vs {w.shape}"
+    if not np.array_equal(bits(g), bits(w)):
+        bad = np.flatnonzero(bits(g).ravel() != bits(w).ravel())
+        i = int(bad[0])
+        raise AssertionError(f"{what}: {len(bad)} of {g.size} differ in their bits; first at {i}: "
+                             f"{g.ravel()[i]!r} vs {w.ravel()[i]!r}")
+
+
+def close_enough(got: Any, want: Any) -> bool:
+    g, w = np.asarray(got, dtype=np.float64), np.asarray(want, dtype=np.float64)
+    scale = max(1.0, float(np.max(np.abs(w)))) if w.size else 1.0
+    return g.shape == w.shape and bool(np.allclose(g, w, rtol=1e-12, atol=1e-12 * scale))
+
+
+def assert_close(got: Any, want: Any, what: str) -> None:
+    if not close_enough(got, want):
+        g, w = np.asarray(got, dtype=np.float64), np.asarray(want, dtype=np.float64)
+        err = np.abs(g - w)
+        i = int(np.argmax(err))
+        raise AssertionError(f"{what}: not within 1e-12; worst at {i}: {g.ravel()[i]!r} vs {w.ravel()[i]!r} "
+                             f"({int(np.sum(err > 1e-12 * np.maximum(1, np.abs(w))))} of {g.size} off)")
+
+
+# ---- cases ------------------------------------------------------------------------------------
+
+@dataclass
+class Case:
+    """A graph built over leaves holding sample 0, plus the samples."""
+    x: List[Value]          # input leaves (their data: X[0])
+    y: List[Value]          # target leaves (their data: Y[0])
+    params: List[Value]
+    loss: Value
+    outputs: List[Value]
+    X: np.ndarray           # (n, len(x))
+    Y: Optional[np.ndarray]  # (n, len(y)) or None
+    structure: Dict[str, Any] = field(default_factory=dict)
+
+
+def compile_case(case: Case, backend: str = "tape", raise_loops: bool = True) -> mc.Program:
+    return mc.compile(case.loss, inputs=case.x, targets=case.y, params=case.params, outputs=case.outputs,
+                      backend=backend, raise_loops=raise_loops)
+
+
+def run_samples(prog: mc.Program, case: Case, nsamples: int) -> Tuple[List[np.ndarray], List[float], List[np.ndarray]]:
+    """forward + backward on samples 0..nsamples-1 in turn (gradients accumulating): the outputs,
+    the losses, and the parameter gradients after each sample."""
+    outs, losses, grads = [], [], []
+    for i in range(nsamples):
+        y = None if case.Y is None else case.Y[i]
+        outs.append(np.array(prog.forward(case.X[i], y)))
+        losses.append(prog.loss)
+        prog.backward()
+        grads.append(np.array(prog.grad))
+    return outs, losses, grads
+
+
+def eager_reference(case: Case) -> Tuple[np.ndarray, float, np.ndarray]:
+    for p in case.params:
+        p.grad = 0.0
+    case.loss.backward()
+    return (np.array([o.data for o in case.outputs]), case.loss.data, np.array([p.grad for p in case.params]))
+
+
+def fit_params(prog: mc.Program, case: Case, p0: np.ndarray, batch: int, threads: int,
+               lr: float = 0.02, epochs: int = 2) -> Tuple[np.ndarray, List[float]]:
+    prog.parameters[:] = p0
+    losses = prog.fit(case.X, case.Y, epochs=epochs, lr=lr, batch_size=batch, shuffle=True, seed=7,
+                      threads=threads)
+    return np.array(prog.parameters), losses
+
+
+class NotFinite(Exception):
+    """The graph overflows (or leaves a domain) on some sample: the generator's fault, not a
+    property's; the example is rejected."""
+
+
+FORK = hasattr(os, "fork") and os.environ.get("MG_REROLL_FORK", "1") != "0"
+
+
+def check_case(case: Case, with_c: bool = False, with_fit: bool = True, nsamples: int = 3) -> Dict[str, Any]:
+    """Every property on one case (see check_properties), in a forked child where the platform
+    forks: a program that crashes fails its example (and hypothesis shrinks it) instead of taking
+    the test session down. Returns the rerolled program's info."""
+    if not FORK:
+        try:
+            return check_properties(case, with_c, with_fit, nsamples)
+        except NotFinite:
+            reject()
+    r, w = os.pipe()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:  # the child: report and leave at once (no pytest or hypothesis teardown)
+        os.close(r)
+        try:
+            info = check_properties(case, with_c, with_fit, nsamples)
+            msg = "ok\n" + repr(info)
+        except NotFinite as e:
+            msg = "reject\n" + str(e)
+        except AssertionError as e:
+            msg = "fail\n" + str(e)
+        except BaseException as e:  # noqa: BLE001
+            import traceback
+            msg = "error\n" + "".join(traceback.format_exception(e))
+        with os.fdopen(w, "w") as f:
+            f.write(msg)
+        os._exit(0)
+    os.close(w)
+    with os.fdopen(r) as f:
+        msg = f.read()
+    _, status = os.waitpid(pid, 0)
+    if os.WIFSIGNALED(status) or not msg:
+        how = f"signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status) else f"status {os.WEXITSTATUS(status)}"
+        note(compile_case(case).describe())
+        dump_failure(case)
+        raise AssertionError(f"the check crashed ({how})")
+    kind, _, rest = msg.partition("\n")
+    if kind == "reject":
+        reject()
+    if kind == "ok":
+        import ast
+        return ast.literal_eval(rest)
+    note(compile_case(case).describe())
+    dump_failure(case)
+    raise AssertionError(rest)
+
+
+def check_properties(case: Case, with_c: bool = False, with_fit: bool = True, nsamples: int = 3) -> Dict[str, Any]:
+    """Every property on one case; returns the rerolled program's info."""
+    assert np.all(np.isfinite([o.data for o in case.outputs] + [case.loss.data])), "generator made a non-finite value"
+    e_out, e_loss, e_grad = eager_reference(case)
+    nsamples = min(nsamples, len(case.X))
+    rer = compile_case(case)
+    sca = compile_case(case, raise_loops=False)
+    info = rer.info
+    note(f"rerolled: {info}")
+    assert info["rerolled"] and not sca.info["rerolled"]
+    r_out, r_loss, r_grad = run_samples(rer, case, nsamples)
+    s_out, s_loss, s_grad = run_samples(sca, case, nsamples)
+    if not (np.all(np.isfinite(s_out)) and np.all(np.isfinite(s_loss)) and np.all(np.isfinite(s_grad))
+            and np.all(np.isfinite(e_grad))):
+        raise NotFinite("a value or gradient of the scalar program is not finite")
+    try:
+        # forward: bit for bit, eager too (sample 0 is what the leaves hold)
+        assert_bitwise(s_out[0], e_out, "scalar program outputs vs eager")
+        assert_bitwise([s_loss[0]], [e_loss], "scalar program loss vs eager")
+        for i in range(nsamples):
+            assert_bitwise(r_out[i], s_out[i], f"rerolled outputs vs scalar, sample {i}")
+            assert_bitwise([r_loss[i]], [s_loss[i]], f"rerolled loss vs scalar, sample {i}")
+        # gradients: within 1e-12, accumulated over the samples
+        assert_close(s_grad[0], e_grad, "scalar program gradients vs eager")
+        assert_close(r_grad[0], e_grad, "rerolled gradients vs eager")
+        for i in range(nsamples):
+            assert_close(r_grad[i], s_grad[i], f"rerolled gradients vs scalar, after sample {i}")
+        # predict: the outputs of forward
+        if case.outputs:  # (predict loads no targets: outputs that read them see the last forward's)
+            pr = rer.predict(case.X[:nsamples])
+            assert_bitwise(pr, sca.predict(case.X[:nsamples]), "rerolled predict vs scalar")
+            if case.Y is None:
+                assert_bitwise(pr, np.array(r_out), "rerolled predict vs forward")
+        if with_c:
+            cp = compile_case(case, backend="c")
+            assert cp.backend == "c"
+            c_out, c_loss, c_grad = run_samples(cp, case, nsamples)
+            for i in range(nsamples):
+                assert_bitwise(c_out[i], r_out[i], f"compiled outputs vs tape, sample {i}")
+                assert_bitwise([c_loss[i]], [r_loss[i]], f"compiled loss vs tape, sample {i}")
+                assert_bitwise(c_grad[i], r_grad[i], f"compiled gradients vs tape, after sample {i}")
+            if case.outputs:
+                assert_bitwise(cp.predict(case.X), rer.predict(case.X), "compiled predict vs tape")
+        if with_fit:
+            p0 = np.array([p.data for p in case.params])
+            # steps of at most ~0.005 per sample and parameter: training that diverges (or sits on
+            # a steep slope) amplifies rounding differences beyond any fixed tolerance
+            lr = 0.005 / max(1.0, float(np.max(np.abs(s_grad[0]))) if len(p0) else 1.0)
+            for batch in (1, (2, 3, 4, 7)[len(case.params) % 4]):
+                ref, ref_l = fit_params(rer, case, p0, batch, 1, lr)
+                for threads in (2, 3):
+                    got, got_l = fit_params(rer, case, p0, batch, threads, lr)
+                    assert_bitwise(got, ref, f"fit batch {batch}: {threads} threads vs 1 (parameters)")
+                    assert_bitwise(got_l, ref_l, f"fit batch {batch}: {threads} threads vs 1 (losses)")
+                s, s_l = fit_params(sca, case, p0, batch, 1, lr)
+                if not (np.all(np.isfinite(s)) and np.all(np.isfinite(s_l))) or \
+                        np.max(np.abs(s - p0), initial=0.0) > 1.0:
+                    raise NotFinite("training diverges")
+                assert_close(ref, s, f"fit batch {batch}: rerolled vs scalar parameters")
+                assert_close(ref_l, s_l, f"fit batch {batch}: rerolled vs scalar losses")
+                if batch > 1:
+                    s2, s2_l = fit_params(sca, case, p0, batch, 2, lr)
+                    assert_bitwise(s2, s, f"scalar fit batch {batch}: 2 threads vs 1")
+                if with_c:
+                    c, c_l = fit_params(cp, case, p0, batch, 2, lr)
+                    assert_bitwise(c, ref, f"fit batch {batch}: compiled vs tape parameters")
+                    assert_bitwise(c_l, ref_l, f"fit batch {batch}: compiled vs tape losses")
+    except AssertionError:
+        if not FORK:
+            note(rer.describe())
+            dump_failure(case)
+        raise
+    return info
+
+
+# ---- reproductions -----------------------------------------------------------------------------
+
+OPNAMES = list(mc.engine._core.OP_NAMES)
+BINARY_SYM = {"add": "+", "sub": "-", "mul": "*"}
+
+
+def graph_code(case: Case, nsamples: int = 3) -> str:
+    """A standalone script rebuilding the case's graph op by op (operands before uses, in operand
+    order), with the samples and the rerolled-vs-scalar comparison: what a failure reports."""
+    _core = mc.engine._core
+    names: Dict[int, str] = {}
+    lines = ["import numpy as np", "import micrograd_c as mc", "from micrograd_c.engine import Value", ""]
+    for label, vals in (("p", case.params), ("x", case.x), ("y", case.y)):
+        for i, v in enumerate(vals):
+            names[id(v)] = f"{label}[{i}]"
+        lines.append(f"{label} = [" + ", ".join(f"Value({v.data!r})" for v in vals) + "]")
+    order: List[Value] = []
+    seen = set(names)
+    roots = [case.loss] + list(case.outputs)
+    for r in roots:
+        stack = [(r, 0)]
+        while stack:
+            v, k = stack.pop()
+            if id(v) in seen:
+                continue
+            ops = _core.operands(v)
+            if k < len(ops):
+                stack.append((v, k + 1))
+                if id(ops[k]) not in seen:
+                    stack.append((ops[k], 0))
+                continue
+            seen.add(id(v))
+            order.append(v)
+    n = 0
+    for v in order:
+        op = OPNAMES[_core.op_of(v)]
+        name = f"v{n}"
+        n += 1
+        names[id(v)] = name
+        ops = [names[id(o)] for o in _core.operands(v)]
+        k = _core.const_of(v)
+        if op == "leaf":
+            expr = f"Value({v.data!r})"
+        elif op in BINARY_SYM:
+            expr = f"{ops[0]} {BINARY_SYM[op]} {ops[1]}"
+        elif op == "pow":
+            expr = f"{ops[0]} ** {k!r}"
+        elif op == "powv":
+            expr = f"{ops[0]} ** {ops[1]}"
+        elif op == "neg":
+            expr = f"-{ops[0]}"
+        elif op == "div":
+            expr = f"{ops[0]}.div({ops[1]})"
+        elif op == "max":
+            expr = f"{ops[0]}.max({ops[1]})"
+        elif op in ("relu", "tanh", "exp", "log", "sigmoid", "square"):
+            expr = f"{ops[0]}.{op}()"
+        elif op == "sum":
+            expr = f"mc.vsum([{', '.join(ops)}])"
+        elif op == "dot":
+            m = int(k)
+            if len(ops) == 2 * m:
+                expr = f"mc.dot([{', '.join(ops[:m])}], [{', '.join(ops[m:])}])"
+            else:
+                expr = f"mc.affine([{', '.join(ops[:m])}], [{', '.join(ops[m:2 * m])}], {ops[-1]})"
+        elif op == "mse":
+            m = int(k)
+            expr = f"mc.mse([{', '.join(ops[:m])}], [{', '.join(ops[m:])}])"
+        elif op == "hinge":
+            m = int(k)
+            expr = f"mc.hinge([{', '.join(ops[:m])}], [{', '.join(ops[m:])}])"
+        elif op == "cross_entropy":
+            expr = f"mc.cross_entropy([{', '.join(ops[:-1])}], {ops[-1]})"
+        else:
+            raise ValueError(op)
+        lines.append(f"{name} = {expr}")
+    lines.append(f"loss = {names[id(case.loss)]}")
+    lines.append("outputs = [" + ", ".join(names[id(o)] for o in case.outputs) + "]")
+    lines.append(f"X = np.array({case.X.tolist()!r})")
+    lines.append(f"Y = {None if case.Y is None else 'np.array(' + repr(case.Y.tolist()) + ')'}")
+    lines.append(REPRO_TAIL)
+    return "\n".join(lines) + "\n"
+
+
+REPRO_TAIL = """
+if __name__ == "__main__":
+    progs = {r: mc.compile(loss, inputs=x, targets=y, params=p, outputs=outputs, backend="tape", raise_loops=r)
+             for r in (True, False)}
+    for r, prog in progs.items():
+        for i in range(len(X)):
+            out = prog.forward(X[i], None if Y is None else Y[i])
+            prog.backward()
+            print("rerolled" if r else "scalar  ", "sample", i, "loss", repr(prog.loss), "outputs", list(out))
+        print("   gradients", list(prog.grad))
+    p0 = np.array([q.data for q in p])
+    for batch in (1, 4):
+        for r, prog in progs.items():
+            prog.parameters[:] = p0
+            prog.fit(X, Y, epochs=2, lr=0.03, batch_size=batch, shuffle=True, seed=7)
+            print("rerolled" if r else "scalar  ", "fit batch", batch, "parameters", list(prog.parameters))
+    print(progs[True].describe())
+"""
+
+
+def dump_failure(case: Case) -> None:
+    """With MG_REROLL_DUMP set, writes the failing case as a script there (and notes where)."""
+    where = os.environ.get("MG_REROLL_DUMP")
+    if not where:
+        return
+    os.makedirs(where, exist_ok=True)
+    path = os.path.join(where, f"case_{len(os.listdir(where)):04d}.py")
+    with open(path, "w") as f:
+        f.write(graph_code(case))
+    note(f"reproduction: {path}")
+
+
+# ---- building blocks --------------------------------------------------------------------------
+
+# Constants of every kind: signed zeros, integers, fractions, tiny and large magnitudes.
+CONSTS = [0.0, -0.0, 1, -1, 2, 3, 0.5, -0.25, 1.0, -7.25, 1e-3, 1e-300, 5e-324, 1e3, 0.1]
+NONZERO = [c for c in CONSTS if c != 0 and abs(c) >= 1e-3 and abs(c) <= 10]
+MODERATE = [c for c in CONSTS if abs(c) <= 10]  # biases and starts (1e3 there makes training chaotic)
+
+Tensor = List[List[List[Any]]]  # [channel][row][col]
+
+
+def shape(t: Tensor) -> Tuple[int, int, int]:
+    return len(t), len(t[0]), len(t[0][0])
+
+
+def flat(t: Tensor) -> List[Any]:
+    return [v for plane in t for row in plane for v in row]
+
+
+def unflat(vals: Sequence[Any], shp: Tuple[int, int, int]) -> Tensor:
+    C, H, W = shp
+    it = iter(vals)
+    return [[[next(it) for _ in range(W)] for _ in range(H)] for _ in range(C)]
+
+
+def tmap(fn: Callable[[Any], Any], t: Tensor) -> Tensor:
+    return [[[fn(v) for v in row] for row in plane] for plane in t]
+
+
+def data_of(vals: Sequence[Any]) -> List[float]:
+    return [v.data if isinstance(v, Value) else float(v) for v in vals]
+
+
+class Ctx:
+    """Draws (through hypothesis) and builds (Values) at once."""
+
+    def __init__(self, data: Any) -> None:
+        self.data = data
+        self.rng = random.Random(data.draw(st.integers(0, 2**31 - 1), label="weights seed"))
+        self.params: List[Value] = []
+        self.taps: List[Value] = []  # intermediates that may become outputs
+        self.history: List[Tensor] = []
+        self.log: List[str] = []
+
+    def draw(self, strat: Any, label: str) -> Any:
+        return self.data.draw(strat, label=label)
+
+    def choice(self, seq: Sequence[Any], label: str) -> Any:
+        return self.draw(st.sampled_from(list(seq)), label)
+
+    def int(self, lo: int, hi: int, label: str) -> int:
+        return self.draw(st.integers(lo, hi), label)
+
+    def flag(self, label: str) -> bool:
+        return self.draw(st.booleans(), label)
+
+    def weight(self, fan: int = 1, kind: str = "param") -> Any:
+        """A parameter, a frozen leaf (a constant of the program), or a plain number."""
+        x = self.rng.uniform(-1.0, 1.0) / math.sqrt(fan)
+        if kind == "param":
+            v = Value(x)
+            self.params.append(v)
+            return v
+        if kind == "frozen":  # a leaf not listed anywhere: a constant; a few values, shared slots
+            return Value(self.rng.choice([0.5, -0.25, 0.75, 1.0]) / math.sqrt(fan))
+        return x  # a Python float
+
+    def weight_kind(self, label: str) -> str:
+        return self.draw(st.sampled_from(["param", "param", "param", "frozen", "number"]), label)
+
+    def tap(self, vals: Sequence[Any]) -> None:
+        vs = [v for v in vals if isinstance(v, Value)]
+        if vs and self.draw(st.integers(0, 3), "tap?") == 0:
+            k = self.int(1, min(3, len(vs)), "taps")
+            self.taps.extend(self.rng.sample(vs, k))
+
+
+def positive(v: Value, how: int) -> Value:
+    """A value kept positive (and away from zero), for log, fractional and negative powers."""
+    return [lambda: v.square() + 0.5, lambda: v * v + 1.0, lambda: v.sigmoid() + 0.25, lambda: v.tanh().exp()][how]()
+
+
+# Elementwise ops applied across a tensor, each kept in its domain whatever the values.
+UNARY = ["relu", "tanh", "exp", "log", "sigmoid", "square", "neg", "-", "pow", "powv", "rpowv", "div", "rdiv",
+         "max", "add", "radd", "sub", "rsub", "mul", "rmul", "self", "mulw", "shared"]
+
+
+def unary(ctx: Ctx, vals: List[Value], label: str = "op") -> List[Value]:
+    """One elementwise op over all of `vals` (so one group), in its domain."""
+    kind = ctx.choice(UNARY, label)
+    d = data_of(vals)
+    hi = max(abs(a) for a in d)
+    how = ctx.int(0, 3, "wrap")
+    c = ctx.choice(CONSTS, "const")
+    ctx.log.append(kind)
+    if kind in ("relu", "tanh", "sigmoid", "square", "neg"):
+        if kind == "square" and hi > 10:
+            return [v.tanh().square() for v in vals]
+        return [getattr(v, kind)() for v in vals]
+    if kind == "-":
+        return [-v for v in vals]
+    if kind == "exp":
+        return [v.exp() for v in vals] if hi < 3 else [v.tanh().exp() for v in vals]
+    if kind == "log":  # (the domain must hold for every sample, not only for the leaves' data)
+        return [positive(v, how).log() for v in vals]
+    if kind == "pow":
+        k = ctx.choice([2, 3, 0, 1, 0.5, 1.5, -1, -0.5, -2, 2.5], "exponent")
+        if float(k).is_integer() and k >= 0:
+            return [v ** k for v in vals] if hi < 4 else [v.tanh() ** k for v in vals]
+        return [positive(v, how) ** k for v in vals]
+    if kind == "powv":  # a Value as exponent: a frozen leaf, a parameter, or computed
+        e = ctx.choice(["frozen", "param", "computed"], "exponent kind")
+        base = [positive(v, how) for v in vals]
+        if e == "frozen":
+            ex = Value(ctx.choice([0.5, 1.5, 2.0, -1.0], "exponent value"))
+            return [b ** ex for b in base]
+        if e == "param":
+            ex = ctx.weight()
+            return [b ** ex for b in base]
+        return [b ** v.tanh() for b, v in zip(base, vals)]
+    if kind == "rpowv":  # number ** Value
+        return [ctx.choice([2.0, 0.5, 3], "base") ** v.tanh() for v in vals[:1]] + \
+               [2.0 ** v.tanh() for v in vals[1:]]
+    if kind == "div":
+        if ctx.flag("divide by a value"):
+            return [v / positive(v, how) for v in vals]
+        return [v / ctx.choice(NONZERO, "divisor") for v in vals]
+    if kind == "rdiv":
+        return [ctx.choice(NONZERO, "numerator") / positive(v, how) for v in vals[:1]] + \
+               [1.0 / positive(v, how) for v in vals[1:]]
+    if kind == "max":
+        m = ctx.choice(["const", "self", "neighbour", "reversed"], "max with")
+        if m == "const":
+            c = ctx.choice([c, float("-inf")], "max const")
+            return [v.max(c) for v in vals]
+        if m == "self":
+            return [v.max(v) for v in vals]
+        if m == "neighbour":
+            return [v.max(vals[(i + 1) % len(vals)]) for i, v in enumerate(vals)]
+        return [v.max(w) for v, w in zip(vals, vals[::-1])]
+    if kind == "add":
+        return [v + c for v in vals]
+    if kind == "radd":
+        return [c + v for v in vals]
+    if kind == "sub":
+        return [v - c for v in vals]
+    if kind == "rsub":
+        return [c - v for v in vals]
+    if kind == "mul":
+        return [v * c for v in vals] if abs(c) <= 10 else [v.tanh() * c for v in vals]
+    if kind == "rmul":
+        return [c * v for v in vals] if abs(c) <= 10 else [c * v.tanh() for v in vals]
+    if kind == "self":  # duplicated operands
+        which = ctx.choice(["x+x", "x*x", "x-x", "x/x"], "self op")
+        if which == "x+x":
+            return [v + v for v in vals]
+        if which == "x*x":
+            return [v * v for v in vals] if hi < 4 else [v.tanh() * v.tanh() for v in vals]
+        if which == "x-x":
+            return [v - v + v for v in vals]
+        return [v / positive(v, how) for v in vals]
+    if kind == "mulw":  # a weight per element
+        ws = [ctx.weight() for _ in vals]
+        return [v * w if ctx.rng.random() < 0.5 else w * v for v, w in zip(vals, ws)]
+    # "shared": one weight for all (a value used by many consumers)
+    w = ctx.weight()
+    op = ctx.choice(["*", "+", "-", "rmul"], "shared op")
+    return [v * w if op == "*" else v + w if op == "+" else v - w if op == "-" else w * v for v in vals]
+
+
+def reduce_terms(ctx: Ctx, ws: List[Any], xs: List[Any], bias: Any, form: str, swap: bool) -> Value:
+    """b + sum_i w_i x_i in one of the ways a user writes it."""
+    if form == "chain":  # s = s + w*x, explicitly
+        s = bias if bias is not None else 0.0
+        for w, x in zip(ws, xs):
+            s = s + (x * w if swap else w * x)
+    elif form == "sum":  # micrograd's Neuron: sum(gen, b)
+        gen = ((x * w if swap else w * x) for w, x in zip(ws, xs))
+        s = sum(gen, bias) if bias is not None else sum(gen)
+    elif form == "vsum":
+        s = mc.vsum([(x * w if swap else w * x) for w, x in zip(ws, xs)])
+        s = s + bias if bias is not None else s
+    elif form == "dot":
+        s = mc.dot(xs, ws) if swap else mc.dot(ws, xs)
+        s = s + bias if bias is not None else s
+    else:
+        s = mc.affine(ws, xs, bias if bias is not None else 0.0)
+    return s if isinstance(s, Value) else Value(s) + 0.0
+
+
+FORMS = ["chain", "sum", "sum", "vsum", "dot", "affine"]
+
+
+def conv(ctx: Ctx, img: Tensor, one_d: bool = False, tied: Optional[dict] = None) -> Tuple[Tensor, dict]:
+    """A sliding window (1-D when `one_d` or the image has one row) over every channel."""
+    cin, H, W = shape(img)
+    if tied is not None:
+        spec = tied
+    else:
+        kh = 1 if (one_d or H == 1) else ctx.int(1, min(3, H + 2), "kernel rows")
+        kw = ctx.int(1, min(4, W + 2), "kernel cols")
+        spec = dict(
+            cout=ctx.int(1, 3, "channels out"), kh=kh, kw=kw,
+            sh=1 if kh == 1 else ctx.int(1, 2, "stride rows"), sw=ctx.int(1, 2, "stride cols"),
+            ph=0 if kh == 1 else ctx.int(0, kh - 1, "pad rows"), pw=ctx.int(0, kw - 1, "pad cols"),
+            zeros=ctx.flag("pad with constant zeros"), form=ctx.choice(FORMS, "reduction form"),
+            swap=ctx.flag("x*w"), bias=ctx.choice(["param", "none", "const"], "bias"),
+            order=ctx.choice(["natural", "natural", "reversed", "channels last", "scrambled"], "term order"),
+            wkind=ctx.weight_kind("weights"),
+            depthwise=ctx.flag("one kernel for every channel"),
+        )
+        fan = cin * spec["kh"] * spec["kw"]
+        nk = 1 if spec["depthwise"] else cin
+        spec["w"] = [[[[ctx.weight(fan, spec["wkind"]) for _ in range(spec["kw"])] for _ in range(spec["kh"])]
+                      for _ in range(nk)] for _ in range(spec["cout"])]
+        spec["b"] = [ctx.weight() if spec["bias"] == "param" else
+                     (ctx.choice(MODERATE, "bias const") if spec["bias"] == "const" else None)
+                     for _ in range(spec["cout"])]
+        terms = [(ci, a, b) for ci in range(cin) for a in range(spec["kh"]) for b in range(spec["kw"])]
+        if spec["order"] == "reversed":
+            terms = terms[::-1]
+        elif spec["order"] == "channels last":
+            terms = sorted(terms, key=lambda t: (t[1], t[2], t[0]))
+        elif spec["order"] == "scrambled":
+            ctx.rng.shuffle(terms)
+        spec["terms"] = terms
+        spec["cin"] = cin
+    s = spec
+    if s["cin"] != cin:
+        raise ValueError("tied conv over another channel count")
+    Ho = (H + 2 * s["ph"] - s["kh"]) // s["sh"] + 1
+    Wo = (W + 2 * s["pw"] - s["kw"]) // s["sw"] + 1
+    if Ho < 1 or Wo < 1:
+        return img, s
+    out = []
+    for co in range(s["cout"]):
+        plane = []
+        for i in range(Ho):
+            row = []
+            for j in range(Wo):
+                ws, xs = [], []
+                for ci, a, b in s["terms"]:
+                    ii, jj = i * s["sh"] + a - s["ph"], j * s["sw"] + b - s["pw"]
+                    w = s["w"][co][0 if s["depthwise"] else ci][a][b]
+                    if 0 <= ii < H and 0 <= jj < W:
+                        ws.append(w)
+                        xs.append(img[ci][ii][jj])
+                    elif s["zeros"]:
+                        ws.append(w)
+                        xs.append(0.0)
+                if not ws:
+                    ws, xs = [s["w"][co][0][0][0]], [0.0]
+                row.append(reduce_terms(ctx, ws, xs, s["b"][co], s["form"], s["swap"]))
+            plane.append(row)
+        out.append(plane)
+    return out, s
+
+
+def pool(ctx: Ctx, img: Tensor) -> Tensor:
+    C, H, W = shape(img)
+    k = ctx.int(1, min(3, max(1, W)), "pool size")
+    kh = 1 if H == 1 else min(k, H)
+    stride = ctx.choice([k, 1], "pool stride")
+    kind = ctx.choice(["max", "max reversed", "avg", "vsum", "sum start"], "pool kind")
+    Ho, Wo = (H - kh) // (stride if kh > 1 else 1) + 1, (W - k) // stride + 1
+    if Ho < 1 or Wo < 1:
+        return img
+    out = []
+    for plane in img:
+        rows = []
+        for i in range(Ho):
+            row = []
+            for j in range(Wo):
+                win = [plane[i * (stride if kh > 1 else 1) + a][j * stride + b] for a in range(kh) for b in range(k)]
+                if kind == "max":
+                    m = win[0]
+                    for v in win[1:]:
+                        m = m.max(v)
+                elif kind == "max reversed":
+                    m = win[-1]
+                    for v in win[-2::-1]:
+                        m = v.max(m)
+                elif kind == "avg":
+                    m = win[0]
+                    for v in win[1:]:
+                        m = m + v
+                    m = m * (1.0 / len(win))
+                elif kind == "vsum":
+                    m = mc.vsum(win) / len(win)
+                else:
+                    m = sum(win, ctx.choice([0.0, -0.0, 1.0], "sum start"))
+                    if not isinstance(m, Value):
+                        m = Value(m) + 0.0
+                row.append(m)
+            rows.append(row)
+        out.append(rows)
+    return out
+
+
+def dense(ctx: Ctx, vals: List[Value], nout: int) -> List[Value]:
+    form = ctx.choice(FORMS, "dense form")
+    swap = ctx.flag("dense x*w")
+    wk = ctx.weight_kind("dense weights")
+    bias = ctx.choice(["param", "none", "const"], "dense bias")
+    W = [[ctx.weight(len(vals), wk) for _ in vals] for _ in range(nout)]
+    out = []
+    for row in W:
+        b = ctx.weight() if bias == "param" else ctx.choice(MODERATE, "dense bias const") if bias == "const" else None
+        out.append(reduce_terms(ctx, row, vals, b, form, swap))
+    return out
+
+
+def scramble(ctx: Ctx, img: Tensor) -> Tensor:
+    how = ctx.choice(["reverse", "shuffle", "transpose", "roll"], "scramble")
+    C, H, W = shape(img)
+    if how == "transpose" and H > 1:
+        return [[[plane[i][j] for i in range(H)] for j in range(W)] for plane in img]
+    vals = flat(img)
+    if how == "reverse":
+        vals = vals[::-1]
+    elif how == "shuffle":
+        ctx.rng.shuffle(vals)
+    else:
+        r = ctx.int(1, max(1, len(vals) - 1), "roll by")
+        vals = vals[r:] + vals[:r]
+    return unflat(vals, (C, H, W))
+
+
+def mix(ctx: Ctx, img: Tensor) -> Tensor:
+    """A binary op with another tensor of the same shape: an earlier one (a skip connection), the
+    same one (duplicated operands), or per-channel weights (broadcast)."""
+    same = [t for t in ctx.history if shape(t) == shape(img) and t is not img]
+    other = ctx.choice(["skip", "self", "channel weights", "neighbour"] if same else
+                       ["self", "channel weights", "neighbour"], "mix with")
+    op = ctx.choice(["+", "-", "*", "max", "gate"], "mix op")
+    C, H, W = shape(img)
+    if other == "skip":
+        o = ctx.choice(range(len(same)), "skip from")
+        oth = same[o]
+    elif other == "self":
+        oth = img
+    elif other == "neighbour":
+        vals = flat(img)
+        oth = unflat(vals[1:] + vals[:1], shape(img))
+    else:
+        ws = [ctx.weight() for _ in range(C)]
+        oth = [[[ws[c]] * W for _ in range(H)] for c in range(C)]
+    left = ctx.flag("img on the left")
+
+    def f(a: Value, b: Value) -> Value:
+        a, b = (a, b) if left else (b, a)
+        if op == "+":
+            return a + b
+        if op == "-":
+            return a - b
+        if op == "*":
+            return a * b if max(abs(a.data), abs(b.data)) < 4 else a.tanh() * b.tanh()
+        if op == "max":
+            return a.max(b)
+        z = a.sigmoid()  # GRU-like gate
+        return (1 - z) * b.tanh() + z * a
+    return [[[f(a, b) for a, b in zip(ra, rb)] for ra, rb in zip(pa, pb)] for pa, pb in zip(img, oth)]
+
+
+def norm(ctx: Ctx, img: Tensor) -> Tensor:
+    """Normalisation over all elements: a mean and a variance, each used by every element."""
+    vals = flat(img)
+    n = len(vals)
+    mean = sum(vals) * (1.0 / n) if ctx.flag("sum for the mean") else mc.vsum(vals) / n
+    cen = [v - mean for v in vals]
+    var = sum((c * c for c in cen), 1e-5) / n
+    inv = (var + 1.0) ** -0.5
+    return unflat([c * inv for c in cen], shape(img))
+
+
+def softmax(ctx: Ctx, img: Tensor) -> Tensor:
+    vals = [v.tanh() for v in flat(img)]
+    ex = [v.exp() for v in vals]
+    tot = sum(ex, 0.0) if ctx.flag("sum start 0") else mc.vsum(ex)
+    return unflat([e / tot for e in ex], shape(img))
+
+
+def recurrent(ctx: Ctx, seq: List[Value]) -> List[Value]:
+    """The same random cell applied T times over steps of the sequence, shared weights; returns
+    the last state, or every state."""
+    n = len(seq)
+    divisors = [d for d in range(1, min(n, 8) + 1) if n % d == 0]
+    T = ctx.choice(divisors, "steps")
+    step = n // T
+    hidden = ctx.int(1, 4, "hidden")
+    first = ctx.choice(["skip h", "zeros", "h0 param", "same"], "first step")
+    form = ctx.choice(FORMS, "cell form")
+    swap = ctx.flag("cell x*w")
+    fan = step + hidden
+    Wx = [[ctx.weight(fan) for _ in range(step)] for _ in range(hidden)]
+    Wh = [[ctx.weight(fan) for _ in range(hidden)] for _ in range(hidden)]
+    b = [ctx.weight() for _ in range(hidden)]
+    gru = ctx.flag("GRU-like gate")
+    if gru:
+        Uz = [[ctx.weight(fan) for _ in range(hidden)] for _ in range(hidden)]
+        bz = [ctx.weight() for _ in range(hidden)]
+    cell_ops = [ctx.choice(["tanh", "sigmoid", "relu", "tanh-square", "exp-tanh", "log1p2", "max0", "none"], "cell op")
+                for _ in range(ctx.int(1, 2, "cell ops"))]
+    h: Optional[List[Any]] = None
+    if first == "zeros":
+        h = [0.0] * hidden
+    elif first == "h0 param":
+        h = [ctx.weight() for _ in range(hidden)]
+    elif first == "same":
+        h = [Value(0.0) for _ in range(hidden)]  # frozen leaves: every step the same shape
+    states: List[Value] = []
+    for t in range(T):
+        xt = seq[t * step:(t + 1) * step]
+        nh = []
+        for j in range(hidden):
+            if h is None:
+                pre = reduce_terms(ctx, Wx[j], xt, b[j], form, swap)
+            else:
+                hv = [v if isinstance(v, Value) else Value(v) for v in h]
+                pre = reduce_terms(ctx, Wx[j] + Wh[j], list(xt) + hv, b[j], form, swap)
+            for op in cell_ops:
+                if op == "tanh-square":
+                    pre = pre.tanh().square()
+                elif op == "exp-tanh":
+                    pre = pre.tanh().exp()
+                elif op == "log1p2":
+                    pre = (pre * pre + 1.0).log()
+                elif op == "max0":
+                    pre = pre.max(0.0)
+                elif op != "none":
+                    pre = getattr(pre, op)()
+            if gru and h is not None:
+                hj = h[j] if isinstance(h[j], Value) else Value(h[j])
+                z = sum((u * hk for u, hk in zip(Uz[j], h)), bz[j]).sigmoid()
+                pre = (1 - z) * pre.tanh() + z * hj
+            nh.append(pre)
+        h = nh
+        states.extend(nh)
+    ctx.taps.extend(states[:1])
+    return states if ctx.flag("every state") else list(h)
+
+
+STAGES = ["conv", "conv1d", "act", "pool", "mix", "scramble", "norm", "softmax", "tied", "dense", "recurrent"]
+
+
+def pipeline(ctx: Ctx, img: Tensor, nstages: int) -> Tensor:
+    tied_spec: Optional[dict] = None
+    for k in range(nstages):
+        stage = ctx.choice(STAGES, f"stage {k}")
+        C, H, W = shape(img)
+        ctx.log.append(f"{stage}{(C, H, W)}")
+        if stage in ("conv", "conv1d"):
+            img, tied_spec = conv(ctx, img, one_d=stage == "conv1d")
+        elif stage == "tied":  # the same block again, weights tied (a repeated subgraph)
+            if tied_spec is None or tied_spec["cin"] != C:
+                continue
+            img, _ = conv(ctx, img, tied=tied_spec)
+        elif stage == "act":
+            img = unflat(unary(ctx, flat(img)), shape(img))
+        elif stage == "pool":
+            img = pool(ctx, img)
+        elif stage == "mix":
+            img = mix(ctx, img)
+        elif stage == "scramble":
+            img = scramble(ctx, img)
+        elif stage == "norm":
+            img = norm(ctx, img)
+        elif stage == "softmax":
+            img = softmax(ctx, img)
+        elif stage == "dense":
+            n = ctx.choice([1, 2, 3, 5, 8, 9, 12], "dense outputs")
+            img = [[dense(ctx, flat(img), n)]]
+        else:
+            vals = recurrent(ctx, flat(img))
+            img = [[vals]]
+        ctx.history.append(img)
+        ctx.tap(flat(img))
+    return img
+
+
+def samples(ctx: Ctx, n_in: int, nrows: int = 6) -> np.ndarray:
+    kind = ctx.choice(["uniform", "grid", "signed zeros"], "sample values")
+    r = np.random.default_rng(ctx.rng.randrange(2**32))
+    X = r.uniform(-1, 1, size=(nrows, n_in))
+    if kind == "grid":  # ties everywhere (max, relu at 0)
+        X = np.round(X * 2) / 2
+    elif kind == "signed zeros":
+        X[r.random(X.shape) < 0.3] = 0.0
+        X[r.random(X.shape) < 0.2] = -0.0
+    return X
+
+
+def finish(ctx: Ctx, x: List[Value], X: np.ndarray, final: List[Value], loss_kind: Optional[str] = None,
+           plain: bool = False) -> Case:
+    """The loss over the final values, targets and the samples' targets; the outputs (with
+    `plain`, the final values and nothing else)."""
+    loss_kind = loss_kind or ctx.choice(["xent", "mse", "hinge", "squares", "mixed", "targets by hand"], "loss")
+    n = len(X)
+    r = np.random.default_rng(ctx.rng.randrange(2**32))
+    final = [v if isinstance(v, Value) else Value(v) + 0.0 for v in final]
+    y: List[Value] = []
+    Y: Optional[np.ndarray] = None
+    if loss_kind == "xent":
+        m = min(len(final), ctx.int(1, 5, "classes"))
+        if ctx.flag("a constant class"):  # no targets: the class is a number of the graph
+            loss = mc.cross_entropy(final[:m], ctx.int(0, m - 1, "class"))
+        else:
+            Y = r.integers(0, m, size=(n, 1)).astype(np.float64)
+            y = [Value(float(Y[0, 0]))]
+            loss = mc.cross_entropy(final[:m], y[0])
+    elif loss_kind == "mse":
+        Y = r.uniform(-1, 1, size=(n, len(final)))
+        y = [Value(float(v)) for v in Y[0]]
+        loss = mc.mse(final, y)
+    elif loss_kind == "hinge":
+        Y = r.choice([-1.0, 1.0], size=(n, len(final)))
+        y = [Value(float(v)) for v in Y[0]]
+        loss = mc.hinge(final, y)
+    elif loss_kind == "squares":
+        loss = sum(((v - 0.5) ** 2 for v in final), 0.0) * (1.0 / len(final))
+    elif loss_kind == "targets by hand":  # targets read by ordinary ops (a reduction over (o - y)**2)
+        Y = r.uniform(-1, 1, size=(n, len(final)))
+        y = [Value(float(v)) for v in Y[0]]
+        loss = sum(((o - t) * (o - t) for o, t in zip(final, y)), 0.0) * (1.0 / len(final))
+    else:  # the losses together, over final values and intermediates
+        m = min(len(final), 3)
+        Y = r.integers(0, m, size=(n, 1)).astype(np.float64)
+        y = [Value(float(Y[0, 0]))]
+        extra = ctx.taps[:4] or final[:1]
+        k = min(len(final), len(extra), 2)
+        loss = mc.cross_entropy(final[:m], y[0]) + 0.1 * mc.vsum([e.tanh().square() for e in extra]) + \
+            mc.hinge(final[:1], [1.0]) * 0.5 + mc.mse(final[:k], [e.tanh() for e in extra[::-1][:k]]) * 0.25
+    if plain:
+        return Case(x=x, y=y, params=ctx.params, loss=loss, outputs=list(final), X=X, Y=Y,
+                    structure={"log": ctx.log})
+    outs = list(final) if ctx.flag("final values are outputs") else []
+    outs += [t for t in ctx.taps[:6] if t not in outs]
+    extra = ctx.draw(st.sets(st.sampled_from(["side", "leaf", "loss", "twice"]), max_size=2), "extra outputs")
+    if "side" in extra:  # computed for the outputs only (not in the loss's cone)
+        outs += [(v * 0.5).tanh() for v in (ctx.taps[:2] or final[:2])]
+    if "leaf" in extra:
+        outs += x[:1] + ctx.params[:1]
+    if "loss" in extra:
+        outs.append(loss)
+    if "twice" in extra and outs:
+        outs.append(outs[0])
+    return Case(x=x, y=y, params=ctx.params, loss=loss, outputs=outs, X=X, Y=Y,
+                structure={"log": ctx.log})
+
+
+def input_image(ctx: Ctx, max_c: int = 2, max_h: int = 6, max_w: int = 9) -> Tuple[List[Value], np.ndarray, Tensor]:
+    C = ctx.choice([c for c in (1, 1, 2, 3) if c <= max_c], "input channels")
+    H = ctx.choice([h for h in (1, 2, 3, 4, 5, 6, 8) if h <= max_h], "input rows")
+    W = ctx.choice([w for w in (1, 3, 4, 5, 7, 8, 9, 12) if w <= max_w], "input cols")
+    X = samples(ctx, C * H * W)
+    x = [Value(float(v)) for v in X[0]]
+    return x, X, unflat(x, (C, H, W))
+
+
+# ---- the properties -------------------------------------------------------------------------------
+
+@examples(110)
+@given(data=st.data())
+def test_pipelines(data):
+    """Random pipelines of stages over a small image, then a loss."""
+    ctx = Ctx(data)
+    x, X, img = input_image(ctx)
+    img = pipeline(ctx, img, ctx.choice([1, 2, 3, 3, 4, 4, 5], "stages"))
+    case = finish(ctx, x, X, flat(img))
+    note(f"stages: {ctx.log}")
+    check_case(case)
+
+
+def operand(ctx: Ctx, pools: Dict[str, List[Value]], cls: str, i: int) -> Any:
+    """Operand i of class `cls`: a parameter, an input, a constant (a number or a frozen leaf),
+    or a computed value."""
+    pool = pools[cls]
+    if cls == "number":
+        return CONSTS[i % len(CONSTS)] if ctx.rng.random() < 0.5 else 0.5
+    return pool[i % len(pool)]
+
+
+LAYOUTS = ["same", "alternate", "blocks", "random", "reversed", "duplicates"]
+
+
+def variadic_rows(ctx: Ctx, pools: Dict[str, List[Value]]) -> List[Value]:
+    """Rows of one reduction each, written the same way, each row's operands shifted: vsum, dot,
+    affine and sum() over operand lists that mix classes (parameters, inputs, constants,
+    computed values) in runs, alternations, blocks, reversed or random orders, duplicates."""
+    nrows = ctx.choice([1, 2, 3, 4, 6, 9], "rows")
+    length = ctx.choice([1, 2, 3, 5, 8, 9, 12, 17, 20], "length")
+    layout = ctx.choice(LAYOUTS, "layout")
+    classes = ctx.draw(st.lists(st.sampled_from(["param", "input", "number", "frozen", "value"]), min_size=1,
+                                max_size=3, unique=True), "classes")
+    form = ctx.choice(["vsum", "dot", "affine", "sum", "sum start", "chain"], "variadic form")
+    shift = ctx.choice([0, 1, 2, length], "row shift")
+
+    def cls_at(k: int) -> str:
+        if layout == "same":
+            return classes[0]
+        if layout == "alternate":
+            return classes[k % len(classes)]
+        if layout == "blocks":
+            return classes[min(len(classes) - 1, k * len(classes) // length)]
+        return classes[ctx.rng.randrange(len(classes))] if layout == "random" else classes[k % len(classes)]
+
+    pattern = [cls_at(k) for k in range(length)]
+    perm = list(range(length))
+    if layout == "reversed":
+        perm = perm[::-1]
+    elif layout == "random":
+        ctx.rng.shuffle(perm)
+    elif layout == "duplicates":
+        perm = [k // 2 for k in range(length)]
+    chained = ctx.flag("rows chained")  # each row starts from the one before: one level per row
+    out: List[Value] = []
+    for r in range(nrows):
+        a = [operand(ctx, pools, pattern[k], r * shift + perm[k]) for k in range(length)]
+        b = [operand(ctx, pools, pattern[(k + 1) % length] if len(classes) > 1 else "param", r * shift + k + 3)
+             for k in range(length)]
+        if form == "vsum":
+            v = mc.vsum(a)
+        elif form == "dot":
+            v = mc.dot(a, b)
+        elif form == "affine":
+            v = mc.affine(a, b, out[-1] if chained and out else operand(ctx, pools, classes[-1], r))
+        elif form == "sum":
+            v = sum(a)
+        elif form == "sum start":
+            v = sum(a, out[-1].tanh() if chained and out else operand(ctx, pools, classes[-1], r + 1))
+        else:
+            v = out[-1] if chained and out else operand(ctx, pools, classes[0], r)
+            for p_, q_ in zip(a, b):
+                v = v + p_ * q_
+        out.append(v if isinstance(v, Value) else Value(v) + 0.0)
+    return out
+
+
+def pools_for(ctx: Ctx, x: List[Value]) -> Dict[str, List[Value]]:
+    n = 64
+    params = [ctx.weight(4) for _ in range(n)]
+    values = [(xi * 0.5).tanh() if k % 2 else xi * params[k % n] for k, xi in enumerate(x * (n // len(x) + 1))][:n]
+    frozen = [Value(c) for c in ([0.5, -0.25, 1.0, -0.0, 0.0, 2.0] * 7)[:n]]
+    return {"param": params, "input": list(x), "number": [], "frozen": frozen, "value": values}
+
+
+@examples(100)
+@given(data=st.data())
+def test_variadic_and_sums(data):
+    """vsum / dot / affine / sum() rows over operands of mixed classes and orders."""
+    ctx = Ctx(data)
+    X = samples(ctx, ctx.choice([1, 3, 8, 12], "inputs"))
+    x = [Value(float(v)) for v in X[0]]
+    pools = pools_for(ctx, x)
+    rows = variadic_rows(ctx, pools)
+    if ctx.flag("second block"):
+        rows = rows + variadic_rows(ctx, pools)
+    rows = [r.tanh() for r in rows] if ctx.flag("squash") else rows
+    if ctx.flag("dense layer over the same parameters"):  # 8 outputs: packed weights
+        P, m, off = pools["param"], len(x), ctx.choice([0, 2, 3, 8, 16], "offset")
+        rows = rows + [sum((P[(off + j * m + i) % len(P)] * x[i] for i in range(m)), 0.0).tanh() for j in range(8)]
+    check_case(finish(ctx, x, X, rows))
+
+
+# every op, over a vector, its operands of every class; broadcast and reversed operands
+OPS2 = ["+", "-", "*", "/", "**", "max", "powv"]
+
+
+def binary_rows(ctx: Ctx, a: List[Value], b: List[Any]) -> List[Value]:
+    op = ctx.choice(OPS2, "binary op")
+    how = ctx.int(0, 3, "wrap")
+    out = []
+    for u, v in zip(a, b):
+        if op == "+":
+            out.append(u + v)
+        elif op == "-":
+            out.append(u - v)
+        elif op == "*":
+            out.append(u * v)
+        elif op == "/":
+            out.append(u / (positive(v, how) if isinstance(v, Value) else (v if 1e-3 <= abs(v) <= 1e3 else 2.0)))
+        elif op == "**":
+            out.append(positive(u, how) ** (v if not isinstance(v, Value) else ctx.choice([2, 0.5, -1], "k")))
+        elif op == "max":
+            out.append(u.max(v))
+        else:  # a Value exponent: a leaf as it is (a parameter, an input), or bounded
+            if isinstance(v, Value):
+                e = v if mc.op_of(v) == mc.Op.LEAF and abs(v.data) <= 2 else v.tanh()
+            else:
+                e = Value(float(v) if abs(float(v)) < 3 else 0.5)
+            out.append(positive(u, how) ** e)
+    return out
+
+
+@examples(100)
+@given(data=st.data())
+def test_elementwise_ops(data):
+    """Every elementwise op across vectors; second operands of every class, broadcast (one value
+    for all: a value with many consumers), reversed, or the same vector (duplicated operands)."""
+    ctx = Ctx(data)
+    n = ctx.choice([1, 2, 5, 8, 9, 16], "width")
+    X = samples(ctx, n)
+    x = [Value(float(v)) for v in X[0]]
+    vals: List[Value] = [xi * ctx.weight() + ctx.weight() for xi in x] if ctx.flag("affine first") else list(x)
+    if all(not isinstance(v, Value) or v in x for v in vals):
+        vals = [v + 0.0 for v in vals] if ctx.flag("copy the inputs") else vals
+    for k in range(ctx.int(1, 4, "ops")):
+        if ctx.flag(f"binary {k}"):
+            other = ctx.choice(["params", "inputs", "number", "shared param", "shared value", "reversed", "same",
+                                "frozen"], f"other {k}")
+            if other == "params":
+                b: List[Any] = [ctx.weight() for _ in vals]
+            elif other == "inputs":
+                b = list(x)
+            elif other == "number":
+                b = [ctx.choice(CONSTS, "number")] * len(vals)
+            elif other == "shared param":
+                b = [ctx.weight()] * len(vals)
+            elif other == "shared value":
+                b = [mc.vsum(vals).tanh()] * len(vals)
+            elif other == "reversed":
+                b = vals[::-1]
+            elif other == "same":
+                b = vals
+            else:
+                b = [Value(ctx.choice([0.5, -0.0, 2.0], "frozen"))] * len(vals)
+            vals = binary_rows(ctx, vals, b) if ctx.flag("vals on the left") else \
+                binary_rows(ctx, [bb if isinstance(bb, Value) else Value(bb) for bb in b], vals)
+            if max(abs(v.data) for v in vals) > 50:
+                vals = [v.tanh() for v in vals]
+        else:
+            vals = unary(ctx, vals, f"op {k}")
+        ctx.tap(vals)
+    check_case(finish(ctx, x, X, vals))
+
+
+@examples(100)
+@given(data=st.data())
+def test_recurrent(data):
+    """A random cell applied T times with shared weights (the first step different or not), GRU
+    gates, over a sequence of inputs or of computed values."""
+    ctx = Ctx(data)
+    n = ctx.choice([4, 6, 8, 9, 12, 16], "sequence")
+    X = samples(ctx, n)
+    x = [Value(float(v)) for v in X[0]]
+    seq: List[Value] = list(x)
+    if ctx.flag("embed first"):
+        seq = unary(ctx, [xi * ctx.weight() for xi in x], "embed op")
+    states = recurrent(ctx, seq)
+    if ctx.flag("head"):
+        states = dense(ctx, states, ctx.choice([1, 2, 3], "head outputs"))
+    check_case(finish(ctx, x, X, states))
+
+
+@examples(70)
+@given(data=st.data())
+def test_conv_stacks(data):
+    """Sliding windows, 1-D and 2-D, stacked, with pooling and skip connections."""
+    ctx = Ctx(data)
+    x, X, img = input_image(ctx, max_c=3, max_h=8, max_w=12)
+    for k in range(ctx.int(1, 3, "layers")):
+        img, spec = conv(ctx, img, one_d=ctx.flag("1-D"))
+        img = unflat(unary(ctx, flat(img), f"activation {k}"), shape(img))
+        ctx.history.append(img)
+        if ctx.flag("pool"):
+            img = pool(ctx, img)
+        if ctx.flag("skip"):
+            img = mix(ctx, img)
+        ctx.tap(flat(img))
+    check_case(finish(ctx, x, X, flat(img)))
+
+
+# ---- the zoo's model families, small ------------------------------------------------------------
+
+def zoo_case(name: str, seed: int = 0) -> Case:
+    """A family of benchmarks/zoo.py at a small size, over sample 0 of random data."""
+    random.seed(seed)
+    r = np.random.default_rng(seed)
+    n_in = 784 if name.startswith("cnn") else 24
+    X = r.uniform(-1, 1, size=(6, n_in))
+    x = [Value(float(v)) for v in X[0]]
+    build = {
+        "mlp": lambda: zoo.mlp(x, hidden=(9,), nout=3),
+        "mlp-deep": lambda: zoo.mlp(x, hidden=(8, 8, 8), nout=3),  # untied layers of one shape: a loop
+        "elman": lambda: zoo.elman(x, hidden=4, steps=6),
+        "gru": lambda: zoo.gru(x, hidden=3, steps=4),
+        "attention": lambda: zoo.attention(x, tokens=3, dim=4),
+        "cnn": lambda: zoo.cnn(x, ((1, 5, 3, 0),), pool="max"),
+        "cnn-zeros": lambda: zoo.cnn(x, ((1, 3, 4, 1),), pool="avg", pad_with_zeros=True),
+    }[name]
+    logits, params = build()
+    logits = logits[:3]
+    Y = r.integers(0, len(logits), size=(6, 1)).astype(np.float64)
+    y = [Value(float(Y[0, 0]))]
+    loss = mc.cross_entropy(logits, y[0])
+    return Case(x=x, y=y, params=params, loss=loss, outputs=list(logits), X=X, Y=Y, structure={"log": [name]})
+
+
+ZOO = ["mlp", "mlp-deep", "elman", "gru", "attention", "cnn", "cnn-zeros"]
+
+
+@pytest.mark.parametrize("name", ZOO)
+def test_zoo_families(name):
+    info = check_case(zoo_case(name))
+    assert info["forward_nests"] * 3 < info["statements"], info
+    if name in ("elman", "gru", "mlp-deep"):
+        assert info["loops"] >= 1, info
+
+
+@needs_cc
+@pytest.mark.parametrize("name", ["elman", "gru", "attention", "cnn"])
+def test_zoo_families_compiled(name):
+    check_case(zoo_case(name), with_c=True)
+
+
+@needs_cc
+@pytest.mark.parametrize("name", ["gru", "cnn"])
+def test_zoo_families_partly_compiled(name):
+    """Only the two hottest nests compiled (max_kernels=2), the rest interpreted: the same bits."""
+    case = zoo_case(name)
+    tape = compile_case(case)
+    part = mc.compile(case.loss, inputs=case.x, targets=case.y, params=case.params, outputs=case.outputs,
+                      backend="c", max_kernels=2)
+    assert part.describe().count("[compiled]") == 2
+    t_out, t_loss, t_grad = run_samples(tape, case, 3)
+    p_out, p_loss, p_grad = run_samples(part, case, 3)
+    assert_bitwise(p_out, t_out, "partly compiled outputs vs tape")
+    assert_bitwise(p_loss, t_loss, "partly compiled losses vs tape")
+    assert_bitwise(p_grad, t_grad, "partly compiled gradients vs tape")
+    p0 = np.array([p.data for p in case.params])
+    for batch in (1, 3):
+        assert_bitwise(fit_params(part, case, p0, batch, 2, 0.01)[0], fit_params(tape, case, p0, batch, 1, 0.01)[0],
+                       f"partly compiled fit, batch {batch}")
+
+
+# ---- compiled C: the generators again, fewer examples (each one compiles) -----------------------
+
+@needs_cc
+@examples(15)
+@given(data=st.data())
+def test_compiled_matches_tape(data):
+    ctx = Ctx(data)
+    kind = ctx.choice(["pipeline", "recurrent", "variadic"], "generator")
+    if kind == "pipeline":
+        x, X, img = input_image(ctx)
+        img = pipeline(ctx, img, ctx.choice([2, 3, 4], "stages"))
+        case = finish(ctx, x, X, flat(img))
+    elif kind == "recurrent":
+        X = samples(ctx, ctx.choice([6, 8, 12], "sequence"))
+        x = [Value(float(v)) for v in X[0]]
+        case = finish(ctx, x, X, recurrent(ctx, list(x)))
+    else:
+        X = samples(ctx, ctx.choice([3, 8], "inputs"))
+        x = [Value(float(v)) for v in X[0]]
+        case = finish(ctx, x, X, variadic_rows(ctx, pools_for(ctx, x)))
+    check_case(case, with_c=True)
+
+
+# ---- the rerolling happened -------------------------------------------------------------------
+
+def conv_case(ctx: Ctx, C: int, H: int, W: int, k: int, cout: int, form: str, pad: int, with_zeros: bool) -> Case:
+    X = samples(ctx, C * H * W, nrows=2)
+    x = [Value(float(v)) for v in X[0]]
+    img = unflat(x, (C, H, W))
+    w = [[[[ctx.weight(C * k * k) for _ in range(k)] for _ in range(k)] for _ in range(C)] for _ in range(cout)]
+    b = [ctx.weight() for _ in range(cout)]
+    out = []
+    for co in range(cout):
+        for i in range(H + 2 * pad - k + 1):
+            for j in range(W + 2 * pad - k + 1):
+                ws, xs = [], []
+                for ci in range(C):
+                    for a in range(k):
+                        for bb in range(k):
+                            ii, jj = i + a - pad, j + bb - pad
+                            if 0 <= ii < H and 0 <= jj < W:
+                                ws.append(w[co][ci][a][bb])
+                                xs.append(img[ci][ii][jj])
+                            elif with_zeros:
+                                ws.append(w[co][ci][a][bb])
+                                xs.append(0.0)
+                out.append(reduce_terms(ctx, ws, xs, b[co], form, False).relu())
+    return finish(ctx, x, X, out, loss_kind="squares", plain=True)
+
+
+@examples(25)
+@given(data=st.data())
+def test_convolutions_are_rerolled(data):
+    """A convolution (padding skipped, multiplied as constant zeros, or none): its nests do not
+    depend on the image's size, and are far fewer than its statements."""
+    ctx = Ctx(data)
+    C, k = ctx.choice([1, 2], "channels"), ctx.choice([2, 3], "kernel")
+    cout = 1 if C == 2 else ctx.choice([1, 2], "channels out")
+    form, pad = ctx.choice(["chain", "sum"], "form"), ctx.choice([0, 1], "pad")
+    zeros = ctx.flag("pad with zeros")
+    H, W = ctx.choice([5, 6], "rows"), ctx.choice([6, 7], "cols")
+    small = check_case(conv_case(ctx, C, H, W, k, cout, form, pad, zeros), with_fit=False, nsamples=2)
+    big = check_case(conv_case(ctx, C, H + 2, W + 3, k, cout, form, pad, zeros), with_fit=False, nsamples=2)
+    for key in ("forward_nests", "backward_nests", "loops"):
+        assert small[key] == big[key], (key, small, big)
+    assert big["forward_nests"] * 3 < big["statements"], big
+
+
+@examples(30)
+@given(data=st.data())
+def test_recurrences_are_rolled(data):
+    """A recurrence of T >= 3 steps becomes a sequential loop, its nests independent of T."""
+    ctx = Ctx(data)
+    T = ctx.choice([3, 5, 8], "steps")
+    n = ctx.choice([1, 2, 3], "inputs per step")
+    hidden = ctx.choice([1, 2, 4], "hidden")
+    X = samples(ctx, T * n, nrows=3)
+    x = [Value(float(v)) for v in X[0]]
+    Wx = [[ctx.weight(n + hidden) for _ in range(n)] for _ in range(hidden)]
+    Wh = [[ctx.weight(n + hidden) for _ in range(hidden)] for _ in range(hidden)]
+    b = [ctx.weight() for _ in range(hidden)]
+    act = ctx.choice(["tanh", "sigmoid", "relu"], "activation")
+    form = ctx.choice(["chain", "sum"], "form")
+    h: List[Any] = [0.0] * hidden
+    for t in range(T):
+        xt = x[t * n:(t + 1) * n]
+        h = [getattr(reduce_terms(ctx, Wx[j] + Wh[j], xt + h, b[j], form, False), act)() for j in range(hidden)]
+    case = finish(ctx, x, X, h, loss_kind="mse", plain=True)
+    info = check_case(case, nsamples=2)
+    assert info["loops"] >= 1, info
+    assert info["forward_nests"] <= 20, info
+
+
+@examples(20)
+@given(data=st.data())
+def test_elementwise_layers_are_grouped(data):
+    """One op over a wide vector is one nest, whatever the width."""
+    ctx = Ctx(data)
+    n = ctx.choice([16, 32, 64], "width")
+    X = samples(ctx, n, nrows=2)
+    x = [Value(float(v)) for v in X[0]]
+    ws = [ctx.weight() for _ in range(n)]
+    vals = [xi * wi for xi, wi in zip(x, ws)]
+    nops = ctx.int(1, 4, "ops")
+    for k in range(nops):
+        vals = unary(ctx, vals, f"op {k}")
+    case = finish(ctx, x, X, vals, loss_kind="squares", plain=True)
+    info = check_case(case, with_fit=False, nsamples=2)
+    assert info["forward_nests"] <= 4 * nops + 8, info
+    assert info["statements"] >= n * (nops + 1)
+
+
+@examples(90)
+@given(data=st.data())
+def test_parameter_slices(data):
+    """Rows of one shape over slices of one parameter vector, each starting from the row before
+    (a regulariser, a stack of tied sums: one level per row, so the rows become a sequential loop
+    whose parameter operands move by a stride per step), with other uses of those parameters: a
+    product with an input (its gradient alone: fused SGD at batch size 1) and a layer of 8
+    outputs (vectorised over outputs: packed weights)."""
+    ctx = Ctx(data)
+    m = ctx.choice([1, 2, 3], "inputs")
+    X = samples(ctx, m)
+    x = [Value(float(v)) for v in X[0]]
+    P = [ctx.weight(4) for _ in range(48)]
+    K, L = ctx.choice([2, 3, 5], "rows"), ctx.choice([1, 2, 3, 4], "slice")
+    start, stride = ctx.choice([0, 2, 6], "first"), ctx.choice([-3, -1, 1, 2, 4, 6], "stride")
+    term = ctx.choice(["p", "p*x", "p*p", "x*p"], "term")
+    prev: Any = x[0] * 0.5
+    rows = []
+    for r in range(K):
+        idx = [(start + r * stride + i) % len(P) for i in range(L)]
+        terms = [P[i] if term == "p" else P[i] * x[0] if term == "p*x" else P[i] * P[i] if term == "p*p"
+                 else x[-1] * P[i] for i in idx]
+        prev = sum(terms, prev.tanh() if ctx.flag("squash the start") else prev)
+        rows.append(prev)
+    final = list(rows) if ctx.flag("every row") else rows[-1:]
+    if ctx.flag("single use"):
+        final.append(P[ctx.int(0, len(P) - 1, "single")] * x[-1])
+    if ctx.flag("layer"):
+        off = ctx.choice([0, 3, 6, 9, 12, 16], "layer offset")
+        final += [sum((P[(off + j * m + i) % len(P)] * x[i] for i in range(m)), 0.0) for j in range(8)]
+    check_case(finish(ctx, x, X, final, loss_kind=ctx.choice(["mse", "squares"], "loss")))
+
+
+@examples(30)
+@given(data=st.data())
+def test_deep_convolutions(data):
+    """Two 2-D convolutions over several channels: the second one's input gradient moves along
+    more dims than a nest has outer dims (scattered), and overlapping windows alias."""
+    ctx = Ctx(data)
+    C, H, W = ctx.choice([2, 3], "channels"), ctx.choice([5, 6], "rows"), ctx.choice([5, 7], "cols")
+    X = samples(ctx, C * H * W)
+    x = [Value(float(v)) for v in X[0]]
+    img = unflat(x, (C, H, W))
+    for layer in range(2):
+        cin, h, w = shape(img)
+        k, cout = 2, ctx.choice([1, 2], f"channels out {layer}")
+        wt = [[[[ctx.weight(cin * k * k) for _ in range(k)] for _ in range(k)] for _ in range(cin)]
+              for _ in range(cout)]
+        form = ctx.choice(["chain", "sum", "dot"], f"form {layer}")
+        img = [[[reduce_terms(ctx, [wt[co][ci][a][b] for ci in range(cin) for a in range(k) for b in range(k)],
+                              [img[ci][i + a][j + b] for ci in range(cin) for a in range(k) for b in range(k)],
+                              None, form, False).tanh()
+                 for j in range(w - k + 1)] for i in range(h - k + 1)] for co in range(cout)]
+    check_case(finish(ctx, x, X, flat(img)))
+
+
+# ---- regressions: the smallest graphs of the bugs these properties found -------------------------
+
+def _regression(name: str) -> Case:
+    X = np.array([[0.5, -1.5, 0.25, 1.0, -0.5, 0.75, 0.0], [0.25, 1.0, -0.5, 0.0, 0.5, -1.0, 2.0],
+                  [-0.5, 0.5, 1.5, -1.0, 0.25, 0.5, -0.25]])
+    if name == "vsum mixing classes":  # a table over inputs and parameters, an input first
+        x = [Value(float(v)) for v in X[0, :5]]
+        p = [Value(0.1 * (i + 1)) for i in range(5)]
+        s = mc.vsum([t for i in range(5) for t in (x[i], p[i])])
+        return Case(x=x, y=[], params=p, loss=s * s, outputs=[s], X=X[:, :5], Y=None)
+    if name == "start through a table":  # sums (start + a) + b, starts and windows not affine
+        x = [Value(float(v)) for v in X[0]]
+        out = [sum([x[a], x[a + 1]], s) for a, s in zip([0, 2, 5], [1.0, -0.0, 1.0])]
+        return Case(x=x, y=[], params=[], loss=mc.vsum(out), outputs=out, X=X, Y=None)
+    if name == "computed start through a table":  # the same, starts computed: gradients through it
+        x = [Value(float(v)) for v in X[0, :6]]
+        p = [Value(0.1), Value(0.2), Value(0.3)]
+        u = [q.tanh() for q in p]
+        out = [sum([x[2 * i], x[2 * i + 1]], u[j]) for i, j in enumerate([0, 2, 1])]
+        return Case(x=x, y=[], params=p, loss=mc.vsum([o * o for o in out]), outputs=out, X=X[:, :6], Y=None)
+    if name == "fused step and a loop":  # a loop writes p[1]'s gradient at t = 1; p[1]'s other use
+        x = [Value(float(v)) for v in X[0, :2]]
+        p = [Value(0.1 * (k + 1)) for k in range(6)]
+        v = x[0] * 0.5
+        s1 = v + p[3] + p[4] + p[5]
+        s2 = v.tanh() + p[0] + p[1] + p[2]
+        return Case(x=x, y=[], params=p, loss=mc.vsum([s1, s2, p[1] * x[1]]), outputs=[], X=X[:, :2], Y=None)
+    # "packed and a loop": a loop reads packed parameters at t = 1
+    x = [Value(float(v)) for v in X[0, :3]]
+    q = [Value(0.1 * (k + 1)) for k in range(3)]
+    W = [[Value(0.01 * (3 * j + i)) for i in range(3)] for j in range(8)]
+    v = x[0] * 0.5
+    s1 = v + q[0] + q[1] + q[2]
+    s2 = v.tanh() + W[1][0] + W[1][1] + W[1][2]
+    dense = [sum((W[j][i] * x[i] for i in range(3)), 0.0) for j in range(8)]
+    params = q + [w for row in W for w in row]
+    return Case(x=x, y=[], params=params, loss=mc.vsum([s1, s2]) + mc.vsum(dense), outputs=[], X=X[:, :3], Y=None)
+
+
+@pytest.mark.parametrize("name", ["vsum mixing classes", "start through a table", "computed start through a table",
+                                  "fused step and a loop", "packed and a loop"])
+def test_regressions(name):
+    check_case(_regression(name), with_c=HAVE_CC)
