@@ -41,16 +41,34 @@ int mg_ref__injective(const mgk_ref *X, const mgk_i64 *n, const mgk_idx *ix) {
     return 1;
 }
 
-/* The slot class an operand reads (one class per operand: grouping keeps them apart). */
-static int needs_grad(const mg_tape *t, const mgk_ref *X) {
-    mgk_i64 slot = X->gather ? (mgk_i64)t->ix[X->base] : X->base;
-    return slot < (mgk_i64)t->nparams || slot >= (mgk_i64)t->first_op;
+/* Whether any element operand X of nest f reads satisfies `param` (a parameter) or, with
+ * `param` 0, needs a gradient (a parameter or a computed value). A direct ref reads one slot
+ * class (grouping keeps classes apart); a gathered one reads whatever its table names, so every
+ * position it reaches is checked: each point of the nest's dims in each iteration of its loop. */
+static int reads_class(const mg_tape *t, size_t f, const mgk_ref *X, int param) {
+    if (!X->gather) {
+        mgk_i64 slot = X->base;
+        return slot < (mgk_i64)t->nparams || (!param && slot >= (mgk_i64)t->first_op);
+    }
+    const mgk_nest *F = &t->nests[f];
+    mgk_i64 i[MGK_MAXD] = {0};
+    mgk_i64 iters = X->ts != 0 && t->info[f].seq > 1 ? (mgk_i64)t->info[f].seq : 1;
+    for (mgk_i64 it = 0; it < iters; it++)
+        for (;;) {
+            mgk_i64 pos = X->base + it * X->ts;
+            for (int d = 0; d < MGK_MAXD; d++) pos += X->s[d] * i[d];
+            mgk_i64 slot = (mgk_i64)t->ix[pos];
+            if (slot < (mgk_i64)t->nparams || (!param && slot >= (mgk_i64)t->first_op)) return 1;
+            int d = MGK_MAXD - 1; /* odometer over the dims X moves along */
+            while (d >= 0 && (X->s[d] == 0 || ++i[d] >= F->n[d])) i[d--] = 0;
+            if (d < 0) break;
+        }
+    return 0;
 }
 
-static int is_param(const mg_tape *t, const mgk_ref *X) {
-    mgk_i64 slot = X->gather ? (mgk_i64)t->ix[X->base] : X->base;
-    return slot < (mgk_i64)t->nparams;
-}
+static int needs_grad(const mg_tape *t, size_t f, const mgk_ref *X) { return reads_class(t, f, X, 0); }
+
+static int is_param(const mg_tape *t, size_t f, const mgk_ref *X) { return reads_class(t, f, X, 1); }
 
 static mgk_ref as_grad(mgk_ref X) {
     X.arr = MGK_G;
@@ -136,22 +154,22 @@ static int backward_of_nest(ad *A, size_t f) {
     mg_tape *t = A->t;
     const mgk_nest F = t->nests[f]; /* a copy: pushing nests may move the array */
     mgk_ref gout = as_grad(F.out);
-    if (F.mode == MGK_SUMI && needs_grad(t, &F.init)) {
+    if (F.mode == MGK_SUMI && needs_grad(t, f, &F.init)) {
         mgk_ref x[1] = {gout};
         if (grad_nest(A, f, &F.init, MGK_T_ONE, x, 1, 1) < 0) return 0;
     }
     if (F.term == MGK_T_ONE) {
-        if (needs_grad(t, &F.x[0])) {
+        if (needs_grad(t, f, &F.x[0])) {
             mgk_ref x[1] = {gout};
             if (grad_nest(A, f, &F.x[0], MGK_T_ONE, x, 1, 0) < 0) return 0;
         }
     } else if (F.term == MGK_T_MUL) {
         /* the operand that is not a parameter first: its gradient reads the parameter, whose own
          * gradient nest may then apply SGD to it (schedule.c's fused step) */
-        int first = is_param(t, &F.x[0]) && !is_param(t, &F.x[1]) ? 1 : 0;
+        int first = is_param(t, f, &F.x[0]) && !is_param(t, f, &F.x[1]) ? 1 : 0;
         for (int jj = 0; jj < 2; jj++) {
             int j = jj ? 1 - first : first;
-            if (needs_grad(t, &F.x[j])) {
+            if (needs_grad(t, f, &F.x[j])) {
                 mgk_ref x[2] = {gout, F.x[1 - j]};
                 if (grad_nest(A, f, &F.x[j], MGK_T_MUL, x, 2, 0) < 0) return 0;
             }
@@ -159,7 +177,7 @@ static int backward_of_nest(ad *A, size_t f) {
     } else { /* MGK_T_OP: dA and dB from the op table */
         int ar = mg_op__arity[F.op];
         for (int j = 0; j < ar; j++)
-            if (needs_grad(t, &F.x[j])) {
+            if (needs_grad(t, f, &F.x[j])) {
                 mgk_ref x[4] = {F.x[0], F.x[1], F.out, gout};
                 if (grad_nest(A, f, &F.x[j], j == 0 ? MGK_T_DA : MGK_T_DB, x, 4, 0) < 0) return 0;
             }

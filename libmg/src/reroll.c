@@ -535,11 +535,13 @@ static int add_gather(rr *R, mgk_nest *N, mgk_ref *X, const gather_src *G, size_
     for (size_t p = 0; p < npoints; p++) t->ix[t->nix + p] = (mgk_idx)gather_slot(G, p, rlen);
     X->gather = 1;
     X->base = (mgk_i64)t->nix;
-    /* positions row-major over the canonical dims */
+    /* positions row-major over the canonical dims; a sum's start is read once per output, so
+     * its table spans the outer dims only (stride 0 along the reduction dims) */
+    int dims = X == &N->init ? MGK_MAXO : MGK_MAXD;
     mgk_i64 step = 1;
     for (int d = MGK_MAXD; d-- > 0;) {
-        X->s[d] = N->n[d] == 1 ? 0 : step;
-        step *= N->n[d];
+        X->s[d] = N->n[d] == 1 || d >= dims ? 0 : step;
+        if (d < dims) step *= N->n[d];
     }
     t->nix += npoints;
     return 1;

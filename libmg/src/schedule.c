@@ -92,22 +92,34 @@ typedef struct walker {
     int hit;
 } walker;
 
+/* Iterations of the sequential loop nest N runs in that ref X sees apart (1 when X does not move
+ * with the loop). */
+static mgk_i64 seq_iters(const mg_tape *t, const mgk_nest *N, const mgk_ref *X) {
+    if (X->ts == 0) return 1;
+    uint32_t seq = t->info[N - t->nests].seq;
+    return seq > 1 ? (mgk_i64)seq : 1;
+}
+
+/* Whether ref X of nest N (every point, every iteration of its loop) reads a marked parameter. */
 static void walk(const mg_tape *t, const mgk_nest *N, const mgk_ref *X, walker *w) {
     int dims[MGK_MAXD], nd = 0;
     for (int d = 0; d < MGK_MAXD; d++)
         if (N->n[d] > 1 && (X->gather || X->s[d] != 0)) dims[nd++] = d;
-    mgk_i64 idx[MGK_MAXD] = {0};
-    for (;;) {
-        mgk_i64 pos = X->base;
-        for (int k = 0; k < nd; k++) pos += idx[k] * X->s[dims[k]];
-        mgk_i64 slot = X->gather ? (mgk_i64)t->ix[pos] : pos;
-        if (slot >= 0 && slot < (mgk_i64)t->nparams && w->mark[slot]) {
-            w->hit = 1;
-            return;
+    mgk_i64 iters = seq_iters(t, N, X);
+    for (mgk_i64 it = 0; it < iters; it++) {
+        mgk_i64 idx[MGK_MAXD] = {0};
+        for (;;) {
+            mgk_i64 pos = X->base + it * X->ts;
+            for (int k = 0; k < nd; k++) pos += idx[k] * X->s[dims[k]];
+            mgk_i64 slot = X->gather ? (mgk_i64)t->ix[pos] : pos;
+            if (slot >= 0 && slot < (mgk_i64)t->nparams && w->mark[slot]) {
+                w->hit = 1;
+                return;
+            }
+            int k = nd - 1;
+            while (k >= 0 && ++idx[k] == N->n[dims[k]]) idx[k--] = 0;
+            if (k < 0) break;
         }
-        int k = nd - 1;
-        while (k >= 0 && ++idx[k] == N->n[dims[k]]) idx[k--] = 0;
-        if (k < 0) return;
     }
 }
 
@@ -195,7 +207,7 @@ static int plan_packs(mg_tape *t) {
         int nr = active_refs(N, refs);
         for (int j = 1; j < nr; j++) {
             mgk_ref *X = refs[j];
-            if (X->arr != MGK_D || !is_param_ref(t, X) || X->s[3] == 0 || X->s[3] == 1) continue;
+            if (X->arr != MGK_D || X->ts != 0 || !is_param_ref(t, X) || X->s[3] == 0 || X->s[3] == 1) continue;
             if (!mg_ref__injective(X, N->n, t->ix)) continue;
             mg_pack P;
             memset(&P, 0, sizeof P);
@@ -330,20 +342,24 @@ static int touches(const mg_tape *t, const mgk_nest *N, const mgk_ref *X, const 
 }
 
 /* Elements of the packed arrays a ref touches, as a mark over [0, npacked). */
-static int touches_packed(const mgk_nest *N, const mgk_ref *X, const uint8_t *pmark) {
+static int touches_packed(const mg_tape *t, const mgk_nest *N, const mgk_ref *X, const uint8_t *pmark) {
     if (X->arr != MGK_PW && X->arr != MGK_PG) return 0;
     int dims[MGK_MAXD], nd = 0;
     for (int d = 0; d < MGK_MAXD; d++)
         if (N->n[d] > 1 && X->s[d] != 0) dims[nd++] = d;
-    mgk_i64 idx[MGK_MAXD] = {0};
-    for (;;) {
-        mgk_i64 pos = X->base;
-        for (int k = 0; k < nd; k++) pos += idx[k] * X->s[dims[k]];
-        if (pmark[pos]) return 1;
-        int k = nd - 1;
-        while (k >= 0 && ++idx[k] == N->n[dims[k]]) idx[k--] = 0;
-        if (k < 0) return 0;
+    mgk_i64 iters = seq_iters(t, N, X);
+    for (mgk_i64 it = 0; it < iters; it++) {
+        mgk_i64 idx[MGK_MAXD] = {0};
+        for (;;) {
+            mgk_i64 pos = X->base + it * X->ts;
+            for (int k = 0; k < nd; k++) pos += idx[k] * X->s[dims[k]];
+            if (pmark[pos]) return 1;
+            int k = nd - 1;
+            while (k >= 0 && ++idx[k] == N->n[dims[k]]) idx[k--] = 0;
+            if (k < 0) break;
+        }
     }
+    return 0;
 }
 
 static void mark_ref(const mgk_nest *N, const mgk_ref *X, uint8_t *mark, uint8_t v) {
@@ -409,7 +425,7 @@ static int fuse_steps(mg_tape *t) {
                 int writes = q == 0 && (rs[q]->arr == MGK_G || rs[q]->arr == MGK_PG);
                 int reads_param = rs[q]->arr == MGK_D || rs[q]->arr == MGK_PW;
                 if (!writes && !(reads_param && j > i)) continue;
-                ok = !(packed ? touches_packed(M, rs[q], qm) : touches(t, M, rs[q], pm));
+                ok = !(packed ? touches_packed(t, M, rs[q], qm) : touches(t, M, rs[q], pm));
             }
         }
         if (!ok) continue;
@@ -442,18 +458,21 @@ static void mark_elems(const mg_tape *t, const mgk_nest *N, const mgk_ref *X, ui
     int dims[MGK_MAXD], nd = 0;
     for (int d = 0; d < MGK_MAXD; d++)
         if (N->n[d] > 1 && (X->gather || X->s[d] != 0)) dims[nd++] = d;
-    mgk_i64 idx[MGK_MAXD] = {0};
-    for (;;) {
-        mgk_i64 pos = X->base;
-        for (int k = 0; k < nd; k++) pos += idx[k] * X->s[dims[k]];
-        mgk_i64 slot = X->gather ? (mgk_i64)t->ix[pos] : pos;
-        if (slot >= (mgk_i64)t->first_op && slot < (mgk_i64)t->nslots) {
-            if (!mark[slot] && zero) zero[slot] = 1;
-            mark[slot] = 1;
+    mgk_i64 iters = seq_iters(t, N, X);
+    for (mgk_i64 it = 0; it < iters; it++) {
+        mgk_i64 idx[MGK_MAXD] = {0};
+        for (;;) {
+            mgk_i64 pos = X->base + it * X->ts;
+            for (int k = 0; k < nd; k++) pos += idx[k] * X->s[dims[k]];
+            mgk_i64 slot = X->gather ? (mgk_i64)t->ix[pos] : pos;
+            if (slot >= (mgk_i64)t->first_op && slot < (mgk_i64)t->nslots) {
+                if (!mark[slot] && zero) zero[slot] = 1;
+                mark[slot] = 1;
+            }
+            int k = nd - 1;
+            while (k >= 0 && ++idx[k] == N->n[dims[k]]) idx[k--] = 0;
+            if (k < 0) break;
         }
-        int k = nd - 1;
-        while (k >= 0 && ++idx[k] == N->n[dims[k]]) idx[k--] = 0;
-        if (k < 0) return;
     }
 }
 
