@@ -20,27 +20,35 @@ typedef unsigned long long mgk_u64;
 #endif
 typedef MGK_REAL mgk_real;
 
+/* Every function here is static: a generated file uses some of them (an inference program only
+ * its loss's forward, a training program none), so the others are marked as possibly unused. */
+#if defined(__GNUC__) || defined(__clang__)
+#define MGK_FN static inline __attribute__((unused))
+#else
+#define MGK_FN static inline
+#endif
+
 /* ---- generator: xoshiro256** seeded by splitmix64 (integer-only: bitwise portable) -------- */
 
 typedef struct mgk_rng {
     mgk_u64 s[4];
 } mgk_rng;
 
-static inline mgk_u64 mgk_splitmix64(mgk_u64 *x) {
+MGK_FN mgk_u64 mgk_splitmix64(mgk_u64 *x) {
     mgk_u64 z = (*x += 0x9E3779B97F4A7C15ull);
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
     return z ^ (z >> 31);
 }
 
-static inline void mgk_rng_seed(mgk_rng *r, mgk_u64 seed) {
+MGK_FN void mgk_rng_seed(mgk_rng *r, mgk_u64 seed) {
     int i;
     for (i = 0; i < 4; i++) r->s[i] = mgk_splitmix64(&seed);
 }
 
-static inline mgk_u64 mgk_rotl(mgk_u64 x, int k) { return (x << k) | (x >> (64 - k)); }
+MGK_FN mgk_u64 mgk_rotl(mgk_u64 x, int k) { return (x << k) | (x >> (64 - k)); }
 
-static inline mgk_u64 mgk_rng_next(mgk_rng *r) {
+MGK_FN mgk_u64 mgk_rng_next(mgk_rng *r) {
     mgk_u64 *s = r->s;
     mgk_u64 result = mgk_rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
     s[2] ^= s[0];
@@ -53,7 +61,7 @@ static inline mgk_u64 mgk_rng_next(mgk_rng *r) {
 }
 
 /* uniform in [0, n), unbiased (rejection of the short last interval) */
-static inline size_t mgk_rng_below(mgk_rng *r, size_t n) {
+MGK_FN size_t mgk_rng_below(mgk_rng *r, size_t n) {
     mgk_u64 bound = (mgk_u64)n, limit = (0ull - bound) % bound, x;
     do x = mgk_rng_next(r);
     while (x < limit);
@@ -62,27 +70,27 @@ static inline size_t mgk_rng_below(mgk_rng *r, size_t n) {
 
 /* ---- variadic ops: ix lists slots; orders of additions match libmg's eager ops ------------ */
 
-static inline double mgk_sum_fwd(const mgk_real *d, const mgk_idx *ix, size_t len) {
+MGK_FN double mgk_sum_fwd(const mgk_real *d, const mgk_idx *ix, size_t len) {
     double acc = 0.0;
     size_t i;
     for (i = 0; i < len; i++) acc += d[ix[i]];
     return acc;
 }
 
-static inline void mgk_sum_bwd(mgk_real *g, const mgk_idx *ix, size_t len, double gy) {
+MGK_FN void mgk_sum_bwd(mgk_real *g, const mgk_idx *ix, size_t len, double gy) {
     size_t i;
     for (i = 0; i < len; i++) g[ix[i]] += gy;
 }
 
 /* ix: a[n], b[n], then the bias when `bias` */
-static inline double mgk_dot_fwd(const mgk_real *d, const mgk_idx *ix, size_t n, int bias) {
+MGK_FN double mgk_dot_fwd(const mgk_real *d, const mgk_idx *ix, size_t n, int bias) {
     double acc = bias ? d[ix[2 * n]] : 0.0;
     size_t i;
     for (i = 0; i < n; i++) acc += d[ix[i]] * d[ix[n + i]];
     return acc;
 }
 
-static inline void mgk_dot_bwd(const mgk_real *d, mgk_real *g, const mgk_idx *ix, size_t n, int bias, double gy) {
+MGK_FN void mgk_dot_bwd(const mgk_real *d, mgk_real *g, const mgk_idx *ix, size_t n, int bias, double gy) {
     size_t i;
     if (bias) g[ix[2 * n]] += gy;
     for (i = 0; i < n; i++) {
@@ -92,7 +100,7 @@ static inline void mgk_dot_bwd(const mgk_real *d, mgk_real *g, const mgk_idx *ix
 }
 
 /* ix: pred[n], target[n] */
-static inline double mgk_mse_fwd(const mgk_real *d, const mgk_idx *ix, size_t n) {
+MGK_FN double mgk_mse_fwd(const mgk_real *d, const mgk_idx *ix, size_t n) {
     double acc = 0.0;
     size_t i;
     for (i = 0; i < n; i++) {
@@ -102,7 +110,7 @@ static inline double mgk_mse_fwd(const mgk_real *d, const mgk_idx *ix, size_t n)
     return acc / (double)n;
 }
 
-static inline void mgk_mse_bwd(const mgk_real *d, mgk_real *g, const mgk_idx *ix, size_t n, double gy) {
+MGK_FN void mgk_mse_bwd(const mgk_real *d, mgk_real *g, const mgk_idx *ix, size_t n, double gy) {
     double s = 2.0 / (double)n;
     size_t i;
     for (i = 0; i < n; i++) {
@@ -113,7 +121,7 @@ static inline void mgk_mse_bwd(const mgk_real *d, mgk_real *g, const mgk_idx *ix
 }
 
 /* ix: score[n], label[n]; micrograd's demo: sum(relu(1 + -y*s)) * (1/n) */
-static inline double mgk_hinge_fwd(const mgk_real *d, const mgk_idx *ix, size_t n) {
+MGK_FN double mgk_hinge_fwd(const mgk_real *d, const mgk_idx *ix, size_t n) {
     double acc = 0.0;
     size_t i;
     for (i = 0; i < n; i++) {
@@ -123,7 +131,7 @@ static inline double mgk_hinge_fwd(const mgk_real *d, const mgk_idx *ix, size_t 
     return acc * (1.0 / (double)n);
 }
 
-static inline void mgk_hinge_bwd(const mgk_real *d, mgk_real *g, const mgk_idx *ix, size_t n, double gy) {
+MGK_FN void mgk_hinge_bwd(const mgk_real *d, mgk_real *g, const mgk_idx *ix, size_t n, double gy) {
     double s = 1.0 / (double)n;
     size_t i;
     for (i = 0; i < n; i++) {
@@ -136,14 +144,14 @@ static inline void mgk_hinge_bwd(const mgk_real *d, mgk_real *g, const mgk_idx *
 }
 
 /* ix: logits[n], then the target (a class index; anything else gives NaN) */
-static inline int mgk_xent_target(const mgk_real *d, const mgk_idx *ix, size_t n, size_t *t) {
+MGK_FN int mgk_xent_target(const mgk_real *d, const mgk_idx *ix, size_t n, size_t *t) {
     double tv = d[ix[n]];
     if (!(tv >= 0.0 && tv < (double)n && tv == floor(tv))) return 0;
     *t = (size_t)tv;
     return 1;
 }
 
-static inline double mgk_xent_max(const mgk_real *d, const mgk_idx *ix, size_t n) {
+MGK_FN double mgk_xent_max(const mgk_real *d, const mgk_idx *ix, size_t n) {
     double m = d[ix[0]];
     size_t i;
     for (i = 1; i < n; i++)
@@ -151,7 +159,7 @@ static inline double mgk_xent_max(const mgk_real *d, const mgk_idx *ix, size_t n
     return isinf(m) ? 0.0 : m; /* keep exp(z - m) defined; inf logits give inf/NaN as IEEE does */
 }
 
-static inline double mgk_xent_fwd(const mgk_real *d, const mgk_idx *ix, size_t n) {
+MGK_FN double mgk_xent_fwd(const mgk_real *d, const mgk_idx *ix, size_t n) {
     size_t t, i;
     double m, acc = 0.0;
     if (!mgk_xent_target(d, ix, n, &t)) return NAN;
@@ -160,7 +168,7 @@ static inline double mgk_xent_fwd(const mgk_real *d, const mgk_idx *ix, size_t n
     return log(acc) + m - d[ix[t]];
 }
 
-static inline void mgk_xent_bwd(const mgk_real *d, mgk_real *g, const mgk_idx *ix, size_t n, double gy) {
+MGK_FN void mgk_xent_bwd(const mgk_real *d, mgk_real *g, const mgk_idx *ix, size_t n, double gy) {
     size_t t, i;
     double m, sum = 0.0;
     if (!mgk_xent_target(d, ix, n, &t)) {
@@ -175,7 +183,7 @@ static inline void mgk_xent_bwd(const mgk_real *d, mgk_real *g, const mgk_idx *i
 /* ---- training ----------------------------------------------------------------------------- */
 
 /* SGD: data -= scale * grad over the parameters, then their gradients restart at zero. */
-static inline void mgk_step(mgk_real *restrict d, mgk_real *restrict g, size_t nparams, double scale) {
+MGK_FN void mgk_step(mgk_real *restrict d, mgk_real *restrict g, size_t nparams, double scale) {
     size_t i;
     const mgk_real rscale = (mgk_real)scale; /* exact for double storage */
     for (i = 0; i < nparams; i++) {
@@ -185,7 +193,7 @@ static inline void mgk_step(mgk_real *restrict d, mgk_real *restrict g, size_t n
 }
 
 /* The order samples are visited in: 0..n-1, or a Fisher-Yates shuffle seeded by (seed, epoch). */
-static inline void mgk_order(size_t *perm, size_t n, int shuffle, mgk_u64 seed, mgk_u64 epoch) {
+MGK_FN void mgk_order(size_t *perm, size_t n, int shuffle, mgk_u64 seed, mgk_u64 epoch) {
     size_t i;
     mgk_rng r;
     for (i = 0; i < n; i++) perm[i] = i;

@@ -131,11 +131,6 @@ MGK_HOT mgk_real mgk_term(const int term, const int op, const double k, const mg
     }
 }
 
-/* Number of term operands a term kind reads. */
-MGK_HOT int mgk_term_arity(const int term, const int op_arity) {
-    return term == MGK_T_ONE ? 1 : term == MGK_T_MUL ? 2 : term == MGK_T_OP ? op_arity : 4;
-}
-
 /* The positions of a ref at the reduction point (r4..r7) relative to an outer point. */
 #define MGK_RPOS(X, r4, r5, r6, r7) ((r4) * (X)->s[4] + (r5) * (X)->s[5] + (r6) * (X)->s[6] + (r7) * (X)->s[7])
 #define MGK_TERM_AT(N, R, term, op, q0, q1, q2, q3)                                                  \

@@ -694,11 +694,6 @@ def test_export_c_refuses_a_prefix_that_is_not_an_identifier(tmp_path):
     assert not (tmp_path / "x.c").exists()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="emitter (lead): gcc -Wtype-limits on 's < 0' in mg_load_init, clang "
-    "-Wunused-function on the unused static kernels of kernels.h in inference-only sources",
-)
 def test_exported_c_compiles_without_warnings(tmp_path):
     model = _moons_model(tmp_path)
     assert run("export-c", str(model), "-o", str(tmp_path / "m.c")).returncode == 0
@@ -714,6 +709,7 @@ def test_exported_c_compiles_without_warnings(tmp_path):
                 "-std=c11",
                 "-Wall",
                 "-Wextra",
+                "-Wpedantic",
                 "-Werror",
                 "-c",
                 str(tmp_path / "m.c"),
