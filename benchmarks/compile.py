@@ -1015,6 +1015,11 @@ def main() -> None:
             else:
                 verd = verdict(v, target, strict)
             extra = ""
+            if a is not None and a.threads > 1 and a.walls:
+                cw = statistics.median(c / w for c, w in zip(a.cpus, a.walls))
+                if cw < 0.85 * a.threads:
+                    extra = (f"; its cpu/wall was {cw:.2f}, not ~{a.threads}: other work held "
+                             "the cores, so this does not measure scaling")
             if text.endswith("(keeps scaling)") and a is not None and peak_best:
                 used = madds_per_image(a.batch) * statistics.median(rates(a))
                 extra = f"; {used / peak_best['mul+add'] * 100:.1f}% of the mul+add peak"
