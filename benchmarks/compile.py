@@ -61,8 +61,9 @@ How to read the tables:
   loss         the first epoch's mean loss (each sample's loss before its step) and its relative
                difference from micrograd_c compiled at the same batch size.
 The targets of issue 13 follow, each the median of per-round ratios, with PASS/FAIL (n/a when a
-row is missing). The issue's last target, the CNN and RNN families at batch 32, is
-benchmarks/models.py's.
+row is missing; the verdict is on images/s, and one-thread pairs also show the ratio of images per
+CPU-second, for a machine where other work competes). The issue's last target, the CNN and RNN
+families at batch 32, is benchmarks/models.py's.
 """
 from __future__ import annotations
 
@@ -912,6 +913,12 @@ def main() -> None:
                 return None
             return statistics.median(x / y for x, y in zip(rates(a), rates(b)))
 
+        def cpu_ratio(a: System | None, b: System | None) -> float | None:
+            """The same over images per CPU-second (less disturbed by other work)."""
+            if a is None or b is None or not a.cpus or not b.cpus or min(a.cpus) <= 0:
+                return None
+            return statistics.median(y / x for x, y in zip(a.cpus, b.cpus))
+
         def fmt_ratio(v: float | None, width: int) -> str:
             return f"{'n/a' if v is None else f'{v:.2f}x':>{width}s}"
 
@@ -983,7 +990,8 @@ def main() -> None:
                 return "n/a"
             return "PASS" if (v > target if strict else v >= target) else "FAIL"
 
-        print("targets of issue 13 (medians of per-round ratios):")
+        print("targets of issue 13 (medians of per-round ratios of images/s; for one-thread pairs "
+              "also of images per CPU-second):")
 
         def why_missing(kind: str, b: int, threads: int = 1) -> str:
             """Why the row (kind, b, threads) has no figures: its own text, or not measured."""
@@ -1015,14 +1023,17 @@ def main() -> None:
             else:
                 verd = verdict(v, target, strict)
             extra = ""
+            vc = cpu_ratio(a, d)
+            if vc is not None and a is not None and d is not None and a.threads == d.threads == 1:
+                extra = f"; per CPU-second {vc:.2f}x"
             if a is not None and a.threads > 1 and a.walls:
                 cw = statistics.median(c / w for c, w in zip(a.cpus, a.walls))
                 if cw < 0.85 * a.threads:
-                    extra = (f"; its cpu/wall was {cw:.2f}, not ~{a.threads}: other work held "
+                    extra += (f"; its cpu/wall was {cw:.2f}, not ~{a.threads}: other work held "
                              "the cores, so this does not measure scaling")
             if text.endswith("(keeps scaling)") and a is not None and peak_best:
                 used = madds_per_image(a.batch) * statistics.median(rates(a))
-                extra = f"; {used / peak_best['mul+add'] * 100:.1f}% of the mul+add peak"
+                extra += f"; {used / peak_best['mul+add'] * 100:.1f}% of the mul+add peak"
             val = "  -   " if v is None else f"{v:5.2f}x"
             print(f"  {text:50s} = {val} (target {'>' if strict else '>='} {target:g}x) "
                   f"{verd}{extra}")
