@@ -360,7 +360,7 @@ fail:
 
 /* ---- a readable listing ----------------------------------------------------------------------- */
 
-static const char *const arr_names[MGK_NARR] = {"data", "grad", "packed", "packed_grad"};
+static const char *const arr_names[MGK_NARR] = {"data", "grad", "packed", "packed_grad", "sample", "sample_grad"};
 static const char *const mode_names[4] = {"=", "= 0 +", "= init +", "+="};
 
 static void describe_ref(sbuf *b, const mgk_nest *N, const mgk_ref *X, const char *name) {
