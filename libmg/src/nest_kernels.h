@@ -126,8 +126,18 @@ typedef mgk_real mgk_vec __attribute__((vector_size(MGK_VBYTES)));
 #define MGK_VECTOR 0
 #endif
 
-/* Element pointer of ref X at position `pos` (base and strides applied). */
-#define MGK_AT(R, X, pos) ((X)->gather ? (R)->a[(X)->arr] + (R)->ix[pos] : (R)->a[(X)->arr] + (pos))
+/* Index-table entries name an element of the shared arrays (D, G) or, with MGK_IX_PS set, of the
+ * per-sample ones (BD for D, BG for G): one table may mix parameters and per-sample values. */
+#define MGK_IX_PS 0x80000000u
+MGK_HOT mgk_real *mgk_gat(const mgk_run *R, const mgk_ref *X, const mgk_i64 pos, const mgk_i64 so) {
+    const mgk_idx e = R->ix[pos];
+    return (e & MGK_IX_PS) ? R->a[MGK_BD + (X->arr & 1)] + (e & ~MGK_IX_PS) + so : R->a[X->arr] + e;
+}
+/* The element of ref X at position `pos`, and the same in the sample `so` elements on (per-sample
+ * elements only: a shared element is the same for every sample). */
+#define MGK_AT(R, X, pos) ((X)->gather ? mgk_gat(R, X, pos, 0) : (R)->a[(X)->arr] + (pos))
+#define MGK_ATS(R, X, pos, so) \
+    ((X)->gather ? mgk_gat(R, X, pos, so) : (R)->a[(X)->arr] + (pos) + (MGK_PS(X) ? (so) : 0))
 
 MGK_HOT mgk_real mgk_term(const int term, const int op, const double k, const mgk_real *p0,
                           const mgk_real *p1, const mgk_real *p2, const mgk_real *p3) {
@@ -142,8 +152,6 @@ MGK_HOT mgk_real mgk_term(const int term, const int op, const double k, const mg
 
 /* The positions of a ref at the reduction point (r4..r7) relative to an outer point. */
 #define MGK_RPOS(X, r4, r5, r6, r7) ((r4) * (X)->s[4] + (r5) * (X)->s[5] + (r6) * (X)->s[6] + (r7) * (X)->s[7])
-/* The element of ref X at position `pos`, in sample `so` elements on (per-sample refs only). */
-#define MGK_ATS(R, X, pos, so) (MGK_AT(R, X, pos) + (MGK_PS(X) ? (so) : 0))
 #define MGK_TERM_AT(N, R, term, op, q0, q1, q2, q3, so)                                                    \
     mgk_term(term, op, (N)->k, MGK_ATS(R, &(N)->x[0], q0, so), MGK_ATS(R, &(N)->x[1], q1, so),              \
              MGK_ATS(R, &(N)->x[2], q2, so), MGK_ATS(R, &(N)->x[3], q3, so))
@@ -156,15 +164,15 @@ MGK_HOT mgk_real mgk_term(const int term, const int op, const double k, const mg
 /* One output point, scalar (also what is neither blocked nor tiled): positions at the outer point
  * are po (out), pi (init), p0..p3 (term operands). `step`: the run applies SGD (MGK_F_STEP).
  * `nbr`: samples to sum over (a shared output, a parameter's gradient, in a batch), outermost. */
-MGK_HOT void mgk_point(const mgk_nest *N, const mgk_run *R, const int term, const int op, const int step,
-                       const int small, const mgk_i64 nbr, mgk_i64 po, mgk_i64 pi, mgk_i64 p0, mgk_i64 p1,
-                       mgk_i64 p2, mgk_i64 p3) {
+MGK_HOT void mgk_point1(const mgk_nest *N, const mgk_run *R, const int term, const int op, const int step,
+                        const int small, const mgk_i64 nbr, const mgk_i64 s0, mgk_i64 po, mgk_i64 pi, mgk_i64 p0,
+                        mgk_i64 p1, mgk_i64 p2, mgk_i64 p3) {
     MGK_SIZES(n, N->n, small);
     const mgk_ref *X = N->x;
     mgk_real acc;
     mgk_i64 r4, r5, r6, r7, sm;
     if (N->mode == MGK_SET) {
-        *MGK_AT(R, &N->out, po) = MGK_TERM_AT(N, R, term, op, p0, p1, p2, p3, 0);
+        *MGK_ATS(R, &N->out, po, s0) = MGK_TERM_AT(N, R, term, op, p0, p1, p2, p3, s0);
         return;
     }
     if (N->flags & MGK_F_SCATTER) {
@@ -173,16 +181,16 @@ MGK_HOT void mgk_point(const mgk_nest *N, const mgk_run *R, const int term, cons
                 for (r5 = 0; r5 < n[5]; r5++)
                     for (r6 = 0; r6 < n[6]; r6++)
                         for (r7 = 0; r7 < n[7]; r7++)
-                            *MGK_AT(R, &N->out, po + MGK_RPOS(&N->out, r4, r5, r6, r7)) += MGK_TERM_AT(
+                            *MGK_ATS(R, &N->out, po + MGK_RPOS(&N->out, r4, r5, r6, r7), s0 + sm * R->ss) += MGK_TERM_AT(
                                 N, R, term, op, p0 + MGK_RPOS(&X[0], r4, r5, r6, r7), p1 + MGK_RPOS(&X[1], r4, r5, r6, r7),
-                                p2 + MGK_RPOS(&X[2], r4, r5, r6, r7), p3 + MGK_RPOS(&X[3], r4, r5, r6, r7), sm * R->ss);
+                                p2 + MGK_RPOS(&X[2], r4, r5, r6, r7), p3 + MGK_RPOS(&X[3], r4, r5, r6, r7), s0 + sm * R->ss);
         return;
     }
     acc = N->mode == MGK_SUM0 || step ? (mgk_real)0
-          : N->mode == MGK_SUMI       ? *MGK_AT(R, &N->init, pi)
-                                      : *MGK_AT(R, &N->out, po);
+          : N->mode == MGK_SUMI       ? *MGK_ATS(R, &N->init, pi, s0)
+                                      : *MGK_ATS(R, &N->out, po, s0);
     for (sm = 0; sm < nbr; sm++) {
-        const mgk_i64 so = sm * R->ss;
+        const mgk_i64 so = s0 + sm * R->ss;
         for (r4 = 0; r4 < n[4]; r4++)
             for (r5 = 0; r5 < n[5]; r5++)
                 for (r6 = 0; r6 < n[6]; r6++) {
@@ -233,11 +241,24 @@ MGK_HOT void mgk_point(const mgk_nest *N, const mgk_run *R, const int term, cons
                 }
     }
     if (step) {
-        mgk_real *w = MGK_AT(R, &N->init, pi);
+        mgk_real *w = MGK_ATS(R, &N->init, pi, s0);
         *w -= (mgk_real)R->lr * acc;
     } else {
-        *MGK_AT(R, &N->out, po) = acc;
+        *MGK_ATS(R, &N->out, po, s0) = acc;
     }
+}
+
+/* One output point. A gathered output whose entry at this point is a per-sample element is not a
+ * sum over the batch: each sample's point runs on its own. */
+MGK_HOT void mgk_point(const mgk_nest *N, const mgk_run *R, const int term, const int op, const int step,
+                       const int small, const mgk_i64 nbr, mgk_i64 po, mgk_i64 pi, mgk_i64 p0, mgk_i64 p1,
+                       mgk_i64 p2, mgk_i64 p3) {
+    if (N->out.gather && nbr > 1 && !(N->flags & MGK_F_SCATTER) && (R->ix[po] & MGK_IX_PS)) {
+        mgk_i64 sm;
+        for (sm = 0; sm < nbr; sm++) mgk_point1(N, R, term, op, step, small, 1, sm * R->ss, po, pi, p0, p1, p2, p3);
+        return;
+    }
+    mgk_point1(N, R, term, op, step, small, nbr, 0, po, pi, p0, p1, p2, p3);
 }
 
 /* MGK_LANES consecutive points along the vector dim (no gather refs), `nl` of them valid: lane l

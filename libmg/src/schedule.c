@@ -619,6 +619,8 @@ static void tile_flag(const mg_tape *t, mgk_nest *N, const mg_nest_info *I) {
 /* Per-sample operands read the per-sample arrays: positions relative to the first input slot
  * (index tables' entries converted once: a table may serve a nest and its gradient nest). */
 static int to_sample_arrays(mg_tape *t) {
+    if (t->nslots - t->input0 >= (size_t)MGK_IX_PS)
+        return mg_tape__fail(t, MG_ENOMEM, "freeze: more than 2^31 per-sample slots");
     uint8_t *done = mg_tape__alloc(t, t->nix ? t->nix : 1, 1);
     if (!done) return MG_ENOMEM;
     memset(done, 0, t->nix ? t->nix : 1);
@@ -630,24 +632,26 @@ static int to_sample_arrays(mg_tape *t) {
             if (X->arr != MGK_D && X->arr != MGK_G) continue;
             if (j == 1 && !(N->mode == MGK_SUMI || (N->flags & MGK_F_STEP))) continue;
             if (j >= 2 && !x_used(N, j - 2)) continue;
-            mgk_i64 slot = X->gather ? (mgk_i64)t->ix[X->base] : X->base;
-            if (!per_sample(t, slot)) continue;
-            X->arr = X->arr == MGK_D ? MGK_BD : MGK_BG;
             if (!X->gather) {
-                X->base -= (mgk_i64)t->input0;
+                if (per_sample(t, X->base)) {
+                    X->arr = X->arr == MGK_D ? MGK_BD : MGK_BG;
+                    X->base -= (mgk_i64)t->input0;
+                }
                 continue;
             }
-            /* every position the ref reaches, at every iteration of its loop */
+            /* a table: each entry it reaches (every point, every iteration of its loop) names its
+             * own array; the ref keeps D or G (nest_kernels.h's mgk_gat) */
             int dims[MGK_MAXD], nd = 0;
             for (int d = 0; d < MGK_MAXD; d++)
                 if (N->n[d] > 1 && X->s[d] != 0) dims[nd++] = d;
-            for (mgk_i64 it = 0; it < (mgk_i64)t->info[k].seq; it++) {
+            mgk_i64 iters = X->ts != 0 && t->info[k].seq > 1 ? (mgk_i64)t->info[k].seq : 1;
+            for (mgk_i64 it = 0; it < iters; it++) {
                 mgk_i64 idx[MGK_MAXD] = {0};
                 for (;;) {
                     mgk_i64 pos = X->base + it * X->ts;
                     for (int q = 0; q < nd; q++) pos += idx[q] * X->s[dims[q]];
                     if (!done[pos]) {
-                        t->ix[pos] -= (mgk_idx)t->input0;
+                        if (per_sample(t, t->ix[pos])) t->ix[pos] = (t->ix[pos] - (mgk_idx)t->input0) | MGK_IX_PS;
                         done[pos] = 1;
                     }
                     int q = nd - 1;
