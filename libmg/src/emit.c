@@ -320,11 +320,12 @@ char *mg_tape_emit_c(mg_tape *t, const mg_emit_options *opt, size_t *len) {
              "    double *d = work ? work : mg_static_work;\n"
              "    size_t i;\n"
              "    mgk_run R;\n"
-             "    R.a[MGK_D] = d;\n    R.a[MGK_G] = R.a[MGK_PW] = R.a[MGK_PG] = NULL;\n"
-             "    R.ix = mg_ix;\n    R.t = 0;\n    R.lr = 0.0;\n"
+             "    R.a[MGK_D] = d;\n    R.a[MGK_G] = R.a[MGK_PW] = R.a[MGK_PG] = R.a[MGK_BG] = NULL;\n"
+             "    R.a[MGK_BD] = d + %zu; /* one sample: its slots follow the shared ones */\n"
+             "    R.ix = mg_ix;\n    R.t = 0;\n    R.nb = 1;\n    R.ss = 0;\n    R.lr = 0.0;\n"
              "    for (i = 0; i < %zu; i++) d[i] = mg_init_values[i];\n"
              "    for (i = 0; i < %zu; i++) d[%zu + i] = x[i];\n",
-             t->noutputs, t->ninputs, P, P, t->nslots + MGK_PAD, t->input0, t->ninputs, t->input0);
+             t->noutputs, t->ninputs, P, P, t->nslots + MGK_PAD, t->input0, t->input0, t->ninputs, t->input0);
         emit_walk(&b, t);
         putf(&b, "    for (i = 0; i < %zu; i++) y[i] = d[mg_out_slots[i]];\n}\n", t->noutputs);
     } else {
