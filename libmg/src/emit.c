@@ -15,7 +15,7 @@
 #include <string.h>
 
 /* Raised whenever the generated code changes; part of compiled-code cache keys. */
-#define MG_EMITTER_VERSION 4
+#define MG_EMITTER_VERSION 5
 #define MG_DEFAULT_KERNELS 32
 
 int mg_tape_emitter_version(void) { return MG_EMITTER_VERSION; }
@@ -222,8 +222,11 @@ static void emit_kernels(sbuf *b, const mg_tape *t, const uint8_t *hot, size_t *
     puts_(b, j ? "\n};\n" : "    {0}\n};\n");
     for (size_t k = 0; k < t->nnests; k++)
         if (hot[k])
-            putf(b, "static void mg_k%zu(const void *r) { mgk_nest_run(&mg_nests[%zu], (const mgk_run *)r, %d, %d); }\n",
-                 k, map[k], t->nests[k].term, t->nests[k].op);
+            putf(b,
+                 "static void mg_k%zu(const void *r) {\n"
+                 "    mgk_nest_run_k(&mg_nests[%zu], (const mgk_run *)r, %d, %d, %d, %d, %d);\n}\n",
+                 k, map[k], t->nests[k].term, t->nests[k].op, MGK_PS(&t->nests[k].out) ? 1 : 0,
+                 (int)MGK_TILE_KIND(&t->nests[k]), (t->nests[k].flags & MGK_F_BLOCK) ? 1 : 0);
 }
 
 /* The inference walker: the forward program's instructions the outputs need. */

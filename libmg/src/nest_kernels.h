@@ -413,14 +413,20 @@ MGK_HOT void mgk_tile(const mgk_nest *N, const mgk_run *R, const int small, cons
 
 /* Whether a nest can run in register tiles along `axis`: 2 (outer dim 2) or 8 (the samples of a
  * batch). The schedule sets MGK_F_TILE where its shape allows; the sizes decide at run time. */
-#define MGK_TILE_OK(N, R)                                                                                 \
+#define MGK_TILE_OK(N)                                                                                 \
     (MGK_VECTOR && ((N)->flags & MGK_F_TILE) && (N)->term == MGK_T_MUL && (N)->mode != MGK_SET &&          \
      (N)->out.s[3] == 1 && (N)->x[0].s[3] == 1 && (N)->x[1].s[3] == 0 && !(N)->x[0].gather && !(N)->x[1].gather && \
      ((N)->mode != MGK_SUMI || (N)->init.s[3] <= 1))
+/* Which tiles a nest runs in, from its descriptor alone: 1 rows along dim 2 (a shared output),
+ * 2 samples (a per-sample output read through a shared weight), 0 none. */
+#define MGK_TILE_KIND(N)                                                                                  \
+    (!MGK_TILE_OK(N)                 ? 0                                                                  \
+     : !MGK_PS(&(N)->out)            ? ((N)->x[0].s[2] == 0 && (N)->n[2] > 1 ? 1 : 0)                      \
+     : !MGK_PS(&(N)->x[0]) && MGK_PS(&(N)->x[1]) && !((N)->flags & MGK_F_STEP) ? 2 : 0)
 
 /* The outer loops of a nest over the run's arrays, `nbr` samples summed over per output. */
 MGK_HOT void mgk_nest_body(const mgk_nest *N, const mgk_run *R, const int term, const int op, const int small,
-                           const mgk_i64 nbr, const int tile2) {
+                           const mgk_i64 nbr, const int tile2, const int block) {
     const mgk_i64 *n = N->n;
     const mgk_ref *O = &N->out, *I = &N->init, *X = N->x;
     const mgk_i64 t = R->t;
@@ -463,7 +469,7 @@ MGK_HOT void mgk_nest_body(const mgk_nest *N, const mgk_run *R, const int term, 
                 mgk_i64 po = MGK_OPOS(O, t, i0, i1, i2, 0), pi = MGK_OPOS(I, t, i0, i1, i2, 0);
                 mgk_i64 q0 = MGK_OPOS(&X[0], t, i0, i1, i2, 0), q1 = MGK_OPOS(&X[1], t, i0, i1, i2, 0);
                 mgk_i64 q2 = MGK_OPOS(&X[2], t, i0, i1, i2, 0), q3 = MGK_OPOS(&X[3], t, i0, i1, i2, 0);
-                if (N->flags & MGK_F_BLOCK) {
+                if (block) {
                     for (i3 = 0; i3 < n[3]; i3 += MGK_LANES) {
                         const int nl = n[3] - i3 < MGK_LANES ? (int)(n[3] - i3) : MGK_LANES;
                         if (nl == MGK_LANES)
@@ -497,15 +503,16 @@ MGK_HOT void mgk_nest_body(const mgk_nest *N, const mgk_run *R, const int term, 
  * interpreter's instances for such nests skip those loops. A nest writing per-sample values runs
  * once per sample (or, tiled, several samples at a time); one writing a shared array (a
  * parameter's gradient) sums over the samples inside each output. */
-MGK_HOT void mgk_nest_shape(const mgk_nest *N, const mgk_run *R, const int term, const int op, const int small) {
+MGK_HOT void mgk_nest_path(const mgk_nest *N, const mgk_run *R, const int term, const int op, const int small,
+                           const int ps, const int tile, const int block) {
     const mgk_i64 nb = R->nb > 1 ? R->nb : 1;
     mgk_i64 sm;
-    if (!MGK_PS(&N->out)) { /* shared output: the samples are a reduction */
-        mgk_nest_body(N, R, term, op, small, nb, MGK_TILE_OK(N, R) && N->x[0].s[2] == 0 && N->n[2] > 1);
+    if (!ps) { /* shared output: the samples are a reduction */
+        mgk_nest_body(N, R, term, op, small, nb, tile == 1, block);
         return;
     }
 #if MGK_VECTOR
-    if (nb > 1 && MGK_TILE_OK(N, R) && !MGK_PS(&N->x[0]) && MGK_PS(&N->x[1]) && !(N->flags & MGK_F_STEP)) {
+    if (tile == 2 && nb > 1) {
         /* samples in tiles: x0 (a shared weight) loaded once for several samples */
         const mgk_i64 *n = N->n, t = R->t, ss = R->ss;
         const mgk_ref *O = &N->out, *I = &N->init, *X = N->x;
@@ -548,14 +555,25 @@ MGK_HOT void mgk_nest_shape(const mgk_nest *N, const mgk_run *R, const int term,
         mgk_run Rs = *R;
         Rs.a[MGK_BD] += sm * R->ss;
         Rs.a[MGK_BG] += sm * R->ss;
-        mgk_nest_body(N, &Rs, term, op, small, 1, 0);
+        mgk_nest_body(N, &Rs, term, op, small, 1, 0, block);
     }
 }
 
+/* The same, the paths taken read from the descriptor (the interpreter's instances). */
+MGK_HOT void mgk_nest_shape(const mgk_nest *N, const mgk_run *R, const int term, const int op, const int small) {
+    mgk_nest_path(N, R, term, op, small, MGK_PS(&N->out), MGK_TILE_KIND(N), (N->flags & MGK_F_BLOCK) != 0);
+}
+
 /* Runs a nest. `term` and `op` repeat N->term and N->op as constants, so that each call site
- * (an interpreter instance, or a generated function) keeps only its own term's code. */
+ * (an interpreter instance, or a generated function) keeps only its own term's code; generated
+ * functions also give the paths (`ps`: the output is per-sample, `tile`: MGK_TILE_KIND, `block`:
+ * MGK_F_BLOCK) as constants, so the C compiler never sees the others. */
 MGK_HOT void mgk_nest_run(const mgk_nest *N, const mgk_run *R, const int term, const int op) {
     mgk_nest_shape(N, R, term, op, 0);
+}
+MGK_HOT void mgk_nest_run_k(const mgk_nest *N, const mgk_run *R, const int term, const int op, const int ps,
+                            const int tile, const int block) {
+    mgk_nest_path(N, R, term, op, 0, ps, tile, block);
 }
 
 #endif /* MGK_NEST_KERNELS_H */
