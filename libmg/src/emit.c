@@ -15,7 +15,7 @@
 #include <string.h>
 
 /* Raised whenever the generated code changes; part of compiled-code cache keys. */
-#define MG_EMITTER_VERSION 4
+#define MG_EMITTER_VERSION 5
 #define MG_DEFAULT_KERNELS 32
 
 int mg_tape_emitter_version(void) { return MG_EMITTER_VERSION; }
@@ -222,8 +222,11 @@ static void emit_kernels(sbuf *b, const mg_tape *t, const uint8_t *hot, size_t *
     puts_(b, j ? "\n};\n" : "    {0}\n};\n");
     for (size_t k = 0; k < t->nnests; k++)
         if (hot[k])
-            putf(b, "static void mg_k%zu(const void *r) { mgk_nest_run(&mg_nests[%zu], (const mgk_run *)r, %d, %d); }\n",
-                 k, map[k], t->nests[k].term, t->nests[k].op);
+            putf(b,
+                 "static void mg_k%zu(const void *r) {\n"
+                 "    mgk_nest_run_k(&mg_nests[%zu], (const mgk_run *)r, %d, %d, %d, %d, %d);\n}\n",
+                 k, map[k], t->nests[k].term, t->nests[k].op, MGK_PS(&t->nests[k].out) ? 1 : 0,
+                 (int)MGK_TILE_KIND(&t->nests[k]), (t->nests[k].flags & MGK_F_BLOCK) ? 1 : 0);
 }
 
 /* The inference walker: the forward program's instructions the outputs need. */
@@ -320,11 +323,12 @@ char *mg_tape_emit_c(mg_tape *t, const mg_emit_options *opt, size_t *len) {
              "    double *d = work ? work : mg_static_work;\n"
              "    size_t i;\n"
              "    mgk_run R;\n"
-             "    R.a[MGK_D] = d;\n    R.a[MGK_G] = R.a[MGK_PW] = R.a[MGK_PG] = NULL;\n"
-             "    R.ix = mg_ix;\n    R.t = 0;\n    R.lr = 0.0;\n"
+             "    R.a[MGK_D] = d;\n    R.a[MGK_G] = R.a[MGK_PW] = R.a[MGK_PG] = R.a[MGK_BG] = NULL;\n"
+             "    R.a[MGK_BD] = d + %zu; /* one sample: its slots follow the shared ones */\n"
+             "    R.ix = mg_ix;\n    R.t = 0;\n    R.nb = 1;\n    R.ss = 0;\n    R.lr = 0.0;\n"
              "    for (i = 0; i < %zu; i++) d[i] = mg_init_values[i];\n"
              "    for (i = 0; i < %zu; i++) d[%zu + i] = x[i];\n",
-             t->noutputs, t->ninputs, P, P, t->nslots + MGK_PAD, t->input0, t->ninputs, t->input0);
+             t->noutputs, t->ninputs, P, P, t->nslots + MGK_PAD, t->input0, t->input0, t->ninputs, t->input0);
         emit_walk(&b, t);
         putf(&b, "    for (i = 0; i < %zu; i++) y[i] = d[mg_out_slots[i]];\n}\n", t->noutputs);
     } else {
@@ -360,7 +364,7 @@ fail:
 
 /* ---- a readable listing ----------------------------------------------------------------------- */
 
-static const char *const arr_names[MGK_NARR] = {"data", "grad", "packed", "packed_grad"};
+static const char *const arr_names[MGK_NARR] = {"data", "grad", "packed", "packed_grad", "sample", "sample_grad"};
 static const char *const mode_names[4] = {"=", "= 0 +", "= init +", "+="};
 
 static void describe_ref(sbuf *b, const mgk_nest *N, const mgk_ref *X, const char *name) {

@@ -1,11 +1,17 @@
 /* Running and training tapes: single-sample calls, epochs, batches and threads.
  *
+ * Batch size 1 runs on the tape's own arrays, sample after sample, the parameters' gradient nests
+ * applying SGD themselves where schedule.c fused it.
+ *
  * A batch of B samples is cut into C = min(B, MG_FIT_CHUNKS) chunks of consecutive samples,
- * whatever the thread count; each chunk runs its samples in order on private slot arrays and
- * sums its parameter gradients in sample order; the chunks' sums are added in chunk order. A
- * thread only decides which chunks it runs, so parameters come out bitwise the same for any
- * thread count. Threads meet at spin-then-yield barriers: a batch lasts microseconds, and a
- * sleeping wait per phase would cost a large part of it. */
+ * whatever the thread count. A chunk runs its samples through the programs nest by nest (at most
+ * MG_FIT_SUB at a time, in per-sample arrays `ss` slots apart): each nest runs over all of them
+ * (several samples per register tile where the nest is a matrix product), and a parameter's
+ * gradient sums over the samples in sample order inside the nest. The chunks' gradients are added
+ * in chunk order, then the step; both split over the threads by parameter ranges. A thread only
+ * decides which chunk or range it runs, so parameters come out bitwise the same for any thread
+ * count. Threads meet at spin-then-yield barriers: a batch lasts microseconds, and a sleeping wait
+ * per phase would cost a large part of it. */
 #define _POSIX_C_SOURCE 200809L /* sched_yield */
 #include "ir.h"
 
@@ -16,30 +22,43 @@
 #include <string.h>
 
 #define MG_FIT_CHUNKS 2
+#define MG_FIT_SUB 64 /* samples of a chunk in flight at once */
 
-static void init_run(const mg_tape *t, mgk_run *R, double *d, double *g) {
-    memset(R, 0, sizeof *R);
+/* One sample over the tape's own arrays (the per-sample ones are views of them). */
+static void init_flat(const mg_tape *t, mg_exec *E, double *d, double *g) {
+    memset(E, 0, sizeof *E);
+    mgk_run *R = &E->R;
     R->a[MGK_D] = d;
     R->a[MGK_G] = g;
     R->a[MGK_PW] = t->pw;
     R->a[MGK_PG] = t->pg;
+    R->a[MGK_BD] = d + t->input0;
+    R->a[MGK_BG] = g + t->input0;
     R->ix = t->ix;
+    R->nb = 1;
 }
+
+/* Per-sample slots from the first input on, padded (nest_kernels.h's partial blocks). */
+static size_t sample_stride(const mg_tape *t) { return t->nslots - t->input0 + MGK_PAD; }
 
 static void load(const mg_tape *t, double *d, const double *x, const double *y) {
     if (x) memcpy(d + t->input0, x, t->ninputs * sizeof(double));
     if (y) memcpy(d + t->target0, y, t->ntargets * sizeof(double));
 }
 
-/* Backward of one sample: fresh gradients for every computed value, the loss seeded. */
-static void backward(const mg_tape *t, mgk_run *R) {
-    double *g = R->a[MGK_G];
-    if (t->rerolled) /* only what is not written first by a nest (schedule.c) */
-        for (size_t i = 0; i < t->nzero; i += 2) memset(g + t->zero[i], 0, (t->zero[i + 1] - t->zero[i]) * sizeof(double));
-    else
-        memset(g + t->first_op, 0, (t->nslots - t->first_op) * sizeof(double));
-    g[t->loss] = 1.0;
-    mg_ir__run(t, t->bwd, t->nbwd, R, 0);
+/* Backward of the run's samples: fresh gradients for every computed value, each loss seeded. */
+static void backward(const mg_tape *t, mg_exec *E) {
+    const mgk_run *R = &E->R;
+    for (mgk_i64 s = 0; s < R->nb; s++) {
+        double *g = R->a[MGK_BG] + s * R->ss - t->input0; /* indexed by slot from input0 on */
+        if (t->rerolled) /* only what is not written first by a nest (schedule.c) */
+            for (size_t i = 0; i < t->nzero; i += 2)
+                memset(g + t->zero[i], 0, (t->zero[i + 1] - t->zero[i]) * sizeof(double));
+        else
+            memset(g + t->first_op, 0, (t->nslots - t->first_op) * sizeof(double));
+        g[t->loss] = 1.0;
+    }
+    mg_ir__run(t, t->bwd, t->nbwd, E, 0);
 }
 
 /* ---- targets ---------------------------------------------------------------------------------- */
@@ -74,9 +93,9 @@ int mg_tape_forward(mg_tape *t, const double *x, const double *y) {
     if (check_targets(t, y, 1, "forward") != MG_OK) return MG_EINVAL;
     load(t, t->data, x, y);
     mg_tape__pack(t);
-    mgk_run R;
-    init_run(t, &R, t->data, t->grad);
-    mg_ir__run(t, t->fwd, t->nfwd, &R, 0);
+    mg_exec E;
+    init_flat(t, &E, t->data, t->grad);
+    mg_ir__run(t, t->fwd, t->nfwd, &E, 0);
     return MG_OK;
 }
 
@@ -85,9 +104,9 @@ int mg_tape_backward(mg_tape *t) {
     t->err[0] = '\0';
     if (!t->has_loss) return mg_tape__fail(t, MG_EINVAL, "backward: this program has no loss");
     mg_tape__pack(t);
-    mgk_run R;
-    init_run(t, &R, t->data, t->grad);
-    backward(t, &R);
+    mg_exec E;
+    init_flat(t, &E, t->data, t->grad);
+    backward(t, &E);
     mg_tape__unpack_grad(t);
     return MG_OK;
 }
@@ -106,11 +125,11 @@ int mg_tape_predict(mg_tape *t, const double *X, size_t n, double *out) {
     if (n && ((!X && t->ninputs) || (!out && t->noutputs)))
         return mg_tape__fail(t, MG_EINVAL, "predict: NULL inputs or outputs");
     mg_tape__pack(t);
-    mgk_run R;
-    init_run(t, &R, t->data, t->grad);
+    mg_exec E;
+    init_flat(t, &E, t->data, t->grad);
     for (size_t k = 0; k < n; k++) {
         load(t, t->data, X + k * t->ninputs, NULL);
-        mg_ir__run(t, t->fwd, t->nfwd, &R, MG_FZ_OUT_CONE);
+        mg_ir__run(t, t->fwd, t->nfwd, &E, MG_FZ_OUT_CONE);
         for (size_t j = 0; j < t->noutputs; j++) out[k * t->noutputs + j] = t->data[t->outputs[j]];
     }
     return MG_OK;
@@ -171,9 +190,11 @@ static void step_all(mg_tape *t, double *g, double *pg, double scale, int fused)
 /* ---- epochs ----------------------------------------------------------------------------------- */
 
 typedef struct fit_chunk {
-    double *d, *g, *pg; /* private slots, gradients and packed gradients */
+    double *bd, *bg;  /* per-sample slots and gradients of up to MG_FIT_SUB samples, ss apart */
+    double *g, *pg;   /* shared-slot (parameter) gradients and packed gradients */
+    double *scratch;  /* variadic ops' gathered operands */
     double loss;
-    size_t from, to; /* positions in the epoch's order */
+    size_t from, to;  /* positions in the epoch's order */
 } fit_chunk;
 
 typedef struct spin_barrier {
@@ -186,6 +207,13 @@ static void sb_init(spin_barrier *b, unsigned n) {
     atomic_init(&b->count, 0);
     atomic_init(&b->sense, 0);
     b->n = n;
+}
+
+static void sb_arrive(spin_barrier *b, unsigned s) {
+    if (atomic_fetch_add(&b->count, 1) + 1 == b->n) {
+        atomic_store(&b->count, 0);
+        atomic_store(&b->sense, s);
+    }
 }
 
 static void sb_wait(spin_barrier *b, unsigned *local_sense) {
@@ -204,32 +232,80 @@ static void sb_wait(spin_barrier *b, unsigned *local_sense) {
 typedef struct fit_run {
     mg_tape *t;
     fit_chunk ch[MG_FIT_CHUNKS];
-    size_t nch;
+    size_t nch, ss;
     const double *X, *Y;
     const size_t *perm;
     size_t threads;
+    double scale;
+    atomic_int phase; /* 0: the chunks' samples; 1: add the chunks' gradients and step */
     spin_barrier start, done;
     unsigned main_start, main_done;
     atomic_int stop;
 } fit_run;
 
+/* A chunk's samples, MG_FIT_SUB at a time, through forward and backward. */
 static void run_chunk(fit_run *F, fit_chunk *c) {
     const mg_tape *t = F->t;
-    mgk_run R;
-    init_run(t, &R, c->d, c->g);
-    R.a[MGK_PG] = c->pg;
+    const size_t ss = F->ss;
+    mg_exec E;
+    memset(&E, 0, sizeof E);
+    mgk_run *R = &E.R;
+    R->a[MGK_D] = t->data; /* read only during the batch */
+    R->a[MGK_G] = c->g;
+    R->a[MGK_PW] = t->pw;
+    R->a[MGK_PG] = c->pg;
+    R->a[MGK_BD] = c->bd;
+    R->a[MGK_BG] = c->bg;
+    R->ix = t->ix;
+    R->ss = (mgk_i64)ss;
+    E.scratch = c->scratch;
     c->loss = 0.0;
-    for (size_t k = c->from; k < c->to; k++) {
-        size_t s = F->perm[k];
-        load(t, c->d, F->X + s * t->ninputs, F->Y ? F->Y + s * t->ntargets : NULL);
-        mg_ir__run(t, t->fwd, t->nfwd, &R, MG_FZ_LOSS_CONE);
-        c->loss += c->d[t->loss];
-        backward(t, &R);
+    for (size_t k0 = c->from; k0 < c->to; k0 += MG_FIT_SUB) {
+        size_t nb = c->to - k0 < MG_FIT_SUB ? c->to - k0 : MG_FIT_SUB;
+        for (size_t q = 0; q < nb; q++) { /* inputs first in the per-sample region, then targets */
+            size_t s = F->perm[k0 + q];
+            memcpy(c->bd + q * ss, F->X + s * t->ninputs, t->ninputs * sizeof(double));
+            if (F->Y) memcpy(c->bd + q * ss + t->ninputs, F->Y + s * t->ntargets, t->ntargets * sizeof(double));
+        }
+        R->nb = (mgk_i64)nb;
+        mg_ir__run(t, t->fwd, t->nfwd, &E, MG_FZ_LOSS_CONE);
+        for (size_t q = 0; q < nb; q++) c->loss += c->bd[q * ss + (t->loss - t->input0)];
+        backward(t, &E);
+    }
+}
+
+/* Thread w's share of adding the chunks' gradients (in chunk order) and the step. */
+static void step_share(fit_run *F, size_t w) {
+    mg_tape *t = F->t;
+    size_t P = t->nparams, Q = t->npacked, T = F->threads;
+    size_t p0 = P * w / T, p1 = P * (w + 1) / T, q0 = Q * w / T, q1 = Q * (w + 1) / T;
+    const double scale = F->scale;
+    for (size_t p = p0; p < p1; p++) {
+        if (t->packed && t->packed[p]) continue;
+        double gsum = t->grad[p];
+        for (size_t c = 0; c < F->nch; c++) {
+            gsum += F->ch[c].g[p];
+            F->ch[c].g[p] = 0.0;
+        }
+        t->data[p] -= scale * gsum;
+        t->grad[p] = 0.0;
+    }
+    for (size_t q = q0; q < q1; q++) {
+        double gsum = t->pg[q];
+        for (size_t c = 0; c < F->nch; c++) {
+            gsum += F->ch[c].pg[q];
+            F->ch[c].pg[q] = 0.0;
+        }
+        t->pw[q] -= scale * gsum;
+        t->pg[q] = 0.0;
     }
 }
 
 static void run_share(fit_run *F, size_t w) {
-    for (size_t c = w; c < F->nch; c += F->threads) run_chunk(F, &F->ch[c]);
+    if (atomic_load(&F->phase) == 0)
+        for (size_t c = w; c < F->nch; c += F->threads) run_chunk(F, &F->ch[c]);
+    else
+        step_share(F, w);
 }
 
 typedef struct worker_arg {
@@ -248,6 +324,17 @@ static void *fit_worker(void *p) {
     }
 }
 
+static void run_phase(fit_run *F, int phase) {
+    atomic_store(&F->phase, phase);
+    if (F->threads > 1) {
+        sb_wait(&F->start, &F->main_start);
+        run_share(F, 0);
+        sb_wait(&F->done, &F->main_done);
+    } else {
+        run_share(F, 0);
+    }
+}
+
 static int check_fit_args(mg_tape *t, const double *X, const double *Y, size_t n, const mg_fit_options *o) {
     if (!t->has_loss) return mg_tape__fail(t, MG_EINVAL, "fit: this program has no loss");
     if (n && !X && t->ninputs) return mg_tape__fail(t, MG_EINVAL, "fit: NULL inputs");
@@ -256,6 +343,14 @@ static int check_fit_args(mg_tape *t, const double *X, const double *Y, size_t n
     if (t->ninputs && n > SIZE_MAX / t->ninputs / sizeof(double))
         return mg_tape__fail(t, MG_EINVAL, "fit: %zu rows of %zu inputs overflow the address space", n, t->ninputs);
     return check_targets(t, Y, n, "fit");
+}
+
+static void free_chunks(mg_tape *t, fit_run *F) {
+    for (size_t c = 0; c < MG_FIT_CHUNKS; c++) {
+        double *bufs[] = {F->ch[c].bd, F->ch[c].bg, F->ch[c].g, F->ch[c].pg, F->ch[c].scratch};
+        for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+            if (bufs[i]) t->alloc.free_fn(bufs[i], t->alloc.ctx);
+    }
 }
 
 int mg_tape_fit(mg_tape *t, const double *X, const double *Y, size_t n, const mg_fit_options *opt,
@@ -269,7 +364,6 @@ int mg_tape_fit(mg_tape *t, const double *X, const double *Y, size_t n, const mg
     size_t batch = o.batch_size ? o.batch_size : 1;
     if (batch > n && n) batch = n; /* a batch larger than the data is the whole data */
     size_t threads = o.threads ? o.threads : 1;
-    const mg_allocator *A = &t->alloc;
     size_t *perm = mg_tape__alloc(t, n ? n : 1, sizeof(size_t));
     if (!perm) return MG_ENOMEM;
     mgk_order(perm, n, o.shuffle, o.seed, o.epoch);
@@ -281,19 +375,19 @@ int mg_tape_fit(mg_tape *t, const double *X, const double *Y, size_t n, const mg
 
     if (batch == 1) {
         mg_tape__pack(t);
-        mgk_run R;
-        init_run(t, &R, t->data, t->grad);
-        R.lr = o.lr; /* fused nests step their parameters in backward */
+        mg_exec E;
+        init_flat(t, &E, t->data, t->grad);
+        E.R.lr = o.lr; /* fused nests step their parameters in backward */
         for (size_t k = 0; k < n; k++) {
             size_t s = perm[k];
             load(t, t->data, X + s * t->ninputs, Y ? Y + s * t->ntargets : NULL);
-            mg_ir__run(t, t->fwd, t->nfwd, &R, MG_FZ_LOSS_CONE);
+            mg_ir__run(t, t->fwd, t->nfwd, &E, MG_FZ_LOSS_CONE);
             total += t->data[t->loss];
-            backward(t, &R);
+            backward(t, &E);
             step_all(t, t->grad, t->pg, o.lr, o.lr != 0.0);
         }
         mg_tape__unpack(t);
-        A->free_fn(perm, A->ctx);
+        t->alloc.free_fn(perm, t->alloc.ctx);
         if (mean_loss) *mean_loss = n ? total / (double)n : 0.0;
         return MG_OK;
     }
@@ -304,20 +398,26 @@ int mg_tape_fit(mg_tape *t, const double *X, const double *Y, size_t n, const mg
     F.X = X;
     F.Y = Y;
     F.perm = perm;
+    F.ss = sample_stride(t);
     size_t nch = batch < MG_FIT_CHUNKS ? batch : MG_FIT_CHUNKS;
+    size_t per = (batch + nch - 1) / nch, sub = per < MG_FIT_SUB ? per : MG_FIT_SUB;
     if (threads > nch) threads = nch;
     F.threads = threads;
-    for (size_t c = 0; c < nch; c++) {
+    for (size_t c = 0; c < nch && st == MG_OK; c++) {
         fit_chunk *ch = &F.ch[c];
-        ch->d = mg_tape__alloc(t, t->nslots + MGK_PAD, sizeof(double));
-        ch->g = mg_tape__alloc(t, t->nslots + MGK_PAD, sizeof(double));
+        ch->bd = mg_tape__alloc(t, sub, F.ss * sizeof(double));
+        ch->bg = mg_tape__alloc(t, sub, F.ss * sizeof(double));
+        ch->g = mg_tape__alloc(t, t->input0 + MGK_PAD, sizeof(double));
         ch->pg = mg_tape__alloc(t, t->npacked + MGK_PAD, sizeof(double));
-        if (!ch->d || !ch->g || !ch->pg) {
+        ch->scratch = mg_tape__alloc(t, 2 * t->nary_max + 2, sizeof(double));
+        if (!ch->bd || !ch->bg || !ch->g || !ch->pg || !ch->scratch) {
             st = MG_ENOMEM;
             break;
         }
-        memcpy(ch->d, t->data, (t->nslots + MGK_PAD) * sizeof(double));
-        memset(ch->g, 0, (t->nslots + MGK_PAD) * sizeof(double));
+        /* the values' initial slots (what a nest does not write reads as the frozen value) */
+        for (size_t q = 0; q < sub; q++) memcpy(ch->bd + q * F.ss, t->data + t->input0, F.ss * sizeof(double));
+        memset(ch->bg, 0, sub * F.ss * sizeof(double));
+        memset(ch->g, 0, (t->input0 + MGK_PAD) * sizeof(double));
         memset(ch->pg, 0, (t->npacked + MGK_PAD) * sizeof(double));
     }
     pthread_t tid[MG_FIT_CHUNKS];
@@ -327,6 +427,7 @@ int mg_tape_fit(mg_tape *t, const double *X, const double *Y, size_t n, const mg
         sb_init(&F.start, (unsigned)threads);
         sb_init(&F.done, (unsigned)threads);
         atomic_init(&F.stop, 0);
+        atomic_init(&F.phase, 0);
         for (size_t w = 1; w < threads; w++) {
             wa[w].F = &F;
             wa[w].id = w;
@@ -337,15 +438,7 @@ int mg_tape_fit(mg_tape *t, const double *X, const double *Y, size_t n, const mg
             /* fewer threads than asked: release and end the started ones, run on this thread
              * (the same result: the split of the work does not change the sums) */
             atomic_store(&F.stop, 1);
-            spin_barrier *b = &F.start;
-            for (size_t w = started + 1; w < threads; w++) {
-                unsigned ls = F.main_start;
-                unsigned s = !ls;
-                if (atomic_fetch_add(&b->count, 1) + 1 == b->n) {
-                    atomic_store(&b->count, 0);
-                    atomic_store(&b->sense, s);
-                }
-            }
+            for (size_t w = started + 1; w < threads; w++) sb_arrive(&F.start, !F.main_start);
             sb_wait(&F.start, &F.main_start);
             for (size_t w = 1; w <= started; w++) pthread_join(tid[w], NULL);
             atomic_store(&F.stop, 0);
@@ -359,31 +452,13 @@ int mg_tape_fit(mg_tape *t, const double *X, const double *Y, size_t n, const mg
             size_t bn = n - b0 < batch ? n - b0 : batch;
             F.nch = bn < nch ? bn : nch;
             for (size_t c = 0; c < F.nch; c++) {
-                fit_chunk *ch = &F.ch[c];
-                ch->from = b0 + bn * c / F.nch;
-                ch->to = b0 + bn * (c + 1) / F.nch;
-                memcpy(ch->d, t->data, t->nparams * sizeof(double)); /* the parameters moved */
+                F.ch[c].from = b0 + bn * c / F.nch;
+                F.ch[c].to = b0 + bn * (c + 1) / F.nch;
             }
-            if (F.threads > 1) {
-                sb_wait(&F.start, &F.main_start);
-                run_share(&F, 0);
-                sb_wait(&F.done, &F.main_done);
-            } else {
-                run_share(&F, 0);
-            }
-            for (size_t c = 0; c < F.nch; c++) { /* chunk order */
-                fit_chunk *ch = &F.ch[c];
-                total += ch->loss;
-                for (size_t p = 0; p < t->nparams; p++) {
-                    t->grad[p] += ch->g[p];
-                    ch->g[p] = 0.0;
-                }
-                for (size_t q = 0; q < t->npacked; q++) {
-                    t->pg[q] += ch->pg[q];
-                    ch->pg[q] = 0.0;
-                }
-            }
-            step_all(t, t->grad, t->pg, o.lr / (double)bn, 0);
+            run_phase(&F, 0);
+            for (size_t c = 0; c < F.nch; c++) total += F.ch[c].loss; /* chunk order */
+            F.scale = o.lr / (double)bn;
+            run_phase(&F, 1);
         }
         mg_tape__unpack(t);
     }
@@ -392,12 +467,8 @@ int mg_tape_fit(mg_tape *t, const double *X, const double *Y, size_t n, const mg
         sb_wait(&F.start, &F.main_start);
         for (size_t w = 1; w <= started; w++) pthread_join(tid[w], NULL);
     }
-    for (size_t c = 0; c < nch; c++) {
-        if (F.ch[c].d) A->free_fn(F.ch[c].d, A->ctx);
-        if (F.ch[c].g) A->free_fn(F.ch[c].g, A->ctx);
-        if (F.ch[c].pg) A->free_fn(F.ch[c].pg, A->ctx);
-    }
-    A->free_fn(perm, A->ctx);
+    free_chunks(t, &F);
+    t->alloc.free_fn(perm, t->alloc.ctx);
     if (st == MG_ENOMEM) return mg_tape__fail(t, MG_ENOMEM, "fit: out of memory for the chunks' slots");
     if (mean_loss) *mean_loss = n ? total / (double)n : 0.0;
     return MG_OK;

@@ -308,6 +308,14 @@ mg_tape *mg_tape_freeze(mg_graph *g, const mg_tape_spec *spec) {
     for (size_t i = 0; i < spec->noutputs; i++) t->outputs[i] = f.slot[pmap_get(&index, spec->outputs[i])];
     t->has_loss = spec->loss != NULL;
     t->loss = spec->loss ? f.slot[pmap_get(&index, spec->loss)] : 0;
+    for (size_t i = 0; i < t->nfwd; i++)
+        if (t->fwd[i].kind == MG_I_NARY && t->fwd[i].b > t->nary_max) t->nary_max = t->fwd[i].b;
+    t->identity = mg_tape__alloc(t, t->nary_max ? t->nary_max : 1, sizeof(mgk_idx));
+    if (!t->identity) {
+        st = MG_ENOMEM;
+        goto done;
+    }
+    for (size_t i = 0; i < t->nary_max; i++) t->identity[i] = (mgk_idx)i;
     t->fingerprint = mg_ir__fingerprint(t);
     t->err[0] = '\0';
     t->status = MG_OK;

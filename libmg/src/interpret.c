@@ -50,24 +50,61 @@ void mg_ir__run_nest(const mg_tape *t, size_t k, const mgk_run *R) {
     fn(&t->nests[k], R);
 }
 
-static void run_one(const mg_tape *t, const mg_instr *in, mgk_run *R) {
+/* Whether a run is one sample over the tape's own layout (the per-sample arrays are the shared
+ * ones from the first input slot on): then variadic ops read their operand slots directly. */
+static int flat(const mg_tape *t, const mgk_run *R) {
+    return R->nb <= 1 && R->a[MGK_BD] == R->a[MGK_D] + t->input0 && R->a[MGK_BG] == R->a[MGK_G] + t->input0;
+}
+
+/* The element of slot `slot` for sample `s` of a run. */
+static double *slot_at(const mg_tape *t, const mgk_run *R, int grad, mgk_idx slot, mgk_i64 s) {
+    if (slot >= t->input0) return R->a[grad ? MGK_BG : MGK_BD] + s * R->ss + (slot - t->input0);
+    return R->a[grad ? MGK_G : MGK_D] + slot;
+}
+
+static void run_one(const mg_tape *t, const mg_instr *in, mg_exec *E) {
+    mgk_run *R = &E->R;
     switch (in->kind) {
     case MG_I_NEST: mg_ir__run_nest(t, in->a, R); break;
-    case MG_I_NARY: {
-        double *d = R->a[MGK_D];
-        d[in->out] = mg_op__nary_fwd(in->op, in->flags & MG_FLAG_BIAS, d, t->ix + in->a, in->b, in->n);
+    case MG_I_NARY:
+        if (flat(t, R)) {
+            double *d = R->a[MGK_D];
+            d[in->out] = mg_op__nary_fwd(in->op, in->flags & MG_FLAG_BIAS, d, t->ix + in->a, in->b, in->n);
+            break;
+        }
+        /* a batch: each sample's operands gathered into scratch, read with the identity index */
+        for (mgk_i64 s = 0; s < (R->nb > 1 ? R->nb : 1); s++) {
+            for (uint32_t i = 0; i < in->b; i++) E->scratch[i] = *slot_at(t, R, 0, t->ix[in->a + i], s);
+            *slot_at(t, R, 0, in->out, s) =
+                mg_op__nary_fwd(in->op, in->flags & MG_FLAG_BIAS, E->scratch, t->identity, in->b, in->n);
+        }
         break;
-    }
-    case MG_I_NARY_BWD: {
-        double *d = R->a[MGK_D], *g = R->a[MGK_G];
-        mg_op__nary_bwd(in->op, in->flags & MG_FLAG_BIAS, d, g, t->ix + in->a, in->b, in->n, g[in->out]);
+    case MG_I_NARY_BWD:
+        if (flat(t, R)) {
+            double *d = R->a[MGK_D], *g = R->a[MGK_G];
+            mg_op__nary_bwd(in->op, in->flags & MG_FLAG_BIAS, d, g, t->ix + in->a, in->b, in->n, g[in->out]);
+            break;
+        }
+        for (mgk_i64 s = 0; s < (R->nb > 1 ? R->nb : 1); s++) {
+            double *sd = E->scratch, *sg = E->scratch + t->nary_max;
+            for (uint32_t i = 0; i < in->b; i++) {
+                sd[i] = *slot_at(t, R, 0, t->ix[in->a + i], s);
+                sg[i] = 0.0;
+            }
+            mg_op__nary_bwd(in->op, in->flags & MG_FLAG_BIAS, sd, sg, t->identity, in->b, in->n,
+                            *slot_at(t, R, 1, in->out, s));
+            for (uint32_t i = 0; i < in->b; i++) {
+                mgk_idx slot = t->ix[in->a + i];
+                if (slot >= t->input0 || slot < t->nparams) *slot_at(t, R, 1, slot, s) += sg[i];
+            }
+        }
         break;
-    }
     default: break;
     }
 }
 
-void mg_ir__run(const mg_tape *t, const mg_instr *prog, size_t len, mgk_run *R, int cone) {
+void mg_ir__run(const mg_tape *t, const mg_instr *prog, size_t len, mg_exec *E, int cone) {
+    mgk_run *R = &E->R;
     for (size_t i = 0; i < len; i++) {
         const mg_instr *in = &prog[i];
         if (in->kind == MG_I_SEQ) {
@@ -77,14 +114,14 @@ void mg_ir__run(const mg_tape *t, const mg_instr *prog, size_t len, mgk_run *R, 
                 for (size_t it = 0; it < T; it++) {
                     R->t = (mgk_i64)(in->flags ? T - 1 - it : it);
                     for (size_t q = 0; q < blen; q++)
-                        if (!cone || (body[q].cone & cone)) run_one(t, &body[q], R);
+                        if (!cone || (body[q].cone & cone)) run_one(t, &body[q], E);
                 }
                 R->t = 0;
             }
             i += blen;
             continue;
         }
-        if (!cone || (in->cone & cone)) run_one(t, in, R);
+        if (!cone || (in->cone & cone)) run_one(t, in, E);
     }
 }
 

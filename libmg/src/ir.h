@@ -116,6 +116,8 @@ struct mg_tape {
     size_t nfwd, nbwd;
     mgk_idx *ix;               /* variadic operand lists and gather tables */
     size_t nix;
+    mgk_idx *identity;         /* 0, 1, ..., nary_max - 1: variadic ops over gathered operands */
+    size_t nary_max;           /* the most operands of a variadic instruction */
     /* packed parameters (scheduling) */
     mg_pack *packs;
     size_t npacks, npacked;
@@ -167,8 +169,14 @@ int mg_schedule(mg_tape *t);
 
 /* interpret.c */
 void mg_ir__run_nest(const mg_tape *t, size_t nest, const mgk_run *R);
+/* A run of a program: the kernels' view, and scratch (2 * nary_max doubles) for the variadic ops
+ * of a batch, whose operands are gathered per sample. */
+typedef struct mg_exec {
+    mgk_run R;
+    double *scratch;
+} mg_exec;
 /* Runs a program; with `cone` nonzero, only instructions with one of those cone flags. */
-void mg_ir__run(const mg_tape *t, const mg_instr *prog, size_t len, mgk_run *R, int cone);
+void mg_ir__run(const mg_tape *t, const mg_instr *prog, size_t len, mg_exec *E, int cone);
 uint64_t mg_ir__fingerprint(const mg_tape *t);
 /* The kernel build the interpreter runs: "baseline", "avx2" or "avx512". */
 const char *mg_ir__isa(void);

@@ -42,14 +42,18 @@ typedef long long mgk_i64;
 
 enum { MGK_SET = 0, MGK_SUM0 = 1, MGK_SUMI = 2, MGK_ACC = 3 };
 enum { MGK_T_ONE = 0, MGK_T_MUL = 1, MGK_T_OP = 2, MGK_T_DA = 3, MGK_T_DB = 4, MGK_NTERMS = 5 };
-enum { MGK_D = 0, MGK_G = 1, MGK_PW = 2, MGK_PG = 3, MGK_NARR = 4 };
-enum { MGK_F_BLOCK = 1, MGK_F_SPLIT = 2, MGK_F_STEP = 4, MGK_F_SCATTER = 8 };
+/* Arrays: the shared slots (parameters, constants) and their gradients, the packed parameters and
+ * theirs, and the per-sample slots (inputs, targets, values) and their gradients. A batch holds
+ * `nb` samples' per-sample slots `ss` elements apart; at batch size 1, BD is the tape's own data
+ * from its first input slot on, so one descriptor serves every batch size. */
+enum { MGK_D = 0, MGK_G = 1, MGK_PW = 2, MGK_PG = 3, MGK_BD = 4, MGK_BG = 5, MGK_NARR = 6 };
+enum { MGK_F_BLOCK = 1, MGK_F_SPLIT = 2, MGK_F_STEP = 4, MGK_F_SCATTER = 8, MGK_F_TILE = 16 };
 
 typedef struct mgk_ref {
     mgk_i64 base;        /* element at index 0 and t = 0 */
     mgk_i64 ts;          /* added per iteration of the enclosing sequential loop */
     mgk_i64 s[MGK_MAXD]; /* stride per dim */
-    int arr;             /* MGK_D, MGK_G, MGK_PW or MGK_PG */
+    int arr;             /* MGK_D ... MGK_BG */
     int gather;          /* nonzero: the position is an entry of mgk_run::ix, holding the element */
 } mgk_ref;
 
@@ -60,14 +64,19 @@ typedef struct mgk_nest {
     mgk_ref out, init, x[4];
 } mgk_nest;
 
-/* What a nest runs over: the arrays, the gather tables, the sequential loop's iteration, and the
- * learning rate of nests that apply SGD as they go (MGK_F_STEP). */
+/* What a nest runs over: the arrays, the gather tables, the sequential loop's iteration, the batch
+ * (nb samples, ss elements apart in BD and BG), and the learning rate of nests that apply SGD as
+ * they go (MGK_F_STEP, batch size 1 only). Its layout does not depend on mgk_real. */
 typedef struct mgk_run {
     mgk_real *a[MGK_NARR];
     const mgk_idx *ix;
     mgk_i64 t;
-    mgk_real lr; /* nonzero: MGK_F_STEP nests apply SGD */
+    mgk_i64 nb, ss;
+    double lr;
 } mgk_run;
+
+/* A per-sample operand. */
+#define MGK_PS(X) ((X)->arr >= MGK_BD)
 
 #if defined(__GNUC__) || defined(__clang__)
 #define MGK_HOT static inline __attribute__((always_inline))
@@ -117,8 +126,18 @@ typedef mgk_real mgk_vec __attribute__((vector_size(MGK_VBYTES)));
 #define MGK_VECTOR 0
 #endif
 
-/* Element pointer of ref X at position `pos` (base and strides applied). */
-#define MGK_AT(R, X, pos) ((X)->gather ? (R)->a[(X)->arr] + (R)->ix[pos] : (R)->a[(X)->arr] + (pos))
+/* Index-table entries name an element of the shared arrays (D, G) or, with MGK_IX_PS set, of the
+ * per-sample ones (BD for D, BG for G): one table may mix parameters and per-sample values. */
+#define MGK_IX_PS 0x80000000u
+MGK_HOT mgk_real *mgk_gat(const mgk_run *R, const mgk_ref *X, const mgk_i64 pos, const mgk_i64 so) {
+    const mgk_idx e = R->ix[pos];
+    return (e & MGK_IX_PS) ? R->a[MGK_BD + (X->arr & 1)] + (e & ~MGK_IX_PS) + so : R->a[X->arr] + e;
+}
+/* The element of ref X at position `pos`, and the same in the sample `so` elements on (per-sample
+ * elements only: a shared element is the same for every sample). */
+#define MGK_AT(R, X, pos) ((X)->gather ? mgk_gat(R, X, pos, 0) : (R)->a[(X)->arr] + (pos))
+#define MGK_ATS(R, X, pos, so) \
+    ((X)->gather ? mgk_gat(R, X, pos, so) : (R)->a[(X)->arr] + (pos) + (MGK_PS(X) ? (so) : 0))
 
 MGK_HOT mgk_real mgk_term(const int term, const int op, const double k, const mgk_real *p0,
                           const mgk_real *p1, const mgk_real *p2, const mgk_real *p3) {
@@ -133,111 +152,132 @@ MGK_HOT mgk_real mgk_term(const int term, const int op, const double k, const mg
 
 /* The positions of a ref at the reduction point (r4..r7) relative to an outer point. */
 #define MGK_RPOS(X, r4, r5, r6, r7) ((r4) * (X)->s[4] + (r5) * (X)->s[5] + (r6) * (X)->s[6] + (r7) * (X)->s[7])
-#define MGK_TERM_AT(N, R, term, op, q0, q1, q2, q3)                                                  \
-    mgk_term(term, op, (N)->k, MGK_AT(R, &(N)->x[0], q0), MGK_AT(R, &(N)->x[1], q1), MGK_AT(R, &(N)->x[2], q2), \
-             MGK_AT(R, &(N)->x[3], q3))
+#define MGK_TERM_AT(N, R, term, op, q0, q1, q2, q3, so)                                                    \
+    mgk_term(term, op, (N)->k, MGK_ATS(R, &(N)->x[0], q0, so), MGK_ATS(R, &(N)->x[1], q1, so),              \
+             MGK_ATS(R, &(N)->x[2], q2, so), MGK_ATS(R, &(N)->x[3], q3, so))
 
-/* One output point, scalar (also the remainder of blocked nests): positions at the outer point
- * are po (out), pi (init), p0..p3 (term operands). `step`: the run applies SGD (MGK_F_STEP). */
-MGK_HOT void mgk_point(const mgk_nest *N, const mgk_run *R, const int term, const int op, const int step,
-                       const int small, mgk_i64 po, mgk_i64 pi, mgk_i64 p0, mgk_i64 p1, mgk_i64 p2, mgk_i64 p3) {
-    const mgk_i64 *nn = N->n;
-    const mgk_i64 n[MGK_MAXD] = {small ? 1 : nn[0], small ? 1 : nn[1], nn[2], nn[3],
-                                 small ? 1 : nn[4], small ? 1 : nn[5], nn[6], nn[7]};
+/* The sizes with `small` applied: dims 0, 1, 4 and 5 known to be 1. */
+#define MGK_SIZES(n, nn, small)                                                                            \
+    const mgk_i64 n[MGK_MAXD] = {(small) ? 1 : (nn)[0], (small) ? 1 : (nn)[1], (nn)[2], (nn)[3],           \
+                                 (small) ? 1 : (nn)[4], (small) ? 1 : (nn)[5], (nn)[6], (nn)[7]}
+
+/* One output point, scalar (also what is neither blocked nor tiled): positions at the outer point
+ * are po (out), pi (init), p0..p3 (term operands). `step`: the run applies SGD (MGK_F_STEP).
+ * `nbr`: samples to sum over (a shared output, a parameter's gradient, in a batch), outermost. */
+MGK_HOT void mgk_point1(const mgk_nest *N, const mgk_run *R, const int term, const int op, const int step,
+                        const int small, const mgk_i64 nbr, const mgk_i64 s0, mgk_i64 po, mgk_i64 pi, mgk_i64 p0,
+                        mgk_i64 p1, mgk_i64 p2, mgk_i64 p3) {
+    MGK_SIZES(n, N->n, small);
     const mgk_ref *X = N->x;
     mgk_real acc;
-    mgk_i64 r4, r5, r6, r7;
+    mgk_i64 r4, r5, r6, r7, sm;
     if (N->mode == MGK_SET) {
-        *MGK_AT(R, &N->out, po) = MGK_TERM_AT(N, R, term, op, p0, p1, p2, p3);
+        *MGK_ATS(R, &N->out, po, s0) = MGK_TERM_AT(N, R, term, op, p0, p1, p2, p3, s0);
         return;
     }
     if (N->flags & MGK_F_SCATTER) {
-        for (r4 = 0; r4 < n[4]; r4++)
-            for (r5 = 0; r5 < n[5]; r5++)
-                for (r6 = 0; r6 < n[6]; r6++)
-                    for (r7 = 0; r7 < n[7]; r7++)
-                        *MGK_AT(R, &N->out, po + MGK_RPOS(&N->out, r4, r5, r6, r7)) +=
-                            MGK_TERM_AT(N, R, term, op, p0 + MGK_RPOS(&X[0], r4, r5, r6, r7),
-                                        p1 + MGK_RPOS(&X[1], r4, r5, r6, r7), p2 + MGK_RPOS(&X[2], r4, r5, r6, r7),
-                                        p3 + MGK_RPOS(&X[3], r4, r5, r6, r7));
+        for (sm = 0; sm < nbr; sm++)
+            for (r4 = 0; r4 < n[4]; r4++)
+                for (r5 = 0; r5 < n[5]; r5++)
+                    for (r6 = 0; r6 < n[6]; r6++)
+                        for (r7 = 0; r7 < n[7]; r7++)
+                            *MGK_ATS(R, &N->out, po + MGK_RPOS(&N->out, r4, r5, r6, r7), s0 + sm * R->ss) += MGK_TERM_AT(
+                                N, R, term, op, p0 + MGK_RPOS(&X[0], r4, r5, r6, r7), p1 + MGK_RPOS(&X[1], r4, r5, r6, r7),
+                                p2 + MGK_RPOS(&X[2], r4, r5, r6, r7), p3 + MGK_RPOS(&X[3], r4, r5, r6, r7), s0 + sm * R->ss);
         return;
     }
     acc = N->mode == MGK_SUM0 || step ? (mgk_real)0
-          : N->mode == MGK_SUMI       ? *MGK_AT(R, &N->init, pi)
-                                      : *MGK_AT(R, &N->out, po);
-    for (r4 = 0; r4 < n[4]; r4++)
-        for (r5 = 0; r5 < n[5]; r5++)
-            for (r6 = 0; r6 < n[6]; r6++) {
-                const mgk_i64 q0 = p0 + MGK_RPOS(&X[0], r4, r5, r6, 0), q1 = p1 + MGK_RPOS(&X[1], r4, r5, r6, 0);
-                const mgk_i64 q2 = p2 + MGK_RPOS(&X[2], r4, r5, r6, 0), q3 = p3 + MGK_RPOS(&X[3], r4, r5, r6, 0);
-                r7 = 0;
-                if (N->flags & MGK_F_SPLIT) {
-                    mgk_real part[MGK_LANES], s;
-                    int l;
-                    for (l = 0; l < MGK_LANES; l++) part[l] = (mgk_real)0;
+          : N->mode == MGK_SUMI       ? *MGK_ATS(R, &N->init, pi, s0)
+                                      : *MGK_ATS(R, &N->out, po, s0);
+    for (sm = 0; sm < nbr; sm++) {
+        const mgk_i64 so = s0 + sm * R->ss;
+        for (r4 = 0; r4 < n[4]; r4++)
+            for (r5 = 0; r5 < n[5]; r5++)
+                for (r6 = 0; r6 < n[6]; r6++) {
+                    const mgk_i64 q0 = p0 + MGK_RPOS(&X[0], r4, r5, r6, 0), q1 = p1 + MGK_RPOS(&X[1], r4, r5, r6, 0);
+                    const mgk_i64 q2 = p2 + MGK_RPOS(&X[2], r4, r5, r6, 0), q3 = p3 + MGK_RPOS(&X[3], r4, r5, r6, 0);
+                    r7 = 0;
+                    if (N->flags & MGK_F_SPLIT) {
+                        mgk_real part[MGK_LANES], sum;
+                        int l;
+                        for (l = 0; l < MGK_LANES; l++) part[l] = (mgk_real)0;
 #if MGK_VECTOR
-                    if ((term == MGK_T_MUL || term == MGK_T_ONE) && !X[0].gather && !X[1].gather &&
-                        (X[0].s[7] == 0 || X[0].s[7] == 1) && (term == MGK_T_ONE || X[1].s[7] == 0 || X[1].s[7] == 1)) {
-                        /* the same partial sums, lane l of vector k holding part[k * MGK_VW + l] */
-                        mgk_vec v[MGK_NV], a = MGK_VSPLAT((mgk_real)0), b = a;
-                        const mgk_real *y0 = R->a[X[0].arr] + q0, *y1 = R->a[X[1].arr] + q1;
-                        int k;
-                        for (k = 0; k < MGK_NV; k++) v[k] = MGK_VSPLAT((mgk_real)0);
-                        if (!X[0].s[7]) a = MGK_VSPLAT(*y0);
-                        if (term == MGK_T_MUL && !X[1].s[7]) b = MGK_VSPLAT(*y1);
-                        for (; r7 + MGK_LANES <= n[7]; r7 += MGK_LANES)
-                            for (k = 0; k < MGK_NV; k++) {
-                                if (X[0].s[7]) MGK_VLOAD(a, y0 + r7 + k * MGK_VW);
-                                if (term == MGK_T_ONE) {
-                                    v[k] += a;
-                                } else {
-                                    if (X[1].s[7]) MGK_VLOAD(b, y1 + r7 + k * MGK_VW);
-                                    v[k] += a * b;
+                        if ((term == MGK_T_MUL || term == MGK_T_ONE) && !X[0].gather && !X[1].gather &&
+                            (X[0].s[7] == 0 || X[0].s[7] == 1) && (term == MGK_T_ONE || X[1].s[7] == 0 || X[1].s[7] == 1)) {
+                            /* the same partial sums, lane l of vector k holding part[k * MGK_VW + l] */
+                            mgk_vec v[MGK_NV], a = MGK_VSPLAT((mgk_real)0), b = a;
+                            const mgk_real *y0 = MGK_ATS(R, &X[0], q0, so), *y1 = MGK_ATS(R, &X[1], q1, so);
+                            int k;
+                            for (k = 0; k < MGK_NV; k++) v[k] = MGK_VSPLAT((mgk_real)0);
+                            if (!X[0].s[7]) a = MGK_VSPLAT(*y0);
+                            if (term == MGK_T_MUL && !X[1].s[7]) b = MGK_VSPLAT(*y1);
+                            for (; r7 + MGK_LANES <= n[7]; r7 += MGK_LANES)
+                                for (k = 0; k < MGK_NV; k++) {
+                                    if (X[0].s[7]) MGK_VLOAD(a, y0 + r7 + k * MGK_VW);
+                                    if (term == MGK_T_ONE) {
+                                        v[k] += a;
+                                    } else {
+                                        if (X[1].s[7]) MGK_VLOAD(b, y1 + r7 + k * MGK_VW);
+                                        v[k] += a * b;
+                                    }
                                 }
-                            }
-                        for (k = 0; k < MGK_NV; k++) MGK_VSTORE(part + k * MGK_VW, v[k]);
-                    }
+                            for (k = 0; k < MGK_NV; k++) MGK_VSTORE(part + k * MGK_VW, v[k]);
+                        }
 #endif
-                    for (; r7 + MGK_LANES <= n[7]; r7 += MGK_LANES)
-                        for (l = 0; l < MGK_LANES; l++)
-                            part[l] += MGK_TERM_AT(N, R, term, op, q0 + (r7 + l) * X[0].s[7], q1 + (r7 + l) * X[1].s[7],
-                                                   q2 + (r7 + l) * X[2].s[7], q3 + (r7 + l) * X[3].s[7]);
-                    s = ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
-                    for (; r7 < n[7]; r7++)
-                        s += MGK_TERM_AT(N, R, term, op, q0 + r7 * X[0].s[7], q1 + r7 * X[1].s[7], q2 + r7 * X[2].s[7],
-                                         q3 + r7 * X[3].s[7]);
-                    acc += s;
-                } else {
-                    for (; r7 < n[7]; r7++)
-                        acc += MGK_TERM_AT(N, R, term, op, q0 + r7 * X[0].s[7], q1 + r7 * X[1].s[7], q2 + r7 * X[2].s[7],
-                                           q3 + r7 * X[3].s[7]);
+                        for (; r7 + MGK_LANES <= n[7]; r7 += MGK_LANES)
+                            for (l = 0; l < MGK_LANES; l++)
+                                part[l] += MGK_TERM_AT(N, R, term, op, q0 + (r7 + l) * X[0].s[7], q1 + (r7 + l) * X[1].s[7],
+                                                       q2 + (r7 + l) * X[2].s[7], q3 + (r7 + l) * X[3].s[7], so);
+                        sum = ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
+                        for (; r7 < n[7]; r7++)
+                            sum += MGK_TERM_AT(N, R, term, op, q0 + r7 * X[0].s[7], q1 + r7 * X[1].s[7],
+                                               q2 + r7 * X[2].s[7], q3 + r7 * X[3].s[7], so);
+                        acc += sum;
+                    } else {
+                        for (; r7 < n[7]; r7++)
+                            acc += MGK_TERM_AT(N, R, term, op, q0 + r7 * X[0].s[7], q1 + r7 * X[1].s[7],
+                                               q2 + r7 * X[2].s[7], q3 + r7 * X[3].s[7], so);
+                    }
                 }
-            }
+    }
     if (step) {
-        mgk_real *w = MGK_AT(R, &N->init, pi);
-        *w -= R->lr * acc;
+        mgk_real *w = MGK_ATS(R, &N->init, pi, s0);
+        *w -= (mgk_real)R->lr * acc;
     } else {
-        *MGK_AT(R, &N->out, po) = acc;
+        *MGK_ATS(R, &N->out, po, s0) = acc;
     }
 }
 
-/* MGK_LANES consecutive points along the vector dim (no gather refs): lane l of operand j is at
- * p_j + l * s_j. The lane loops are what the C compiler vectorises; each lane's terms are added
- * in the order the scalar path adds them. */
+/* One output point. A gathered output whose entry at this point is a per-sample element is not a
+ * sum over the batch: each sample's point runs on its own. */
+MGK_HOT void mgk_point(const mgk_nest *N, const mgk_run *R, const int term, const int op, const int step,
+                       const int small, const mgk_i64 nbr, mgk_i64 po, mgk_i64 pi, mgk_i64 p0, mgk_i64 p1,
+                       mgk_i64 p2, mgk_i64 p3) {
+    if (N->out.gather && nbr > 1 && !(N->flags & MGK_F_SCATTER) && (R->ix[po] & MGK_IX_PS)) {
+        mgk_i64 sm;
+        for (sm = 0; sm < nbr; sm++) mgk_point1(N, R, term, op, step, small, 1, sm * R->ss, po, pi, p0, p1, p2, p3);
+        return;
+    }
+    mgk_point1(N, R, term, op, step, small, nbr, 0, po, pi, p0, p1, p2, p3);
+}
+
+/* MGK_LANES consecutive points along the vector dim (no gather refs), `nl` of them valid: lane l
+ * of operand j is at p_j + l * s_j. The lanes are what the C compiler vectorises; each lane's
+ * terms are added in the order the scalar path adds them. */
 MGK_HOT void mgk_block(const mgk_nest *N, const mgk_run *R, const int term, const int op, const int step,
-                       const int small, const int nl, mgk_i64 po, mgk_i64 pi, mgk_i64 p0, mgk_i64 p1, mgk_i64 p2,
-                       mgk_i64 p3) {
-    const mgk_i64 *nn = N->n;
-    const mgk_i64 n[MGK_MAXD] = {small ? 1 : nn[0], small ? 1 : nn[1], nn[2], nn[3],
-                                 small ? 1 : nn[4], small ? 1 : nn[5], nn[6], nn[7]};
+                       const int small, const mgk_i64 nbr, const int nl, mgk_i64 po, mgk_i64 pi, mgk_i64 p0,
+                       mgk_i64 p1, mgk_i64 p2, mgk_i64 p3) {
+    MGK_SIZES(n, N->n, small);
     const mgk_ref *X = N->x;
     mgk_real *o = R->a[N->out.arr] + po;
     const mgk_i64 so = N->out.s[3];
     const mgk_real *x0 = R->a[X[0].arr] + p0, *x1 = R->a[X[1].arr] + p1;
     const mgk_real *x2 = R->a[X[2].arr] + p2, *x3 = R->a[X[3].arr] + p3;
     const mgk_i64 s0 = X[0].s[3], s1 = X[1].s[3], s2 = X[2].s[3], s3 = X[3].s[3];
+    const mgk_i64 ps0 = MGK_PS(&X[0]) ? R->ss : 0, ps1 = MGK_PS(&X[1]) ? R->ss : 0;
+    const mgk_i64 ps2 = MGK_PS(&X[2]) ? R->ss : 0, ps3 = MGK_PS(&X[3]) ? R->ss : 0;
     mgk_real acc[MGK_LANES];
-    mgk_i64 r4, r5, r6, r7;
+    mgk_i64 r4, r5, r6, r7, sm;
     int l;
 #if MGK_VECTOR
     /* sums of products (or of values) over unit-stride or broadcast lanes, as vectors */
@@ -252,27 +292,28 @@ MGK_HOT void mgk_block(const mgk_nest *N, const mgk_run *R, const int term, cons
             else if (N->mode == MGK_SUMI) MGK_VLOAD(v[k], R->a[N->init.arr] + pi + k * MGK_VW);
             else MGK_VLOAD(v[k], o + k * MGK_VW);
         }
-        for (r4 = 0; r4 < n[4]; r4++)
-            for (r5 = 0; r5 < n[5]; r5++)
-                for (r6 = 0; r6 < n[6]; r6++)
-                    for (r7 = 0; r7 < n[7]; r7++) {
-                        const mgk_real *y0 = x0 + MGK_RPOS(&X[0], r4, r5, r6, r7);
-                        const mgk_real *y1 = x1 + MGK_RPOS(&X[1], r4, r5, r6, r7);
-                        if (!s0) a = MGK_VSPLAT(*y0);
-                        if (term == MGK_T_MUL && !s1) b = MGK_VSPLAT(*y1);
-                        for (k = 0; k < MGK_NV; k++) {
-                            if (s0) MGK_VLOAD(a, y0 + k * MGK_VW);
-                            if (term == MGK_T_ONE) {
-                                v[k] += a;
-                            } else {
-                                if (s1) MGK_VLOAD(b, y1 + k * MGK_VW);
-                                v[k] += a * b;
+        for (sm = 0; sm < nbr; sm++)
+            for (r4 = 0; r4 < n[4]; r4++)
+                for (r5 = 0; r5 < n[5]; r5++)
+                    for (r6 = 0; r6 < n[6]; r6++)
+                        for (r7 = 0; r7 < n[7]; r7++) {
+                            const mgk_real *y0 = x0 + sm * ps0 + MGK_RPOS(&X[0], r4, r5, r6, r7);
+                            const mgk_real *y1 = x1 + sm * ps1 + MGK_RPOS(&X[1], r4, r5, r6, r7);
+                            if (!s0) a = MGK_VSPLAT(*y0);
+                            if (term == MGK_T_MUL && !s1) b = MGK_VSPLAT(*y1);
+                            for (k = 0; k < MGK_NV; k++) {
+                                if (s0) MGK_VLOAD(a, y0 + k * MGK_VW);
+                                if (term == MGK_T_ONE) {
+                                    v[k] += a;
+                                } else {
+                                    if (s1) MGK_VLOAD(b, y1 + k * MGK_VW);
+                                    v[k] += a * b;
+                                }
                             }
                         }
-                    }
         if (step) {
             mgk_real *w = R->a[N->init.arr] + pi;
-            const mgk_vec lr = MGK_VSPLAT(R->lr);
+            const mgk_vec lr = MGK_VSPLAT((mgk_real)R->lr);
             for (k = 0; k < MGK_NV; k++) {
                 MGK_VLOAD(a, w + k * MGK_VW);
                 v[k] = a - lr * v[k];
@@ -303,71 +344,138 @@ MGK_HOT void mgk_block(const mgk_nest *N, const mgk_run *R, const int term, cons
     } else {
         for (l = 0; l < nl; l++) acc[l] = o[l * so];
     }
-    for (r4 = 0; r4 < n[4]; r4++)
-        for (r5 = 0; r5 < n[5]; r5++)
-            for (r6 = 0; r6 < n[6]; r6++)
-                for (r7 = 0; r7 < n[7]; r7++) {
-                    const mgk_real *y0 = x0 + MGK_RPOS(&X[0], r4, r5, r6, r7);
-                    const mgk_real *y1 = x1 + MGK_RPOS(&X[1], r4, r5, r6, r7);
-                    const mgk_real *y2 = x2 + MGK_RPOS(&X[2], r4, r5, r6, r7);
-                    const mgk_real *y3 = x3 + MGK_RPOS(&X[3], r4, r5, r6, r7);
-                    /* the common stride patterns spelled out, so that run-time descriptors
-                     * vectorise too; a constant descriptor keeps only the branch it takes */
-                    if (term == MGK_T_MUL && s0 == 0 && s1 == 1) {
-                        const mgk_real a = *y0;
-                        for (l = 0; l < nl; l++) acc[l] += a * y1[l];
-                    } else if (term == MGK_T_MUL && s0 == 1 && s1 == 0) {
-                        const mgk_real b = *y1;
-                        for (l = 0; l < nl; l++) acc[l] += y0[l] * b;
-                    } else if (term == MGK_T_MUL && s0 == 1 && s1 == 1) {
-                        for (l = 0; l < nl; l++) acc[l] += y0[l] * y1[l];
-                    } else if (term == MGK_T_ONE && s0 == 1) {
-                        for (l = 0; l < nl; l++) acc[l] += y0[l];
-                    } else {
+    for (sm = 0; sm < nbr; sm++)
+        for (r4 = 0; r4 < n[4]; r4++)
+            for (r5 = 0; r5 < n[5]; r5++)
+                for (r6 = 0; r6 < n[6]; r6++)
+                    for (r7 = 0; r7 < n[7]; r7++) {
+                        const mgk_real *y0 = x0 + sm * ps0 + MGK_RPOS(&X[0], r4, r5, r6, r7);
+                        const mgk_real *y1 = x1 + sm * ps1 + MGK_RPOS(&X[1], r4, r5, r6, r7);
+                        const mgk_real *y2 = x2 + sm * ps2 + MGK_RPOS(&X[2], r4, r5, r6, r7);
+                        const mgk_real *y3 = x3 + sm * ps3 + MGK_RPOS(&X[3], r4, r5, r6, r7);
                         for (l = 0; l < nl; l++)
                             acc[l] += mgk_term(term, op, N->k, y0 + l * s0, y1 + l * s1, y2 + l * s2, y3 + l * s3);
                     }
-                }
     if (step) {
         mgk_real *w = R->a[N->init.arr] + pi;
         const mgk_i64 sw = N->init.s[3];
-        const mgk_real lr = R->lr;
+        const mgk_real lr = (mgk_real)R->lr;
         for (l = 0; l < nl; l++) w[l * sw] -= lr * acc[l];
     } else {
         for (l = 0; l < nl; l++) o[l * so] = acc[l];
     }
 }
 
+#if MGK_VECTOR
+/* A register tile: `nt` rows (at most MGK_TS) of MGK_LANES outputs, the rows `ro` (out), `ri`
+ * (init) and `rb` (operand b) elements apart, for sums of products x0 * x1 where x0 is the same
+ * for every row and unit-stride along the lanes, and x1 is one value per row (broadcast along the
+ * lanes): each x0 vector is loaded once for the tile (the micro-kernel of a matrix product). Rows
+ * are samples of a batch, or outer points. `nbr` samples are summed over, outermost, as ever. */
+#define MGK_TS (16 / MGK_NV > 8 ? 8 : 16 / MGK_NV)
+MGK_HOT void mgk_tile(const mgk_nest *N, const mgk_run *R, const int small, const mgk_i64 nbr, const int nt,
+                      mgk_real *o, const mgk_real *in, const mgk_real *a0, const mgk_real *b0, const mgk_i64 ro,
+                      const mgk_i64 ri, const mgk_i64 rb) {
+    MGK_SIZES(n, N->n, small);
+    const mgk_ref *X = N->x;
+    const mgk_i64 psa = MGK_PS(&X[0]) ? R->ss : 0, psb = MGK_PS(&X[1]) ? R->ss : 0;
+    mgk_vec v[MGK_TS][MGK_NV], a[MGK_NV], b;
+    mgk_i64 r4, r5, r6, r7, sm;
+    int k, q;
+    for (q = 0; q < nt; q++)
+        for (k = 0; k < MGK_NV; k++) {
+            if (N->mode == MGK_SUM0) v[q][k] = MGK_VSPLAT((mgk_real)0);
+            else if (N->mode == MGK_SUMI && N->init.s[3] == 0) v[q][k] = MGK_VSPLAT(in[q * ri]);
+            else if (N->mode == MGK_SUMI) MGK_VLOAD(v[q][k], in + q * ri + k * MGK_VW);
+            else MGK_VLOAD(v[q][k], o + q * ro + k * MGK_VW);
+        }
+    for (sm = 0; sm < nbr; sm++)
+        for (r4 = 0; r4 < n[4]; r4++)
+            for (r5 = 0; r5 < n[5]; r5++)
+                for (r6 = 0; r6 < n[6]; r6++)
+                    for (r7 = 0; r7 < n[7]; r7++) {
+                        const mgk_real *y0 = a0 + sm * psa + MGK_RPOS(&X[0], r4, r5, r6, r7);
+                        const mgk_real *y1 = b0 + sm * psb + MGK_RPOS(&X[1], r4, r5, r6, r7);
+                        for (k = 0; k < MGK_NV; k++) MGK_VLOAD(a[k], y0 + k * MGK_VW);
+                        for (q = 0; q < nt; q++) {
+                            b = MGK_VSPLAT(y1[q * rb]);
+                            for (k = 0; k < MGK_NV; k++) v[q][k] += a[k] * b;
+                        }
+                    }
+    for (q = 0; q < nt; q++)
+        for (k = 0; k < MGK_NV; k++) MGK_VSTORE(o + q * ro + k * MGK_VW, v[q][k]);
+}
+#endif
+
 /* The position of ref X at outer point (i0, i1, i2, i3) of sequential iteration t. */
 #define MGK_OPOS(X, t, i0, i1, i2, i3) \
     ((X)->base + (t) * (X)->ts + (i0) * (X)->s[0] + (i1) * (X)->s[1] + (i2) * (X)->s[2] + (i3) * (X)->s[3])
 
-/* Runs a nest with `small` given: 1 when dims 0, 1, 4 and 5 have size 1 (a nest with at most two
- * outer and two reduction dims, which is nearly every nest once contiguous dims are merged): the
- * interpreter's instances for such nests skip those loops. */
-MGK_HOT void mgk_nest_shape(const mgk_nest *N, const mgk_run *R, const int term, const int op, const int small) {
+/* Whether a nest can run in register tiles along `axis`: 2 (outer dim 2) or 8 (the samples of a
+ * batch). The schedule sets MGK_F_TILE where its shape allows; the sizes decide at run time. */
+#define MGK_TILE_OK(N)                                                                                 \
+    (MGK_VECTOR && ((N)->flags & MGK_F_TILE) && (N)->term == MGK_T_MUL && (N)->mode != MGK_SET &&          \
+     (N)->out.s[3] == 1 && (N)->x[0].s[3] == 1 && (N)->x[1].s[3] == 0 && !(N)->x[0].gather && !(N)->x[1].gather && \
+     ((N)->mode != MGK_SUMI || (N)->init.s[3] <= 1))
+/* Which tiles a nest runs in, from its descriptor alone: 1 rows along dim 2 (a shared output),
+ * 2 samples (a per-sample output read through a shared weight), 0 none. */
+#define MGK_TILE_KIND(N)                                                                                  \
+    (!MGK_TILE_OK(N)                 ? 0                                                                  \
+     : !MGK_PS(&(N)->out)            ? ((N)->x[0].s[2] == 0 && (N)->n[2] > 1 ? 1 : 0)                      \
+     : !MGK_PS(&(N)->x[0]) && MGK_PS(&(N)->x[1]) && !((N)->flags & MGK_F_STEP) ? 2 : 0)
+
+/* The outer loops of a nest over the run's arrays, `nbr` samples summed over per output. */
+MGK_HOT void mgk_nest_body(const mgk_nest *N, const mgk_run *R, const int term, const int op, const int small,
+                           const mgk_i64 nbr, const int tile2, const int block) {
     const mgk_i64 *n = N->n;
     const mgk_ref *O = &N->out, *I = &N->init, *X = N->x;
     const mgk_i64 t = R->t;
-    const int step = (N->flags & MGK_F_STEP) && R->lr != (mgk_real)0;
+    const int step = (N->flags & MGK_F_STEP) && R->lr != 0.0 && R->nb <= 1;
     const mgk_i64 n0 = small ? 1 : n[0], n1 = small ? 1 : n[1];
     const mgk_i64 so = O->s[3], si = I->s[3], s0 = X[0].s[3], s1 = X[1].s[3], s2 = X[2].s[3], s3 = X[3].s[3];
     mgk_i64 i0, i1, i2, i3;
+    (void)tile2;
     for (i0 = 0; i0 < n0; i0++)
-        for (i1 = 0; i1 < n1; i1++)
+        for (i1 = 0; i1 < n1; i1++) {
+#if MGK_VECTOR
+            if (tile2 && term == MGK_T_MUL && !step) {
+                /* rows along dim 2 in tiles: x0 is the same for every row (stride 0) */
+                for (i2 = 0; i2 < n[2]; i2 += MGK_TS) {
+                    const int nt = n[2] - i2 < MGK_TS ? (int)(n[2] - i2) : MGK_TS;
+                    for (i3 = 0; i3 + MGK_LANES <= n[3]; i3 += MGK_LANES) {
+                        if (nt == MGK_TS)
+                            mgk_tile(N, R, small, nbr, MGK_TS, R->a[O->arr] + MGK_OPOS(O, t, i0, i1, i2, i3),
+                                     R->a[I->arr] + MGK_OPOS(I, t, i0, i1, i2, i3),
+                                     R->a[X[0].arr] + MGK_OPOS(&X[0], t, i0, i1, i2, i3),
+                                     R->a[X[1].arr] + MGK_OPOS(&X[1], t, i0, i1, i2, i3), O->s[2], I->s[2], X[1].s[2]);
+                        else
+                            mgk_tile(N, R, small, nbr, nt, R->a[O->arr] + MGK_OPOS(O, t, i0, i1, i2, i3),
+                                     R->a[I->arr] + MGK_OPOS(I, t, i0, i1, i2, i3),
+                                     R->a[X[0].arr] + MGK_OPOS(&X[0], t, i0, i1, i2, i3),
+                                     R->a[X[1].arr] + MGK_OPOS(&X[1], t, i0, i1, i2, i3), O->s[2], I->s[2], X[1].s[2]);
+                    }
+                    if (i3 < n[3]) /* the partial lane block of each row */
+                        for (int q = 0; q < nt; q++)
+                            mgk_block(N, R, term, op, step, small, nbr, (int)(n[3] - i3), MGK_OPOS(O, t, i0, i1, i2 + q, i3),
+                                      MGK_OPOS(I, t, i0, i1, i2 + q, i3), MGK_OPOS(&X[0], t, i0, i1, i2 + q, i3),
+                                      MGK_OPOS(&X[1], t, i0, i1, i2 + q, i3), MGK_OPOS(&X[2], t, i0, i1, i2 + q, i3),
+                                      MGK_OPOS(&X[3], t, i0, i1, i2 + q, i3));
+                }
+                continue;
+            }
+#endif
             for (i2 = 0; i2 < n[2]; i2++) {
                 /* positions at (i0, i1, i2, 0), advanced along the vector dim */
                 mgk_i64 po = MGK_OPOS(O, t, i0, i1, i2, 0), pi = MGK_OPOS(I, t, i0, i1, i2, 0);
                 mgk_i64 q0 = MGK_OPOS(&X[0], t, i0, i1, i2, 0), q1 = MGK_OPOS(&X[1], t, i0, i1, i2, 0);
                 mgk_i64 q2 = MGK_OPOS(&X[2], t, i0, i1, i2, 0), q3 = MGK_OPOS(&X[3], t, i0, i1, i2, 0);
-                i3 = 0;
-                if (N->flags & MGK_F_BLOCK) {
-                    for (; i3 < n[3]; i3 += MGK_LANES) {
+                if (block) {
+                    for (i3 = 0; i3 < n[3]; i3 += MGK_LANES) {
                         const int nl = n[3] - i3 < MGK_LANES ? (int)(n[3] - i3) : MGK_LANES;
                         if (nl == MGK_LANES)
-                            mgk_block(N, R, term, op, step, small, MGK_LANES, po, pi, q0, q1, q2, q3);
+                            mgk_block(N, R, term, op, step, small, nbr, MGK_LANES, po, pi, q0, q1, q2, q3);
                         else /* the partial last block */
-                            mgk_block(N, R, term, op, step, small, nl, po, pi, q0, q1, q2, q3);
+                            mgk_block(N, R, term, op, step, small, nbr, nl, po, pi, q0, q1, q2, q3);
                         po += MGK_LANES * so;
                         pi += MGK_LANES * si;
                         q0 += MGK_LANES * s0;
@@ -376,8 +484,8 @@ MGK_HOT void mgk_nest_shape(const mgk_nest *N, const mgk_run *R, const int term,
                         q3 += MGK_LANES * s3;
                     }
                 } else {
-                    for (; i3 < n[3]; i3++) {
-                        mgk_point(N, R, term, op, step, small, po, pi, q0, q1, q2, q3);
+                    for (i3 = 0; i3 < n[3]; i3++) {
+                        mgk_point(N, R, term, op, step, small, nbr, po, pi, q0, q1, q2, q3);
                         po += so;
                         pi += si;
                         q0 += s0;
@@ -387,12 +495,85 @@ MGK_HOT void mgk_nest_shape(const mgk_nest *N, const mgk_run *R, const int term,
                     }
                 }
             }
+        }
+}
+
+/* Runs a nest with `small` given: 1 when dims 0, 1, 4 and 5 have size 1 (a nest with at most two
+ * outer and two reduction dims, which is nearly every nest once contiguous dims are merged): the
+ * interpreter's instances for such nests skip those loops. A nest writing per-sample values runs
+ * once per sample (or, tiled, several samples at a time); one writing a shared array (a
+ * parameter's gradient) sums over the samples inside each output. */
+MGK_HOT void mgk_nest_path(const mgk_nest *N, const mgk_run *R, const int term, const int op, const int small,
+                           const int ps, const int tile, const int block) {
+    const mgk_i64 nb = R->nb > 1 ? R->nb : 1;
+    mgk_i64 sm;
+    if (!ps) { /* shared output: the samples are a reduction */
+        mgk_nest_body(N, R, term, op, small, nb, tile == 1, block);
+        return;
+    }
+#if MGK_VECTOR
+    if (tile == 2 && nb > 1) {
+        /* samples in tiles: x0 (a shared weight) loaded once for several samples */
+        const mgk_i64 *n = N->n, t = R->t, ss = R->ss;
+        const mgk_ref *O = &N->out, *I = &N->init, *X = N->x;
+        const mgk_i64 ri = MGK_PS(I) ? ss : 0;
+        mgk_i64 i0, i1, i2, i3;
+        for (sm = 0; sm < nb; sm += MGK_TS) {
+            const int nt = nb - sm < MGK_TS ? (int)(nb - sm) : MGK_TS;
+            mgk_run Rs = *R;
+            Rs.a[MGK_BD] += sm * ss;
+            Rs.a[MGK_BG] += sm * ss;
+            for (i0 = 0; i0 < (small ? 1 : n[0]); i0++)
+                for (i1 = 0; i1 < (small ? 1 : n[1]); i1++)
+                    for (i2 = 0; i2 < n[2]; i2++) {
+                        for (i3 = 0; i3 + MGK_LANES <= n[3]; i3 += MGK_LANES) {
+                            mgk_real *o = Rs.a[O->arr] + MGK_OPOS(O, t, i0, i1, i2, i3);
+                            const mgk_real *in = Rs.a[I->arr] + MGK_OPOS(I, t, i0, i1, i2, i3);
+                            const mgk_real *a0 = Rs.a[X[0].arr] + MGK_OPOS(&X[0], t, i0, i1, i2, i3);
+                            const mgk_real *b0 = Rs.a[X[1].arr] + MGK_OPOS(&X[1], t, i0, i1, i2, i3);
+                            if (nt == MGK_TS) mgk_tile(N, &Rs, small, 1, MGK_TS, o, in, a0, b0, ss, ri, ss);
+                            else mgk_tile(N, &Rs, small, 1, nt, o, in, a0, b0, ss, ri, ss);
+                        }
+                        if (i3 < n[3]) { /* the partial lane block, sample by sample */
+                            int q;
+                            for (q = 0; q < nt; q++) {
+                                mgk_run Rq = Rs;
+                                Rq.a[MGK_BD] += q * ss;
+                                Rq.a[MGK_BG] += q * ss;
+                                mgk_block(N, &Rq, term, op, 0, small, 1, (int)(n[3] - i3), MGK_OPOS(O, t, i0, i1, i2, i3),
+                                          MGK_OPOS(I, t, i0, i1, i2, i3), MGK_OPOS(&X[0], t, i0, i1, i2, i3),
+                                          MGK_OPOS(&X[1], t, i0, i1, i2, i3), MGK_OPOS(&X[2], t, i0, i1, i2, i3),
+                                          MGK_OPOS(&X[3], t, i0, i1, i2, i3));
+                            }
+                        }
+                    }
+        }
+        return;
+    }
+#endif
+    for (sm = 0; sm < nb; sm++) {
+        mgk_run Rs = *R;
+        Rs.a[MGK_BD] += sm * R->ss;
+        Rs.a[MGK_BG] += sm * R->ss;
+        mgk_nest_body(N, &Rs, term, op, small, 1, 0, block);
+    }
+}
+
+/* The same, the paths taken read from the descriptor (the interpreter's instances). */
+MGK_HOT void mgk_nest_shape(const mgk_nest *N, const mgk_run *R, const int term, const int op, const int small) {
+    mgk_nest_path(N, R, term, op, small, MGK_PS(&N->out), MGK_TILE_KIND(N), (N->flags & MGK_F_BLOCK) != 0);
 }
 
 /* Runs a nest. `term` and `op` repeat N->term and N->op as constants, so that each call site
- * (an interpreter instance, or a generated function) keeps only its own term's code. */
+ * (an interpreter instance, or a generated function) keeps only its own term's code; generated
+ * functions also give the paths (`ps`: the output is per-sample, `tile`: MGK_TILE_KIND, `block`:
+ * MGK_F_BLOCK) as constants, so the C compiler never sees the others. */
 MGK_HOT void mgk_nest_run(const mgk_nest *N, const mgk_run *R, const int term, const int op) {
     mgk_nest_shape(N, R, term, op, 0);
+}
+MGK_HOT void mgk_nest_run_k(const mgk_nest *N, const mgk_run *R, const int term, const int op, const int ps,
+                            const int tile, const int block) {
+    mgk_nest_path(N, R, term, op, 0, ps, tile, block);
 }
 
 #endif /* MGK_NEST_KERNELS_H */

@@ -208,6 +208,33 @@ static int term_shape_of(const rr *R, uint32_t rgt) {
     return MGK_T_MUL | a << 4 | b << 8;
 }
 
+/* Runs of one operand-class pattern in a DOT or SUM node: more than MAXSEG and the node stays a
+ * variadic op (a loop over it would read through a table mixing shared and per-sample slots). */
+static size_t class_runs(const rr *R, uint32_t k) {
+    const mg_fz *f = R->f;
+    const uint32_t *o = f->opnd + f->off[k];
+    uint32_t no = f->off[k + 1] - f->off[k];
+    size_t runs = 0;
+    int prev = -1;
+    if (f->op[k] == MG_OP_DOT) {
+        uint32_t m = (uint32_t)f->k[k];
+        for (uint32_t i = 0; i < m; i++) {
+            int a = cls_of(R, o[i]), b = cls_of(R, o[m + i]);
+            if (b == MG_C_PARAM && a != MG_C_PARAM) a = b, b = cls_of(R, o[i]);
+            int shape = a << 4 | b;
+            runs += shape != prev;
+            prev = shape;
+        }
+    } else {
+        for (uint32_t i = 0; i < no; i++) {
+            int shape = cls_of(R, o[i]);
+            runs += shape != prev;
+            prev = shape;
+        }
+    }
+    return runs;
+}
+
 /* Top-down over the nodes: chains fold into the reduction at their top. */
 static int make_statements(rr *R, int scalar) {
     const mg_fz *f = R->f;
@@ -264,7 +291,7 @@ static int make_statements(rr *R, int scalar) {
                 continue;
             }
         }
-        if (!scalar && (op == MG_OP_DOT || op == MG_OP_SUM) && f->k[k] > 0 && no > 0) {
+        if (!scalar && (op == MG_OP_DOT || op == MG_OP_SUM) && f->k[k] > 0 && no > 0 && class_runs(R, k) <= MAXSEG) {
             stmt *s = new_stmt(R, k, S_RED);
             if (!s) return 0;
             if (op == MG_OP_DOT) {

@@ -583,6 +583,88 @@ static int plan_steps(mg_tape *t) {
     return MG_OK;
 }
 
+/* ---- 7. register tiles and per-sample arrays ---------------------------------------------------- */
+
+/* A product whose lane-contiguous factor is second: swap (x0 * x1 == x1 * x0 exactly), so the
+ * kernels' tiles and vector paths find the contiguous factor first. */
+static void orient_product(mgk_nest *N) {
+    if (N->term != MGK_T_MUL || N->x[0].s[3] != 0 || N->x[1].s[3] != 1) return;
+    mgk_ref tmp = N->x[0];
+    N->x[0] = N->x[1];
+    N->x[1] = tmp;
+}
+
+/* Whether a slot is per-sample (an input, a target or a value) rather than shared. */
+static int per_sample(const mg_tape *t, mgk_i64 slot) { return slot >= (mgk_i64)t->input0; }
+
+static void tile_flag(const mg_tape *t, mgk_nest *N, const mg_nest_info *I) {
+    N->flags &= ~MGK_F_TILE;
+    if (N->term != MGK_T_MUL || N->mode == MGK_SET || I->alias || I->has_gather || (N->flags & (MGK_F_SCATTER | MGK_F_SPLIT)))
+        return;
+    const mgk_ref *O = &N->out, *A = &N->x[0], *B = &N->x[1];
+    if (O->gather || A->gather || B->gather || O->s[3] != 1 || A->s[3] != 1 || B->s[3] != 0) return;
+    if (N->mode == MGK_SUMI && (N->init.s[3] > 1 || N->init.s[3] < 0)) return;
+    int out_ps = O->arr == MGK_G ? per_sample(t, O->base) : O->arr == MGK_D ? per_sample(t, O->base) : 0;
+    if (out_ps) {
+        /* samples in tiles: a shared weight times a per-sample value */
+        int a_ps = (A->arr == MGK_D && per_sample(t, A->base)) || (A->arr == MGK_G && per_sample(t, A->base));
+        int b_ps = (B->arr == MGK_D || B->arr == MGK_G) && per_sample(t, B->base);
+        if (!a_ps && b_ps) N->flags |= MGK_F_TILE;
+    } else if (A->s[2] == 0 && N->n[2] > 1) {
+        /* a parameter's gradient: rows along dim 2, the per-row factor broadcast */
+        N->flags |= MGK_F_TILE;
+    }
+}
+
+/* Per-sample operands read the per-sample arrays: positions relative to the first input slot
+ * (index tables' entries converted once: a table may serve a nest and its gradient nest). */
+static int to_sample_arrays(mg_tape *t) {
+    if (t->nslots - t->input0 >= (size_t)MGK_IX_PS)
+        return mg_tape__fail(t, MG_ENOMEM, "freeze: more than 2^31 per-sample slots");
+    uint8_t *done = mg_tape__alloc(t, t->nix ? t->nix : 1, 1);
+    if (!done) return MG_ENOMEM;
+    memset(done, 0, t->nix ? t->nix : 1);
+    for (size_t k = 0; k < t->nnests; k++) {
+        mgk_nest *N = &t->nests[k];
+        mgk_ref *refs[6] = {&N->out, &N->init, &N->x[0], &N->x[1], &N->x[2], &N->x[3]};
+        for (int j = 0; j < 6; j++) {
+            mgk_ref *X = refs[j];
+            if (X->arr != MGK_D && X->arr != MGK_G) continue;
+            if (j == 1 && !(N->mode == MGK_SUMI || (N->flags & MGK_F_STEP))) continue;
+            if (j >= 2 && !x_used(N, j - 2)) continue;
+            if (!X->gather) {
+                if (per_sample(t, X->base)) {
+                    X->arr = X->arr == MGK_D ? MGK_BD : MGK_BG;
+                    X->base -= (mgk_i64)t->input0;
+                }
+                continue;
+            }
+            /* a table: each entry it reaches (every point, every iteration of its loop) names its
+             * own array; the ref keeps D or G (nest_kernels.h's mgk_gat) */
+            int dims[MGK_MAXD], nd = 0;
+            for (int d = 0; d < MGK_MAXD; d++)
+                if (N->n[d] > 1 && X->s[d] != 0) dims[nd++] = d;
+            mgk_i64 iters = X->ts != 0 && t->info[k].seq > 1 ? (mgk_i64)t->info[k].seq : 1;
+            for (mgk_i64 it = 0; it < iters; it++) {
+                mgk_i64 idx[MGK_MAXD] = {0};
+                for (;;) {
+                    mgk_i64 pos = X->base + it * X->ts;
+                    for (int q = 0; q < nd; q++) pos += idx[q] * X->s[dims[q]];
+                    if (!done[pos]) {
+                        if (per_sample(t, t->ix[pos])) t->ix[pos] = (t->ix[pos] - (mgk_idx)t->input0) | MGK_IX_PS;
+                        done[pos] = 1;
+                    }
+                    int q = nd - 1;
+                    while (q >= 0 && ++idx[q] == N->n[dims[q]]) idx[q--] = 0;
+                    if (q < 0) break;
+                }
+            }
+        }
+    }
+    t->alloc.free_fn(done, t->alloc.ctx);
+    return MG_OK;
+}
+
 int mg_schedule(mg_tape *t) {
     for (size_t k = 0; k < t->nnests; k++) choose_vector_dim(t, &t->nests[k], &t->info[k]);
     int st = plan_packs(t);
@@ -593,6 +675,7 @@ int mg_schedule(mg_tape *t) {
         choose_vector_dim(t, N, I); /* packing changed strides */
         merge_range(N, 0, MGK_MAXO);
         merge_range(N, MGK_MAXO, MGK_MAXD);
+        orient_product(N);
         N->flags &= ~(MGK_F_BLOCK | MGK_F_SPLIT);
         if (N->flags & MGK_F_SCATTER) continue;
         int can_block = !I->has_gather && !I->alias && N->n[3] >= MGK_LANES;
@@ -604,5 +687,7 @@ int mg_schedule(mg_tape *t) {
         else if (can_split && (N->n[7] >= 2 * MGK_LANES || lanes_contiguous(N, 7))) N->flags |= MGK_F_SPLIT;
     }
     if ((st = fuse_steps(t)) != MG_OK || (st = plan_steps(t)) != MG_OK) return st;
-    return t->rerolled ? plan_zeroing(t) : MG_OK;
+    if (t->rerolled && (st = plan_zeroing(t)) != MG_OK) return st;
+    for (size_t k = 0; k < t->nnests; k++) tile_flag(t, &t->nests[k], &t->info[k]);
+    return to_sample_arrays(t);
 }

@@ -61,7 +61,8 @@ void mg_tape_free(mg_tape *t) {
     mg_allocator a = t->alloc;
     void *bufs[] = {t->outputs, t->data,  t->grad, t->nests,        t->info,          t->fwd, t->bwd, t->ix,
                     t->packs,   t->pw,    t->pg,   t->packed,       t->param_values, t->param_serials,
-                    t->fused,   t->fused_p, t->step_d,   t->step_d1,      t->step_p1,      t->zero};
+                    t->fused,   t->fused_p, t->step_d,   t->step_d1,      t->step_p1,      t->zero,
+                    t->identity};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) a.free_fn(bufs[i], a.ctx);
     a.free_fn(t, a.ctx);

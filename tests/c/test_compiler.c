@@ -104,12 +104,18 @@ static void test_compiler__reroll_finds_the_convolution(void) {
         /* outer (c, i, j), reduction (a, b); dims contiguous for every operand are merged */
         CHECK(conv->n[1] == C && conv->n[2] == O && conv->n[3] == O);
         CHECK(conv->n[6] == K && conv->n[7] == K);
-        /* weight w[c][a][b]: a broadcast over (i, j) */
-        CHECK(conv->x[0].s[1] == K * K && conv->x[0].s[2] == 0 && conv->x[0].s[3] == 0);
-        CHECK(conv->x[0].s[6] == K && conv->x[0].s[7] == 1 && conv->x[0].arr == MGK_D);
-        /* input x[(i + a) * H + (j + b)]: the same for every channel */
-        CHECK(conv->x[1].s[1] == 0 && conv->x[1].s[2] == H && conv->x[1].s[3] == 1);
-        CHECK(conv->x[1].s[6] == H && conv->x[1].s[7] == 1 && conv->x[1].base == (mgk_i64)t->input0);
+        /* the product's factors in either order (the schedule puts the unit-stride lanes first) */
+        const mgk_ref *w = conv->x[0].arr == MGK_D ? &conv->x[0] : &conv->x[1];
+        const mgk_ref *x = w == &conv->x[0] ? &conv->x[1] : &conv->x[0];
+        /* weight w[c][a][b], a shared slot: a broadcast over (i, j) */
+        CHECK(w->arr == MGK_D && w->base < (mgk_i64)t->nparams);
+        CHECK(w->s[1] == K * K && w->s[2] == 0 && w->s[3] == 0);
+        CHECK(w->s[6] == K && w->s[7] == 1);
+        /* input x[(i + a) * H + (j + b)], a per-sample slot (positions from the first input on):
+         * the same for every channel */
+        CHECK(x->arr == MGK_BD && x->base == 0);
+        CHECK(x->s[1] == 0 && x->s[2] == H && x->s[3] == 1);
+        CHECK(x->s[6] == H && x->s[7] == 1);
         /* bias b[c] */
         CHECK(conv->init.s[1] == 1 && conv->init.s[2] == 0 && conv->init.s[3] == 0);
         CHECK(conv->flags & MGK_F_BLOCK);
