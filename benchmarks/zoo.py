@@ -228,6 +228,8 @@ FAMILIES: Dict[str, Family] = {f.name: f for f in [
     Family("cnn2", lambda x: cnn(x, ((2, 3, 1, 1), (4, 3, 2, 0))),
            "conv3x3x2 pad 1 + relu + conv3x3x4 stride 2 + relu + maxpool2 + dense10",
            {"kind": "cnn", "convs": ((2, 3, 1, 1), (4, 3, 2, 0)), "pool": "max"}),
+    Family("cnn48", lambda x: cnn(x, ((48, 3, 1, 1),)), "conv3x3x48 pad 1 + relu + maxpool2 + dense10 (~1M values)",
+           {"kind": "cnn", "convs": ((48, 3, 1, 1),), "pool": "max"}),
     Family("elman", lambda x: elman(x), "Elman RNN, 16 tanh units, 28 steps", {"kind": "elman", "hidden": 16}),
     Family("gru", lambda x: gru(x), "GRU cell, 16 units, 28 steps", {"kind": "gru", "hidden": 16}),
     Family("attention", lambda x: attention(x), "self-attention, 7 tokens x 16, residual",
