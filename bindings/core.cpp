@@ -303,7 +303,8 @@ Array rows_of(py::handle a, size_t width, const char *what, size_t *n, bool allo
     return arr;
 }
 
-// A tape call's status as an exception, with the tape's message.
+// A tape call's status as an exception, with the message libmg recorded on the tape
+// (mg_tape_last_error): the bindings check only what C cannot see (array shapes and lengths).
 void check_tape(mg_tape *t, int st) {
     if (st == MG_OK) return;
     std::string msg = mg_tape_last_error(t);
@@ -701,9 +702,8 @@ PYBIND11_MODULE(_core, m, py::mod_gil_used()) {
                 size_t n = 0, m = 0;
                 Array xa = rows_of(X, mg_tape_ninputs(t), "fit: X", &n, false);
                 Array ya;
-                const double *yp = nullptr;
-                if (mg_tape_ntargets(t)) {
-                    if (Y.is_none()) throw py::value_error("fit: this program has targets: pass Y");
+                const double *yp = nullptr; // no Y for a program with targets: libmg says so
+                if (mg_tape_ntargets(t) && !Y.is_none()) {
                     ya = rows_of(Y, mg_tape_ntargets(t), "fit: Y", &m, false);
                     if (m != n)
                         throw py::value_error("fit: X has " + std::to_string(n) +
@@ -751,7 +751,10 @@ PYBIND11_MODULE(_core, m, py::mod_gil_used()) {
                                   max_kernels};
                 size_t len = 0;
                 char *src = mg_tape_emit_c(tp.t.get(), &o, &len);
-                if (!src) check_tape(tp.t.get(), MG_EINVAL);
+                if (!src) {
+                    int st = mg_tape_last_status(tp.t.get()); // MG_EINVAL: prefix; MG_ENOMEM
+                    check_tape(tp.t.get(), st != MG_OK ? st : MG_ENOMEM);
+                }
                 py::str out(src, len);
                 mg_tape_free_source(tp.t.get(), src);
                 return out;

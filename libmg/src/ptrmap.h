@@ -1,9 +1,13 @@
 /* A map from pointers to pointer-sized values: open addressing, linear probing, backward-shift
  * deletion (no tombstones, so a map that sees as many erases as inserts never degrades).
  *
- * One implementation for libmg (C) and the bindings (C++): static inline, no exceptions, every
- * allocation through the mg_allocator the caller passes, a failed allocation reported and the map
- * left as it was. Keys are compared by address and never dereferenced; NULL is not a key.
+ * The one pointer map of the project, for libmg (C) and the bindings (C++): static inline, no
+ * exceptions, every allocation through the mg_allocator the caller passes, a failed allocation
+ * reported and the map left as it was. Keys are compared by address and never dereferenced;
+ * NULL is not a key. The bindings' node -> handle map (bindings/value.cpp) is this map rather
+ * than a std container: it is erased from in every handle's deallocation, where nothing may throw,
+ * and sees as many erases as inserts. (libmg/src/freeze.c still has an insert-only map of its own,
+ * to be replaced by this one.)
  *
  *     mg_ptrmap m = MG_PTRMAP_INIT;
  *     int added;

@@ -29,11 +29,17 @@ int mg_tape__grow(mg_tape *t, void **buf, size_t *cap, size_t elem, size_t need)
     if (need <= *cap) return 1;
     size_t nc = *cap ? *cap : 64;
     while (nc < need) {
-        if (nc > SIZE_MAX / 2 / elem) return mg_tape__fail(t, MG_ENOMEM, "buffer size overflows"), 0;
+        if (nc > SIZE_MAX / 2 / elem) {
+            mg_tape__fail(t, MG_ENOMEM, "buffer size overflows");
+            return 0;
+        }
         nc *= 2;
     }
     void *p = t->alloc.realloc_fn(*buf, nc * elem, t->alloc.ctx);
-    if (!p) return mg_tape__fail(t, MG_ENOMEM, "out of memory growing a buffer to %zu bytes", nc * elem), 0;
+    if (!p) {
+        mg_tape__fail(t, MG_ENOMEM, "out of memory growing a buffer to %zu bytes", nc * elem);
+        return 0;
+    }
     *buf = p;
     *cap = nc;
     return 1;
@@ -59,16 +65,24 @@ int mg_tape__push_instr(mg_tape *t, mg_instr **prog, size_t *len, size_t *cap, c
 void mg_tape_free(mg_tape *t) {
     if (!t) return;
     mg_allocator a = t->alloc;
-    void *bufs[] = {t->outputs, t->data,  t->grad, t->nests,        t->info,          t->fwd, t->bwd, t->ix,
-                    t->packs,   t->pw,    t->pg,   t->packed,       t->param_values, t->param_serials,
-                    t->fused,   t->fused_p, t->step_d,   t->step_d1,      t->step_p1,      t->zero,
+    void *bufs[] = {t->outputs, t->data,   t->grad,         t->nests,         t->info,
+                    t->fwd,     t->bwd,    t->ix,           t->packs,         t->pw,
+                    t->pg,      t->packed, t->param_values, t->param_serials, t->fused,
+                    t->fused_p, t->step_d, t->step_d1,      t->step_p1,       t->zero,
                     t->identity};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) a.free_fn(bufs[i], a.ctx);
     a.free_fn(t, a.ctx);
 }
 
-const char *mg_tape_last_error(const mg_tape *t) { return t ? t->err : "NULL tape"; }
+const char *mg_tape_last_error(const mg_tape *t) { return t ? t->err : "no tape"; }
+
+/* Every call that can fail clears `err` on entry and mg_tape__fail() sets both: a stale `status`
+ * from an earlier failure is hidden by the empty message. */
+int mg_tape_last_status(const mg_tape *t) {
+    if (!t) return MG_EINVAL;
+    return t->err[0] ? t->status : MG_OK;
+}
 
 size_t mg_tape_nslots(const mg_tape *t) { return t ? t->nslots : 0; }
 size_t mg_tape_ninstr(const mg_tape *t) { return t ? t->nfwd : 0; }
@@ -119,9 +133,11 @@ int mg_tape_attach(mg_tape *t, const mg_compiled *c) {
     t->err[0] = '\0';
     if (!c) return mg_tape__fail(t, MG_EINVAL, "attach: no compiled program");
     if (c->abi != MG_COMPILED_ABI)
-        return mg_tape__fail(t, MG_EINVAL, "attach: compiled for ABI %u, libmg has %u", c->abi, MG_COMPILED_ABI);
+        return mg_tape__fail(t, MG_EINVAL, "attach: compiled for ABI %u, libmg has %u", c->abi,
+                             MG_COMPILED_ABI);
     if (c->real_bytes != sizeof(double))
-        return mg_tape__fail(t, MG_EINVAL, "attach: compiled for %u-byte slots, this tape has 8", c->real_bytes);
+        return mg_tape__fail(t, MG_EINVAL, "attach: compiled for %u-byte slots, this tape has 8",
+                             c->real_bytes);
     if (c->fingerprint != t->fingerprint || c->nnests != t->nnests)
         return mg_tape__fail(t, MG_EINVAL, "attach: the code was generated for another program");
     t->kern = c->kernels;

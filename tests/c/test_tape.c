@@ -1,4 +1,5 @@
 /* Tapes: frozen programs agree with the eager graph; training; emission; failures. */
+#include "failing_alloc.h"
 #include "tap.h"
 
 #include <mg/mg.h>
@@ -23,8 +24,12 @@ static int build_every_op(mg_graph *g, every_op *e, const double *x, double y, c
         if (ar < 1) continue;
         mg_value *a = mg_add(g, mg_mul(g, p[k % 6], in[k % 4]), c);
         mg_value *b = mg_add(g, p[(k + 1) % 6], mg_scalar(g, 1.5));
-        double kk = op == MG_OP_POW ? -1.5 : 0.0; /* negative: once cast to size_t by the interpreter (found by fuzzing) */
-        if (op == MG_OP_LOG || op == MG_OP_POW || op == MG_OP_POWV) a = mg_add(g, mg_square(g, a), c);
+        double kk =
+            op == MG_OP_POW
+                ? -1.5
+                : 0.0; /* negative: once cast to size_t by the interpreter (found by fuzzing) */
+        if (op == MG_OP_LOG || op == MG_OP_POW || op == MG_OP_POWV)
+            a = mg_add(g, mg_square(g, a), c);
         t[k++] = mg_apply(g, op, a, b, kk);
     }
     mg_value *logits[3] = {mg_sum(g, t, 4), mg_dot(g, t + 4, in, 4), mg_affine(g, p, in, 4, t[8])};
@@ -43,8 +48,8 @@ static int build_every_op(mg_graph *g, every_op *e, const double *x, double y, c
 
 static const double X0[4] = {0.3, -0.8, 1.2, 0.5}, P0[6] = {0.2, -0.4, 0.9, 0.1, -0.3, 0.7};
 
-static int fit(mg_tape *t, const double *X, const double *Y, size_t n, size_t batch, double lr, int shuffle,
-               uint64_t seed, uint64_t epoch, size_t threads, double *mean) {
+static int fit(mg_tape *t, const double *X, const double *Y, size_t n, size_t batch, double lr,
+               int shuffle, uint64_t seed, uint64_t epoch, size_t threads, double *mean) {
     mg_fit_options o = {batch, lr, shuffle, seed, epoch, threads};
     return mg_tape_fit(t, X, Y, n, &o, mean);
 }
@@ -71,12 +76,12 @@ static void test_tape__every_op_matches_eager(void) {
     every_op f;
     build_every_op(h, &f, x1, y1, P0);
     mg_backward(h, f.loss);
-    CHECK(mg_tape_loss(t) == mg_data(f.loss));
+    CHECK(mg_tape_loss(t) == mg_value_data(f.loss));
     double outs[2];
     mg_tape_outputs(t, outs);
-    CHECK(outs[0] == mg_data(f.out[0]) && outs[1] == mg_data(f.out[1]));
+    CHECK(outs[0] == mg_value_data(f.out[0]) && outs[1] == mg_value_data(f.out[1]));
     const double *gr = mg_tape_grad(t);
-    for (int i = 0; i < 6; i++) CHECK_CLOSE(gr[i], mg_grad(f.p[i]), 1e-12);
+    for (int i = 0; i < 6; i++) CHECK_CLOSE(gr[i], mg_value_grad(f.p[i]), 1e-12);
     /* the parameters are the first slots, as one array */
     for (int i = 0; i < 6; i++) CHECK(mg_tape_data(t)[i] == P0[i]);
     mg_tape_free(t);
@@ -91,7 +96,7 @@ static void test_tape__fit_matches_eager_sgd(void) {
     mg_rng r;
     mg_rng_seed(&r, 3);
     size_t sizes[2] = {4, 1};
-    mg_mlp *m = mg_mlp_init(g, 2, sizes, 2, MG_ACT_TANH, MG_INIT_UNIFORM, &r);
+    mg_mlp *m = mg_mlp_new(g, 2, sizes, 2, MG_ACT_TANH, MG_INIT_UNIFORM, &r);
     mg_value *p[17];
     mg_mlp_params(m, p);
     /* freeze a placeholder graph */
@@ -111,20 +116,21 @@ static void test_tape__fit_matches_eager_sgd(void) {
         eager_total = 0;
         for (int b = 0; b < 4; b += 2) {
             for (int s = b; s < b + 2; s++) {
-                mg_value *xi[2] = {mg_scalar(g, X[s][0]), mg_scalar(g, X[s][1])}, *yi = mg_scalar(g, Y[s]), *o;
+                mg_value *xi[2] = {mg_scalar(g, X[s][0]), mg_scalar(g, X[s][1])},
+                         *yi = mg_scalar(g, Y[s]), *o;
                 mg_mlp_call(g, m, xi, &o);
                 mg_value *l = mg_mse(g, &o, &yi, 1);
                 mg_backward(g, l);
-                eager_total += mg_data(l);
+                eager_total += mg_value_data(l);
                 mg_graph_restore(g, cp);
             }
             for (int i = 0; i < 17; i++) {
-                mg_set_data(p[i], mg_data(p[i]) - 0.3 / 2 * mg_grad(p[i]));
-                mg_set_grad(p[i], 0);
+                mg_value_set_data(p[i], mg_value_data(p[i]) - 0.3 / 2 * mg_value_grad(p[i]));
+                mg_value_set_grad(p[i], 0);
             }
         }
     }
-    for (int i = 0; i < 17; i++) CHECK_CLOSE(mg_tape_data(t)[i], mg_data(p[i]), 1e-12);
+    for (int i = 0; i < 17; i++) CHECK_CLOSE(mg_tape_data(t)[i], mg_value_data(p[i]), 1e-12);
     CHECK_CLOSE(mean, eager_total / 4, 1e-12);
     /* shuffling is deterministic per (seed, epoch) */
     double before[17];
@@ -138,13 +144,13 @@ static void test_tape__fit_matches_eager_sgd(void) {
     CHECK(memcmp(after1, mg_tape_data(t), sizeof after1) == 0 && l1 == l2);
     /* write-back reaches the model */
     CHECK(mg_tape_write_back(t, g) == 17);
-    CHECK(mg_data(p[3]) == mg_tape_data(t)[3]);
+    CHECK(mg_value_data(p[3]) == mg_tape_data(t)[3]);
     /* predict */
     double pred[4];
     CHECK(mg_tape_predict(t, &X[0][0], 4, pred) == MG_OK);
     mg_value *xi[2] = {mg_scalar(g, X[2][0]), mg_scalar(g, X[2][1])}, *o;
     mg_mlp_call(g, m, xi, &o);
-    CHECK(pred[2] == mg_data(o));
+    CHECK(pred[2] == mg_value_data(o));
     CHECK(fit(t, NULL, Y, 4, 1, 0.1, 0, 0, 0, 1, NULL) == MG_EINVAL);
     CHECK(strstr(mg_tape_last_error(t), "NULL inputs") != NULL);
     CHECK(fit(t, &X[0][0], Y, 4, 1, NAN, 0, 0, 0, 1, NULL) == MG_EINVAL);
@@ -196,7 +202,8 @@ static void test_tape__emission_is_deterministic_and_self_contained(void) {
     int includes = 0;
     for (const char *p = s1; (p = strstr(p, "#include")) != NULL; p++) {
         includes++;
-        CHECK(strncmp(p, "#include <math.h>", 17) == 0 || strncmp(p, "#include <stddef.h>", 19) == 0);
+        CHECK(strncmp(p, "#include <math.h>", 17) == 0 ||
+              strncmp(p, "#include <stddef.h>", 19) == 0);
     }
     CHECK(includes == 2);
     CHECK(strstr(s1, "const mg_compiled_t mgc_program = {") != NULL);
@@ -214,35 +221,11 @@ static void test_tape__emission_is_deterministic_and_self_contained(void) {
     mg_graph_free(g);
 }
 
-/* the failing allocator of test_nn, reduced */
-typedef struct {
-    long count, fail_at, live;
-} fa_t;
-static void *fa_m(size_t n, void *c) {
-    fa_t *f = c;
-    if (++f->count == f->fail_at) return NULL;
-    void *p = malloc(n);
-    if (p) f->live++;
-    return p;
-}
-static void *fa_r(void *p, size_t n, void *c) {
-    fa_t *f = c;
-    if (++f->count == f->fail_at) return NULL;
-    void *q = realloc(p, n);
-    if (q && !p) f->live++;
-    return q;
-}
-static void fa_f(void *p, void *c) {
-    fa_t *f = c;
-    if (p) f->live--;
-    free(p);
-}
-
 static void test_tape__allocation_failure_in_freeze_and_emit(void) {
     int hit = 0;
     for (long k = 1; k < 10000; k++) {
-        fa_t fa = {0, 0, 0};
-        mg_allocator al = {fa_m, fa_r, fa_f, &fa};
+        failing_alloc fa = {0};
+        mg_allocator al = failing_allocator(&fa);
         mg_graph *g = mg_graph_new_with(&al);
         every_op e;
         build_every_op(g, &e, X0, 0.6, P0);
@@ -252,9 +235,9 @@ static void test_tape__allocation_failure_in_freeze_and_emit(void) {
         mg_tape *t = mg_tape_freeze(g, &spec);
         char *src = t ? mg_tape_emit_c(t, NULL, NULL) : NULL;
         /* and training: batches over two threads allocate chunk buffers and the order */
-        static const double X[8 * 4] = {0.1, 0.2, 0.3, 0.4, -0.1, 0.5, 0.2, 0.0, 0.3, 0.3, -0.2, 0.1,
-                                        0.9, -0.4, 0.2, 0.6, 0.1, 0.1, 0.1, 0.1, -0.5, 0.2, 0.8, 0.3,
-                                        0.4, 0.4, 0.0, -0.3, 0.2, -0.6, 0.7, 0.5};
+        static const double X[8 * 4] = {0.1, 0.2, 0.3,  0.4, -0.1, 0.5,  0.2, 0.0,  0.3, 0.3,  -0.2,
+                                        0.1, 0.9, -0.4, 0.2, 0.6,  0.1,  0.1, 0.1,  0.1, -0.5, 0.2,
+                                        0.8, 0.3, 0.4,  0.4, 0.0,  -0.3, 0.2, -0.6, 0.7, 0.5};
         static const double Y[8] = {0.1, -0.2, 0.3, 0.5, 0.0, 0.2, -0.1, 0.4};
         int fit_st = MG_OK;
         if (t && src) {
@@ -294,10 +277,12 @@ static mg_value *chain_mlp(mg_graph *g, mg_mlp *m, mg_value **x, int op_by_op, m
                 mg_value *p[8];
                 mg_neuron_params(n, p);
                 cur = p[mg_neuron_nin(n)]; /* the bias */
-                for (size_t i = 0; i < mg_neuron_nin(n); i++) cur = mg_add(g, cur, mg_mul(g, p[i], in[i]));
+                for (size_t i = 0; i < mg_neuron_nin(n); i++)
+                    cur = mg_add(g, cur, mg_mul(g, p[i], in[i]));
                 outs[j] = mg_neuron_activation(n) == MG_ACT_RELU ? mg_relu(g, cur) : cur;
             }
-            for (size_t j = 0; j < mg_layer_nout(L); j++) (l + 1 == mg_mlp_nlayers(m) ? out3 : h)[j] = outs[j];
+            for (size_t j = 0; j < mg_layer_nout(L); j++)
+                (l + 1 == mg_mlp_nlayers(m) ? out3 : h)[j] = outs[j];
         }
     }
     return mg_cross_entropy(g, out3, 3, x[5]);
@@ -308,7 +293,7 @@ static void test_tape__rerolled_mlp_equals_the_scalar_program(void) {
     mg_rng r;
     mg_rng_seed(&r, 11);
     size_t sizes[2] = {6, 3};
-    mg_mlp *m = mg_mlp_init(g, 5, sizes, 2, MG_ACT_RELU, MG_INIT_SCALED, &r);
+    mg_mlp *m = mg_mlp_new(g, 5, sizes, 2, MG_ACT_RELU, MG_INIT_SCALED, &r);
     mg_value *p[64];
     size_t np = mg_mlp_params(m, p);
     mg_value *x[6];
@@ -353,7 +338,8 @@ static void clf_build(clf *c) {
     for (int i = 0; i < 2; i++) c->x[i] = mg_scalar(c->g, 0.0);
     c->y = mg_scalar(c->g, 0.0);
     for (int i = 0; i < 6; i++) c->p[i] = mg_scalar(c->g, 0.1 * (i + 1) - 0.3);
-    for (int k = 0; k < 2; k++) c->logits[k] = mg_affine(c->g, c->p + 3 * k, c->x, 2, c->p[3 * k + 2]);
+    for (int k = 0; k < 2; k++)
+        c->logits[k] = mg_affine(c->g, c->p + 3 * k, c->x, 2, c->p[3 * k + 2]);
     c->loss = mg_cross_entropy(c->g, c->logits, 2, c->y);
     mg_tape_spec spec = {c->loss, c->x, 2, &c->y, 1, c->p, 6, c->logits, 2, 0};
     c->t = mg_tape_freeze(c->g, &spec);
@@ -371,7 +357,8 @@ static void test_tape__fit_refuses_targets_that_are_not_class_indices(void) {
     static const double X[3][2] = {{0.1, 0.2}, {0.3, -0.4}, {0.5, 0.6}};
     double before[6];
     memcpy(before, mg_tape_data(c.t), sizeof before);
-    const double bad[3][3] = {{0, 1, 2}, {0, -1, 1}, {0, 1, 0.5}}; /* out of range, negative, fractional */
+    const double bad[3][3] = {
+        {0, 1, 2}, {0, -1, 1}, {0, 1, 0.5}}; /* out of range, negative, fractional */
     for (int k = 0; k < 3; k++) {
         CHECK(fit(c.t, &X[0][0], bad[k], 3, 1, 0.1, 0, 0, 0, 1, NULL) == MG_EINVAL);
         CHECK(strstr(mg_tape_last_error(c.t), k == 1 ? "row 1" : "row 2") != NULL);
@@ -436,6 +423,31 @@ static void test_tape__attach_refuses_code_for_another_program(void) {
     clf_free(&c);
 }
 
+/* Every call that can fail clears the tape's error on entry and records message and status on
+ * failure, so the bindings raise with libmg's message instead of validating again. */
+static void test_tape__last_error_and_status(void) {
+    clf c;
+    clf_build(&c);
+    CHECK(mg_tape_last_status(c.t) == MG_OK && mg_tape_last_error(c.t)[0] == '\0');
+    static const double X[2] = {0.1, 0.2}, Y[1] = {1};
+    CHECK(fit(c.t, X, Y, 1, 1, NAN, 0, 0, 0, 1, NULL) == MG_EINVAL);
+    CHECK(mg_tape_last_status(c.t) == MG_EINVAL);
+    CHECK(strstr(mg_tape_last_error(c.t), "fit: the learning rate") != NULL);
+    CHECK(fit(c.t, X, NULL, 1, 1, 0.1, 0, 0, 0, 1, NULL) == MG_EINVAL);
+    CHECK(strstr(mg_tape_last_error(c.t), "pass Y") != NULL);
+    CHECK(mg_tape_step(c.t, INFINITY, 1) == MG_EINVAL);
+    CHECK(strstr(mg_tape_last_error(c.t), "step: the learning rate") != NULL);
+    mg_emit_options bad = {"not an identifier", 0, 0, 0};
+    CHECK(mg_tape_emit_c(c.t, &bad, NULL) == NULL);
+    CHECK(mg_tape_last_status(c.t) == MG_EINVAL && strstr(mg_tape_last_error(c.t), "prefix"));
+    /* a call that succeeds clears both */
+    CHECK(mg_tape_forward(c.t, X, Y) == MG_OK);
+    CHECK(mg_tape_last_status(c.t) == MG_OK && mg_tape_last_error(c.t)[0] == '\0');
+    CHECK(mg_tape_last_status(NULL) == MG_EINVAL &&
+          strcmp(mg_tape_last_error(NULL), "no tape") == 0);
+    clf_free(&c);
+}
+
 int main(void) {
     RUN(test_tape__every_op_matches_eager);
     RUN(test_tape__fit_matches_eager_sgd);
@@ -447,5 +459,6 @@ int main(void) {
     RUN(test_tape__batches_larger_than_the_data_train);
     RUN(test_tape__fit_starts_from_zero_gradients);
     RUN(test_tape__attach_refuses_code_for_another_program);
+    RUN(test_tape__last_error_and_status);
     TAP_DONE();
 }

@@ -68,6 +68,11 @@ static void push(pool_t *P, mg_value *v, int autofree) {
         if (!(cond)) __builtin_trap();                                                             \
     } while (0)
 
+/* A tape call's status is what the tape then reports: mg_tape_last_status() equal to it, and a
+ * message exactly when it failed (the bindings raise with that message). */
+#define CHECK_TAPE_STATUS(t, st)                                                                   \
+    CHECK(mg_tape_last_status(t) == (st) && ((st) == MG_OK) == (mg_tape_last_error(t)[0] == '\0'))
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
@@ -186,18 +191,27 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                 }
                 double X[16 * 8] = {0}, out[16];
                 for (size_t i = 0; i < 16 * 8 && i < 16 * nin; i++) X[i] = number(&in);
-                mg_tape_forward(t, X, NULL);
-                mg_tape_backward(t);
-                mg_tape_step(t, 0.01, 1);
+                int st = mg_tape_forward(t, X, NULL);
+                CHECK_TAPE_STATUS(t, st);
+                st = mg_tape_backward(t);
+                CHECK_TAPE_STATUS(t, st);
+                st = mg_tape_step(t, 0.01, 1);
+                CHECK_TAPE_STATUS(t, st);
                 size_t bs = 1 + byte(&in) % 5, th = 1 + byte(&in) % 2;
                 mg_fit_options fo = {bs, 0.01, 1, 7, 0, th};
-                int st = mg_tape_fit(t, X, NULL, nin <= 8 ? 16 : 0, &fo, NULL);
+                st = mg_tape_fit(t, X, NULL, nin <= 8 ? 16 : 0, &fo, NULL);
                 CHECK(st == MG_OK || st == MG_ENOMEM);
-                if (nin <= 8) mg_tape_predict(t, X, 16, out);
+                CHECK_TAPE_STATUS(t, st);
+                if (nin <= 8) {
+                    st = mg_tape_predict(t, X, 16, out);
+                    CHECK_TAPE_STATUS(t, st);
+                }
                 char *src = mg_tape_emit_c(t, NULL, NULL);
+                CHECK_TAPE_STATUS(t, src ? MG_OK : MG_ENOMEM); /* the default prefix is valid */
                 mg_tape_free_source(t, src);
                 mg_emit_options o = {"fz_", 1, (int)(byte(&in) & 1), 0};
                 src = mg_tape_emit_c(t, &o, NULL);
+                CHECK_TAPE_STATUS(t, src ? MG_OK : MG_ENOMEM);
                 mg_tape_free_source(t, src);
                 mg_tape_write_back(t, g);
                 mg_tape_free(t);

@@ -59,9 +59,17 @@ try:
     from hypothesis import settings as _settings
 
     # no shrinking in CI: a failing example is reported as drawn (the same one every run), at once
-    _settings.register_profile("reroll-ci", derandomize=True, deadline=None, max_examples=40, database=None,
-                               print_blob=True, phases=[_Phase.explicit, _Phase.generate])
-    _settings.register_profile("reroll-hunt", derandomize=False, deadline=None, max_examples=2000,
-                               print_blob=True)
+    _settings.register_profile(
+        "reroll-ci",
+        derandomize=True,
+        deadline=None,
+        max_examples=40,
+        database=None,
+        print_blob=True,
+        phases=[_Phase.explicit, _Phase.generate],
+    )
+    _settings.register_profile(
+        "reroll-hunt", derandomize=False, deadline=None, max_examples=2000, print_blob=True
+    )
 except ImportError:  # hypothesis is a test dependency; without it those tests are not collected
     pass

@@ -214,7 +214,7 @@ MG_API void mg_mlp_free(mg_mlp *m);
 
 /** @cond MG_OLD_NAMES */
 /* ---- TO REMOVE: the name before the naming rule (docs/ARCHITECTURE.md, "Naming") -------------
- * Only until tests/c/test_tape.c and benchmarks/c/graph_bench.c call mg_mlp_new(). */
+ * Only until benchmarks/c/graph_bench.c calls mg_mlp_new(). */
 #define mg_mlp_init mg_mlp_new
 /** @endcond */
 

@@ -9,8 +9,8 @@
  * programs (forward and backward) of loop nests over two arrays of slots, `data` and `grad`.
  * Slots have roles: parameters occupy slots `[0, nparams)` in the order given (so they read and
  * write as one array), then the constants (every other leaf, frozen at its current value, equal
- * values sharing a slot), the inputs, the targets, and the values ops compute. The tape owns its
- * arrays; after mg_tape_freeze() returns it refers to the graph only to copy parameters back
+ * bit patterns sharing a slot), the inputs, the targets, and the values ops compute. The tape owns
+ * its arrays; after mg_tape_freeze() returns it refers to the graph only to copy parameters back
  * (mg_tape_write_back()).
  *
  * Freezing recovers the loops the scalar graph was written with (unless mg_tape_spec::no_raise):
@@ -25,7 +25,10 @@
  * for each sample, and parameter gradients accumulate until mg_tape_step() applies and clears
  * them. Inputs, targets and constants get no gradient.
  *
- * Errors: functions returning a status record a message readable with mg_tape_last_error().
+ * Errors: mg_tape_freeze() reports on the graph (mg_graph_last_error()). Every call that can
+ * fail on a tape (forward, backward, step, fit, predict, emit, attach) starts by clearing the
+ * tape's error and, when it fails, records a message and a status, read with
+ * mg_tape_last_error() and mg_tape_last_status(); the bindings raise with that message.
  * @{
  */
 #ifndef MG_TAPE_H
@@ -42,16 +45,16 @@ typedef struct mg_tape mg_tape;
 
 /** What to freeze: the roots and the leaves with roles. Arrays are read, not kept. */
 typedef struct mg_tape_spec {
-    mg_value *loss;            /**< The value to differentiate; NULL for an inference-only tape. */
-    mg_value *const *inputs;   /**< Leaves loaded from each sample's input row. */
-    size_t ninputs;            /**< Number of inputs. */
-    mg_value *const *targets;  /**< Leaves loaded from each sample's target row. */
-    size_t ntargets;           /**< Number of targets. */
-    mg_value *const *params;   /**< Leaves trained by mg_tape_step(). */
-    size_t nparams;            /**< Number of parameters. */
-    mg_value *const *outputs;  /**< Values mg_tape_predict() returns (any values). */
-    size_t noutputs;           /**< Number of outputs. */
-    int no_raise;              /**< Nonzero: one instruction per node (no loops recovered). */
+    mg_value *loss;           /**< The value to differentiate; NULL for an inference-only tape. */
+    mg_value *const *inputs;  /**< Leaves loaded from each sample's input row. */
+    size_t ninputs;           /**< Number of inputs. */
+    mg_value *const *targets; /**< Leaves loaded from each sample's target row. */
+    size_t ntargets;          /**< Number of targets. */
+    mg_value *const *params;  /**< Leaves trained by mg_tape_step(). */
+    size_t nparams;           /**< Number of parameters. */
+    mg_value *const *outputs; /**< Values mg_tape_predict() returns (any values). */
+    size_t noutputs;          /**< Number of outputs. */
+    int no_raise;             /**< Nonzero: one instruction per node (no loops recovered). */
 } mg_tape_spec;
 
 /**
@@ -67,25 +70,35 @@ MG_API mg_tape *mg_tape_freeze(mg_graph *g, const mg_tape_spec *spec);
 MG_API void mg_tape_free(mg_tape *t);
 
 /**
- * @brief The message of the last failed call on this tape.
+ * @brief The message of the last call on this tape that can fail, when it failed.
  * @param t the tape
- * @return a string owned by the tape, valid until its next call; "" when nothing failed.
+ * @return a string owned by the tape, valid until its next call; "" when that call succeeded
+ *         (or none was made); `"no tape"` for NULL.
  */
 MG_API const char *mg_tape_last_error(const mg_tape *t);
 
+/**
+ * @brief The status of the last call on this tape that can fail (see mg_tape_last_error()).
+ * @param t the tape
+ * @return MG_OK when it succeeded (or none was made), else its MG_E* status; MG_EINVAL for NULL.
+ */
+MG_API int mg_tape_last_status(const mg_tape *t);
+
 /** @brief Number of slots. @param t the tape @return the count (0 for NULL). */
 MG_API size_t mg_tape_nslots(const mg_tape *t);
-/** @brief Number of forward instructions (nests, variadic ops, loops). @param t the tape @return the count. */
+/** @brief Number of forward instructions (nests, variadic ops, loops). @param t the tape
+ *  @return the count (0 for NULL). */
 MG_API size_t mg_tape_ninstr(const mg_tape *t);
-/** @brief Number of parameters. @param t the tape @return the count. */
+/** @brief Number of parameters. @param t the tape @return the count (0 for NULL). */
 MG_API size_t mg_tape_nparams(const mg_tape *t);
-/** @brief Number of inputs. @param t the tape @return the count. */
+/** @brief Number of inputs. @param t the tape @return the count (0 for NULL). */
 MG_API size_t mg_tape_ninputs(const mg_tape *t);
-/** @brief Number of targets. @param t the tape @return the count. */
+/** @brief Number of targets. @param t the tape @return the count (0 for NULL). */
 MG_API size_t mg_tape_ntargets(const mg_tape *t);
-/** @brief Number of outputs. @param t the tape @return the count. */
+/** @brief Number of outputs. @param t the tape @return the count (0 for NULL). */
 MG_API size_t mg_tape_noutputs(const mg_tape *t);
-/** @brief Whether the tape has a loss (can train). @param t the tape @return 1 or 0. */
+/** @brief Whether the tape has a loss (can train). @param t the tape
+ *  @return 1 or 0 (0 for NULL). */
 MG_API int mg_tape_has_loss(const mg_tape *t);
 
 /** What freezing made of a graph (mg_tape_get_stats()). */
@@ -100,10 +113,11 @@ typedef struct mg_tape_stats {
 } mg_tape_stats;
 
 /**
- * @brief Statistics of the frozen program.
+ * @brief Statistics of the frozen program. (Named with `get` because the bare name is the type
+ * it fills: docs/ARCHITECTURE.md, "Naming".)
  * @param t the tape
  * @param[out] out the statistics
- * @return MG_OK, or MG_EINVAL for NULL arguments.
+ * @return MG_OK, or MG_EINVAL for NULL arguments (nothing recorded on the tape).
  */
 MG_API int mg_tape_get_stats(const mg_tape *t, mg_tape_stats *out);
 
@@ -112,7 +126,8 @@ MG_API int mg_tape_get_stats(const mg_tape *t, mg_tape_stats *out);
  * computes and the affine index of each operand, the sequential loops, the losses.
  * @param t the tape
  * @param[out] len length of the text (may be NULL)
- * @return a NUL-terminated string, freed with mg_tape_free_source(); NULL when out of memory.
+ * @return a NUL-terminated string, freed with mg_tape_free_source(); NULL for a NULL tape or when
+ *         out of memory.
  */
 MG_API char *mg_tape_describe(mg_tape *t, size_t *len);
 
@@ -135,35 +150,36 @@ MG_API double *mg_tape_grad(mg_tape *t);
  * @param t the tape
  * @param x ninputs values, or NULL to keep the input slots as they are
  * @param y ntargets values, or NULL to keep the target slots
- * @return MG_OK, or MG_EINVAL for a NULL tape.
+ * @return MG_OK, or MG_EINVAL for a NULL tape or a cross-entropy target in @p y that is not a
+ *         class index (nothing is run then).
  */
 MG_API int mg_tape_forward(mg_tape *t, const double *x, const double *y);
 
 /**
  * @brief The loss computed by the last forward.
  * @param t the tape
- * @return the loss; NaN without a loss.
+ * @return the loss; NaN without a loss or for NULL.
  */
 MG_API double mg_tape_loss(const mg_tape *t);
 
 /**
  * @brief The slot holding the loss.
  * @param t the tape
- * @return the slot index; 0 without a loss.
+ * @return the slot index; 0 without a loss or for NULL.
  */
 MG_API size_t mg_tape_loss_slot(const mg_tape *t);
 
 /**
  * @brief Copies the outputs computed by the last forward.
- * @param t the tape
- * @param[out] out room for mg_tape_noutputs() values
+ * @param t the tape; NULL is a no-op
+ * @param[out] out room for mg_tape_noutputs() values; NULL is a no-op
  */
 MG_API void mg_tape_outputs(const mg_tape *t, double *out);
 
 /**
  * @brief Backward pass after a forward: parameter gradients accumulate.
  * @param t the tape
- * @return MG_OK, or MG_EINVAL for a tape without a loss.
+ * @return MG_OK, or MG_EINVAL for a NULL tape or a tape without a loss.
  */
 MG_API int mg_tape_backward(mg_tape *t);
 
@@ -204,8 +220,8 @@ typedef struct mg_fit_options {
  * @return MG_OK, MG_EINVAL (no loss, bad arguments or targets: see mg_tape_last_error()),
  *         MG_ENOMEM (working memory; the parameters are then unchanged).
  */
-MG_API int mg_tape_fit(mg_tape *t, const double *X, const double *Y, size_t n, const mg_fit_options *opt,
-                       double *mean_loss);
+MG_API int mg_tape_fit(mg_tape *t, const double *X, const double *Y, size_t n,
+                       const mg_fit_options *opt, double *mean_loss);
 
 /**
  * @brief Forward over each row of @p X, computing only what the outputs need.
@@ -213,7 +229,7 @@ MG_API int mg_tape_fit(mg_tape *t, const double *X, const double *Y, size_t n, c
  * @param X inputs, row-major: n rows of mg_tape_ninputs() values
  * @param n number of samples
  * @param[out] out n rows of mg_tape_noutputs() values
- * @return MG_OK or MG_EINVAL.
+ * @return MG_OK, or MG_EINVAL for a NULL tape, or a NULL @p X or @p out where rows are needed.
  */
 MG_API int mg_tape_predict(mg_tape *t, const double *X, size_t n, double *out);
 
@@ -221,17 +237,21 @@ MG_API int mg_tape_predict(mg_tape *t, const double *X, size_t n, double *out);
  * @brief Copies the tape's parameters into the graph values they were frozen from.
  * @param t the tape
  * @param g the graph the tape was frozen from
- * @return the number of values written; values released since the freeze are skipped.
+ * @return the number of values written; values released since the freeze are skipped; 0 for
+ *         NULL arguments or another graph.
  */
 MG_API size_t mg_tape_write_back(const mg_tape *t, mg_graph *g);
 
 /** Options of mg_tape_emit_c(). Zero-initialise, then set what differs. */
 typedef struct mg_emit_options {
-    const char *prefix;  /**< Symbol prefix of the generated code; NULL means "mgc_". */
-    int inference_only;  /**< Nonzero: only `<prefix>infer`, parameters inlined as constants. */
-    int float32;         /**< Nonzero: float32 slot arrays (a speed trade; results change). */
-    size_t max_kernels;  /**< Nests to specialise, hottest first (0: the default budget, 32);
-                              the others run libmg's interpreter kernels. */
+    const char *prefix; /**< Symbol prefix of the generated code; NULL means "mgc_". */
+    int inference_only; /**< Nonzero: only `<prefix>infer`, parameters inlined as constants. */
+    int float32;        /**< Nonzero: training code over float32 slot arrays (results change);
+                             mg_tape_attach() takes double slots only, so such code cannot run
+                             in libmg yet. Ignored with inference_only. */
+    size_t max_kernels; /**< Nests to specialise, hottest first (0: the default budget, 32);
+                             the others run libmg's interpreter kernels. Inference-only code
+                             specialises every nest it runs. */
 } mg_emit_options;
 
 /** A compiled program's kernel: one nest over a `mgk_run` (see the generated code). */
@@ -242,34 +262,42 @@ typedef void (*mg_kernel_fn)(const void *run);
 
 /** What generated training code exports as `<prefix>program`. */
 typedef struct mg_compiled {
-    unsigned abi;                /**< MG_COMPILED_ABI */
-    unsigned real_bytes;         /**< 8 (double slots) or 4 (float32 storage) */
+    unsigned abi;                   /**< MG_COMPILED_ABI */
+    unsigned real_bytes;            /**< 8 (double slots) or 4 (float32 storage) */
     unsigned long long fingerprint; /**< mg_tape_fingerprint() of the tape it was emitted from */
-    size_t nnests;               /**< entries of `kernels` */
-    const mg_kernel_fn *kernels; /**< per nest: a specialised kernel, or NULL */
+    size_t nnests;                  /**< entries of `kernels` */
+    const mg_kernel_fn *kernels;    /**< per nest: a specialised kernel, or NULL */
 } mg_compiled;
 
 /**
  * @brief Writes C for the tape, self-contained: it includes only `<math.h>` and `<stddef.h>`.
  *
  * Training code exports `<prefix>program` (an mg_compiled: hot nests as specialised functions,
- * to be given to mg_tape_attach()). Inference-only code exports
- * `<prefix>infer(const double *x, double *y, double *work)` and needs nothing else. The same
- * tape gives byte-identical source: names derive from nest and slot numbers only.
+ * to be given to mg_tape_attach()) and `<prefix>emitter_version` (an `int`,
+ * mg_tape_emitter_version()). Inference-only code exports
+ * `<prefix>infer(const double *x, double *y, double *work)`, with `work` NULL or room for
+ * `<prefix>WORK` doubles (macros `<prefix>WORK`, `<prefix>NINPUTS`, `<prefix>NOUTPUTS`), and needs
+ * nothing else. The same tape gives byte-identical source: names derive from nest and slot
+ * numbers only.
  * @param t the tape
  * @param opt options; NULL for the defaults
  * @param[out] len length of the source (may be NULL)
- * @return a NUL-terminated string, freed with mg_tape_free_source(); NULL when out of memory
- *         or when the prefix is not a C identifier (message in mg_tape_last_error()).
+ * @return a NUL-terminated string, freed with mg_tape_free_source(); NULL for a NULL tape, when
+ *         the prefix is not a C identifier of at most 64 characters (MG_EINVAL) or when out of
+ *         memory (MG_ENOMEM): see mg_tape_last_error() and mg_tape_last_status().
  */
 MG_API char *mg_tape_emit_c(mg_tape *t, const mg_emit_options *opt, size_t *len);
 
-/** @brief Frees a string returned by mg_tape_emit_c() or mg_tape_describe(). @param t the tape
- * @param src NULL is a no-op */
+/**
+ * @brief Frees a string returned by mg_tape_emit_c() or mg_tape_describe().
+ * @param t the tape that returned it (its allocator frees the string); NULL is a no-op
+ * @param src the string; NULL is a no-op
+ */
 MG_API void mg_tape_free_source(const mg_tape *t, char *src);
 
 /**
- * @brief Version of the code generator; part of compiled-code cache keys.
+ * @brief Version of the code generator; part of compiled-code cache keys, and exported by
+ * training code as `<prefix>emitter_version`. (No tape argument: named for its header's noun.)
  * @return a positive integer, raised whenever generated code changes.
  */
 MG_API int mg_tape_emitter_version(void);
@@ -287,8 +315,8 @@ MG_API unsigned long long mg_tape_fingerprint(const mg_tape *t);
  * @param t the tape
  * @param c the `<prefix>program` of code mg_tape_emit_c() wrote for this tape (double slots);
  *          it must stay loaded until mg_tape_detach() or mg_tape_free()
- * @return MG_OK, or MG_EINVAL when @p c is NULL or was written for another program, another
- *         ABI or another slot type (the tape keeps its current kernels).
+ * @return MG_OK, or MG_EINVAL for a NULL tape, or when @p c is NULL or was written for another
+ *         program, another ABI or another slot type (the tape keeps its current kernels).
  */
 MG_API int mg_tape_attach(mg_tape *t, const mg_compiled *c);
 

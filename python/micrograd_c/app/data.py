@@ -62,7 +62,7 @@ def locate_mnist(data_dir: str | None, download: bool, log: Callable[[str], None
     """The directory MNIST is read from, the same way for ``train`` and ``eval``.
 
     ``data_dir`` (``--data-dir``, relative to the current directory) wins; otherwise the download
-    cache (``$MICROGRAD_C_DATA_DIR`` or ``~/.cache/micrograd_c/mnist``). ``download`` fetches
+    cache (:func:`micrograd_c.datasets.default_data_dir`). ``download`` fetches
     what is missing there first. Errors (:class:`~micrograd_c.datasets.DatasetError`) say which
     of the two options to use.
     """

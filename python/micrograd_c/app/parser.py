@@ -106,7 +106,8 @@ def make_parser() -> argparse.ArgumentParser:
             "--data-dir",
             metavar="DIR",
             help="directory of MNIST IDX files (gzip or raw), relative to the current directory; "
-            "default: the download cache ($MICROGRAD_C_DATA_DIR or ~/.cache/micrograd_c/mnist)",
+            "default: the download cache ($MICROGRAD_C_DATA_DIR, else micrograd_c/mnist in "
+            "$XDG_CACHE_HOME or ~/.cache)",
         )
         q.add_argument(
             "--download",
