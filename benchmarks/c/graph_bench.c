@@ -35,7 +35,7 @@ int main(int argc, char **argv) {
     mg_rng r;
     mg_rng_seed(&r, 0);
     size_t sizes[2] = {637, 10};
-    mg_mlp *m = mg_mlp_init(g, 784, sizes, 2, MG_ACT_RELU, MG_INIT_SCALED, &r);
+    mg_mlp *m = mg_mlp_new(g, 784, sizes, 2, MG_ACT_RELU, MG_INIT_SCALED, &r);
     if (!m) return 1;
     mg_value **p = malloc(mg_mlp_param_count(m) * sizeof *p);
     mg_mlp_params(m, p);
@@ -66,7 +66,7 @@ int main(int argc, char **argv) {
         tb[k] = t1 - t0;
         tw[k] = t2 - t1;
         nodes = mg_graph_len(g) - (size_t)mg_mlp_param_count(m);
-        loss = mg_data(l);
+        loss = mg_value_data(l);
         mg_graph_restore(g, cp);
     }
     printf("MLP(784,[637,10]) built op by op: %zu values per graph (plus %zu parameters), loss %.6f\n",

@@ -2,54 +2,34 @@
  * read without touching the graph again), the stages turn it into programs, and the tape gets
  * its slot arrays. The graph is never modified. */
 #include "ir.h"
+#include "ptrmap.h"
 
 #include <string.h>
 
-/* ---- pointer -> index map, open addressing ---------------------------------------------------- */
+/* ---- pointer -> index maps: libmg's pointer map (ptrmap.h), sized in advance --------------- */
 
-typedef struct pmap {
-    const mg_value **keys;
-    uint32_t *vals;
-    size_t cap; /* power of two */
-} pmap;
-
-static size_t pmap_slot(const pmap *m, const mg_value *v) {
-    uint64_t h = (uint64_t)(uintptr_t)v * 0x9E3779B97F4A7C15ull;
-    return (size_t)(h >> 32) & (m->cap - 1);
-}
+typedef mg_ptrmap pmap;
 
 static int pmap_init(mg_tape *t, pmap *m, size_t n) {
-    m->cap = 16;
-    while (m->cap < 2 * n + 2) m->cap *= 2;
-    m->keys = mg_tape__alloc(t, m->cap, sizeof *m->keys);
-    m->vals = mg_tape__alloc(t, m->cap, sizeof *m->vals);
-    if (!m->keys || !m->vals) return 0;
-    memset(m->keys, 0, m->cap * sizeof *m->keys);
-    return 1;
+    if (mg_ptrmap_reserve(m, n, &t->alloc)) return 1;
+    mg_tape__fail(t, MG_ENOMEM, "out of memory for a map of %zu values", n);
+    return 0;
 }
 
-static void pmap_free(mg_tape *t, pmap *m) {
-    if (m->keys) t->alloc.free_fn(m->keys, t->alloc.ctx);
-    if (m->vals) t->alloc.free_fn(m->vals, t->alloc.ctx);
-}
+static void pmap_free(mg_tape *t, pmap *m) { mg_ptrmap_free(m, &t->alloc); }
 
 static uint32_t pmap_get(const pmap *m, const mg_value *v) {
-    for (size_t i = pmap_slot(m, v);; i = (i + 1) & (m->cap - 1)) {
-        if (m->keys[i] == v) return m->vals[i];
-        if (!m->keys[i]) return UINT32_MAX;
-    }
+    size_t i = mg_ptrmap_find(m, v);
+    return i == MG_PTRMAP_NONE ? UINT32_MAX : (uint32_t)m->slots[i].val;
 }
 
-/* Inserts; returns 0 when v is present already. */
+/* Inserts; returns 0 when v is present already. Never grows (pmap_init() made room for every
+ * key at a load of one half), so no allocator is needed. */
 static int pmap_put(pmap *m, const mg_value *v, uint32_t x) {
-    for (size_t i = pmap_slot(m, v);; i = (i + 1) & (m->cap - 1)) {
-        if (m->keys[i] == v) return 0;
-        if (!m->keys[i]) {
-            m->keys[i] = v;
-            m->vals[i] = x;
-            return 1;
-        }
-    }
+    int added = 0;
+    uintptr_t *val = mg_ptrmap_put(m, v, NULL, &added);
+    if (val && added) *val = x;
+    return added;
 }
 
 /* ---- constants: equal bit patterns share a slot -------------------------------------------------- */
@@ -239,7 +219,7 @@ mg_tape *mg_tape_freeze(mg_graph *g, const mg_tape_spec *spec) {
     t->graph_id = mg_ir__graph_id(g);
     mg_fz f;
     memset(&f, 0, sizeof f);
-    pmap index = {0}, roles = {0};
+    pmap index = MG_PTRMAP_INIT, roles = MG_PTRMAP_INIT;
     double *const_values = NULL;
     int st = MG_OK, g_set = 0; /* g_set: the graph's error already says what failed */
 

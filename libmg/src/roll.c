@@ -158,8 +158,10 @@ int mg_roll(mg_tape *t) {
     }
     memcpy(t->fwd, prog, np * sizeof(mg_instr));
     t->nfwd = np;
-    memcpy(t->nests, nests, nn * sizeof(mgk_nest));
-    memcpy(t->info, info, nn * sizeof(mg_nest_info));
+    if (nn) { /* a program may have no nests (its arrays are then NULL) */
+        memcpy(t->nests, nests, nn * sizeof(mgk_nest));
+        memcpy(t->info, info, nn * sizeof(mg_nest_info));
+    }
     t->nnests = t->nfwd_nests = nn;
     st = MG_OK;
 done:

@@ -423,16 +423,6 @@ MG_API mg_value *mg_hinge(mg_graph *g, mg_value *const *score, mg_value *const *
  */
 MG_API mg_value *mg_cross_entropy(mg_graph *g, mg_value *const *logits, size_t n, mg_value *target);
 
-/** @cond MG_OLD_NAMES */
-/* ---- TO REMOVE: the names before the naming rule (docs/ARCHITECTURE.md, "Naming") ------------
- * Only until benchmarks/c/graph_bench.c calls the new names; not for new code, and gone in the
- * next release. */
-#define mg_data mg_value_data
-#define mg_grad mg_value_grad
-#define mg_set_data mg_value_set_data
-#define mg_set_grad mg_value_set_grad
-/** @endcond */
-
 #ifdef __cplusplus
 }
 #endif

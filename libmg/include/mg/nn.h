@@ -212,12 +212,6 @@ MG_API mg_layer *mg_mlp_layer(const mg_mlp *m, size_t i);
 /** @brief Frees an MLP and its layers. @param m NULL is a no-op */
 MG_API void mg_mlp_free(mg_mlp *m);
 
-/** @cond MG_OLD_NAMES */
-/* ---- TO REMOVE: the name before the naming rule (docs/ARCHITECTURE.md, "Naming") -------------
- * Only until benchmarks/c/graph_bench.c calls mg_mlp_new(). */
-#define mg_mlp_init mg_mlp_new
-/** @endcond */
-
 #ifdef __cplusplus
 }
 #endif
