@@ -65,6 +65,7 @@ row is missing; the verdict is on images/s, and one-thread pairs also show the r
 CPU-second, for a machine where other work competes). The issue's last target, the CNN and RNN
 families at batch 32, is benchmarks/models.py's.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -103,12 +104,15 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_MNIST = os.path.join(os.path.dirname(os.path.dirname(HERE)), "shared", "data", "mnist")
 NIN, HIDDEN = 784, [50, 10]
 SIZES = [NIN] + HIDDEN
-LOSS_RTOL = 1e-6        # float64 systems against micrograd_c compiled
-LOSS_RTOL_F32 = 1e-3    # float32 storage: reported, never fatal
+LOSS_RTOL = 1e-6  # float64 systems against micrograd_c compiled
+LOSS_RTOL_F32 = 1e-3  # float32 storage: reported, never fatal
 TARGETS = {"b32_jax": 1.5, "b32_threads": 1.8, "b1_jax": 5.0, "b1_hand": 2.0, "f32": 1.8}
 F32_NA = "n/a (float32 not available in this build)"
-PIP = {"jax": "pip install jax jaxlib", "torch": "pip install torch==2.13.0",
-       "all": "pip install 'micrograd-c[bench]'"}
+PIP = {
+    "jax": "pip install jax jaxlib",
+    "torch": "pip install torch==2.13.0",
+    "all": "pip install 'micrograd-c[bench]'",
+}
 FULL = {"train": 8000, "repeat": 11}
 QUICK = {"train": 2000, "repeat": 5}
 
@@ -124,6 +128,7 @@ def madds_per_image(batch: int) -> float:
 
 
 # ---- the JAX worker (a subprocess: its own XLA flags, its own CPU) -----------------------------
+
 
 def _send(f: Any, obj: Any) -> None:
     data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
@@ -154,6 +159,7 @@ def jax_worker() -> None:
     try:
         import jax
         import jax.numpy as jnp
+
         jax.config.update("jax_enable_x64", True)
         import jaxlib  # type: ignore[import-not-found]
     except Exception as e:  # reported to the parent
@@ -185,22 +191,26 @@ def jax_worker() -> None:
         # laid out in advance): slicing X inside it copies the whole epoch's images per call,
         # which made the scan 1.8x slower at batch 128 and 256 (8,000 is no multiple of them).
         nb, rem = divmod(n, batch)
-        Xb = jax.device_put(X[:nb * batch].reshape(nb, batch, X.shape[1]))
-        Yb = jax.device_put(Y[:nb * batch].reshape(nb, batch))
-        Xr, Yr = jax.device_put(X[nb * batch:]), jax.device_put(Y[nb * batch:])
+        Xb = jax.device_put(X[: nb * batch].reshape(nb, batch, X.shape[1]))
+        Yb = jax.device_put(Y[: nb * batch].reshape(nb, batch))
+        Xr, Yr = jax.device_put(X[nb * batch :]), jax.device_put(Y[nb * batch :])
 
         def epoch(p: Any, Xb: Any, Yb: Any, Xr: Any, Yr: Any) -> Any:
-            (p, tot), _ = jax.lax.scan(lambda c, xy: (sgd(c[0], c[1], xy[0], xy[1], lr), None),
-                                       (p, jnp.zeros((), Xb.dtype)), (Xb, Yb))
+            (p, tot), _ = jax.lax.scan(
+                lambda c, xy: (sgd(c[0], c[1], xy[0], xy[1], lr), None),
+                (p, jnp.zeros((), Xb.dtype)),
+                (Xb, Yb),
+            )
             if rem:
                 p, tot = sgd(p, tot, Xr, Yr, lr)
             return p, tot / n
+
         f = jax.jit(epoch)
         return lambda: f(init, Xb, Yb, Xr, Yr)
 
     def make_step(batch: int, lr: float) -> Callable[[], Any]:
         f = jax.jit(lambda p, tot, x, y: sgd(p, tot, x, y, lr))
-        chunks = [(X[b:b + batch], Y[b:b + batch]) for b in range(0, n, batch)]
+        chunks = [(X[b : b + batch], Y[b : b + batch]) for b in range(0, n, batch)]
         zero = jnp.zeros((), X.dtype)
 
         def run() -> Any:
@@ -208,13 +218,23 @@ def jax_worker() -> None:
             for x, y in chunks:
                 p, tot = f(p, tot, x, y)
             return p, tot / n
+
         return run
 
     runners: dict[tuple[str, int], Callable[[], Any]] = {}
-    _send(out, ("ok", {"jax": jax.__version__, "jaxlib": jaxlib.__version__,
-                       "devices": [str(d) for d in jax.devices()],
-                       "affinity": sorted(os.sched_getaffinity(0)),
-                       "xla_flags": os.environ.get("XLA_FLAGS", "")}))
+    _send(
+        out,
+        (
+            "ok",
+            {
+                "jax": jax.__version__,
+                "jaxlib": jaxlib.__version__,
+                "devices": [str(d) for d in jax.devices()],
+                "affinity": sorted(os.sched_getaffinity(0)),
+                "xla_flags": os.environ.get("XLA_FLAGS", ""),
+            },
+        ),
+    )
     while True:
         try:
             msg = _recv(inp)
@@ -247,11 +267,16 @@ def jax_worker() -> None:
 class JaxClient:
     """The parent's end of the JAX worker."""
 
-    def __init__(self, X: np.ndarray, Y: np.ndarray, params: Sequence[np.ndarray],
-                 cpu: int | None) -> None:
+    def __init__(
+        self, X: np.ndarray, Y: np.ndarray, params: Sequence[np.ndarray], cpu: int | None
+    ) -> None:
         env = dict(os.environ, **PIN_ENV)
-        self.p = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--jax-worker"],
-                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+        self.p = subprocess.Popen(
+            [sys.executable, os.path.abspath(__file__), "--jax-worker"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=env,
+        )
         self.threads_seen = 0
         self.info = self.call({"X": X, "Y": Y, "params": list(params), "cpu": cpu})
 
@@ -310,8 +335,20 @@ def cpu_info() -> tuple[str, list[str]]:
 
 
 def isa_summary(flags: list[str]) -> str:
-    keep = ["sse4_2", "avx", "avx2", "fma", "avx512f", "avx512dq", "avx512vl", "avx512bw",
-            "avx512_fp16", "asimd", "sve", "sve2"]
+    keep = [
+        "sse4_2",
+        "avx",
+        "avx2",
+        "fma",
+        "avx512f",
+        "avx512dq",
+        "avx512vl",
+        "avx512bw",
+        "avx512_fp16",
+        "asimd",
+        "sve",
+        "sve2",
+    ]
     have = [f for f in keep if f in flags]
     return " ".join(have) if have else "(no SIMD flags listed)"
 
@@ -332,8 +369,12 @@ def march_native(tc: Any, flags: list[str]) -> str:
     if "-march=native" not in flags:
         return ""
     try:
-        r = subprocess.run(tc.command + ["-march=native", "-Q", "--help=target"],
-                           capture_output=True, text=True, timeout=60)
+        r = subprocess.run(
+            tc.command + ["-march=native", "-Q", "--help=target"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return ", -march=native"
     march, enabled = "?", set()
@@ -345,8 +386,9 @@ def march_native(tc: Any, flags: list[str]) -> str:
             enabled.add(parts[0])
     if march == "?":
         return ", -march=native"
-    widest = next((isa for isa in ("avx512f", "avx2", "avx", "sse4.2")
-                   if f"-m{isa}" in enabled), "")
+    widest = next(
+        (isa for isa in ("avx512f", "avx2", "avx", "sse4.2") if f"-m{isa}" in enabled), ""
+    )
     return f", -march=native = {march}" + (f" (+{widest})" if widest else "")
 
 
@@ -367,8 +409,9 @@ def build_so(tc: Any, flags: list[str], src: str, out: str) -> float:
     return time.perf_counter() - t0
 
 
-def measure_peak(tc: Any, work: str, flags: list[str],
-                 widths: list[int]) -> dict[str, dict[int, float]]:
+def measure_peak(
+    tc: Any, work: str, flags: list[str], widths: list[int]
+) -> dict[str, dict[int, float]]:
     """Multiply-adds per second of one core, per variant (mul+add, FMA) and vector width."""
     src = os.path.join(HERE, "c", "peak.c")
     out: dict[str, dict[int, float]] = {}
@@ -385,8 +428,10 @@ def measure_peak(tc: Any, work: str, flags: list[str],
 
 # ---- data and the model ------------------------------------------------------------------------
 
+
 def load_data(data_dir: str, n: int) -> tuple[np.ndarray, np.ndarray, str]:
     from micrograd_c.datasets import DatasetError, load_mnist
+
     try:
         X, y = load_mnist(data_dir, "test")
         src = f"MNIST test set ({data_dir}), first {min(n, len(X)):,} images"
@@ -403,7 +448,7 @@ def split_params(flat: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
     (W (out, in), b (out,)) per layer."""
     layers, at = [], 0
     for nin, nout in zip(SIZES[:-1], SIZES[1:]):
-        block = flat[at:at + nout * (nin + 1)].reshape(nout, nin + 1)
+        block = flat[at : at + nout * (nin + 1)].reshape(nout, nin + 1)
         layers.append((block[:, :nin].copy(), block[:, nin].copy()))
         at += nout * (nin + 1)
     if at != len(flat):
@@ -431,7 +476,7 @@ class System:
     batch: int
     threads: int = 1
     run: Runner | None = None
-    kind: str = ""             # compiled, tape, f32, scan, step, torch, hand, handfast
+    kind: str = ""  # compiled, tape, f32, scan, step, torch, hand, handfast
     float32: bool = False
     skipped: str | None = None  # the text printed instead of figures ("n/a (...)", "skipped: ")
     walls: list[float] = field(default_factory=list)
@@ -450,6 +495,7 @@ def timed(reset: Callable[[], None], epoch: Callable[[], float]) -> Runner:
         t0, c0 = time.perf_counter(), time.process_time()
         loss = epoch()
         return time.perf_counter() - t0, time.process_time() - c0, float(loss)
+
     return run
 
 
@@ -460,39 +506,77 @@ def first_line(e: BaseException) -> str:
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(
-        prog="python benchmarks/compile.py", description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true",
-                    help=f"a smoke test: --train {QUICK['train']} --repeat {QUICK['repeat']} "
-                         "unless given (under a minute); the default is the full run, "
-                         f"--train {FULL['train']} --repeat {FULL['repeat']}")
-    ap.add_argument("--train", type=int, default=None, metavar="N",
-                    help=f"images in the epoch (default {FULL['train']}, --quick "
-                         f"{QUICK['train']})")
-    ap.add_argument("--repeat", type=int, default=None, metavar="R",
-                    help=f"timed rounds of one epoch per system (default {FULL['repeat']}, "
-                         f"--quick {QUICK['repeat']})")
-    ap.add_argument("--batches", default="1,32,128,256", metavar="B,B,...",
-                    help="batch sizes (default 1,32,128,256)")
-    ap.add_argument("--threads", default="1,2", metavar="T,T,...",
-                    help="thread counts of micrograd_c compiled above batch 1 (default 1,2)")
+        prog="python benchmarks/compile.py",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"a smoke test: --train {QUICK['train']} --repeat {QUICK['repeat']} "
+        "unless given (under a minute); the default is the full run, "
+        f"--train {FULL['train']} --repeat {FULL['repeat']}",
+    )
+    ap.add_argument(
+        "--train",
+        type=int,
+        default=None,
+        metavar="N",
+        help=f"images in the epoch (default {FULL['train']}, --quick {QUICK['train']})",
+    )
+    ap.add_argument(
+        "--repeat",
+        type=int,
+        default=None,
+        metavar="R",
+        help=f"timed rounds of one epoch per system (default {FULL['repeat']}, "
+        f"--quick {QUICK['repeat']})",
+    )
+    ap.add_argument(
+        "--batches",
+        default="1,32,128,256",
+        metavar="B,B,...",
+        help="batch sizes (default 1,32,128,256)",
+    )
+    ap.add_argument(
+        "--threads",
+        default="1,2",
+        metavar="T,T,...",
+        help="thread counts of micrograd_c compiled above batch 1 (default 1,2)",
+    )
     ap.add_argument("--lr", type=float, default=0.01, help="SGD learning rate at batch 1 (0.01)")
-    ap.add_argument("--lr-batched", type=float, default=0.04,
-                    help="SGD learning rate above batch 1 (0.04)")
-    ap.add_argument("--data-dir", default=DEFAULT_MNIST, metavar="DIR",
-                    help="MNIST IDX files (default ../shared/data/mnist next to the repository); "
-                         "random images when absent")
-    ap.add_argument("--compilers", default=None, metavar="CC,CC,...",
-                    help="C compilers for micrograd_c compiled rows (default: micrograd_c's "
-                         "choice, $CC or cc); the first also builds the hand-written C and the "
-                         "peak kernel")
-    ap.add_argument("--cpu", type=int, default=None,
-                    help="the CPU one-thread rows are pinned to (default: the last allowed)")
+    ap.add_argument(
+        "--lr-batched", type=float, default=0.04, help="SGD learning rate above batch 1 (0.04)"
+    )
+    ap.add_argument(
+        "--data-dir",
+        default=DEFAULT_MNIST,
+        metavar="DIR",
+        help="MNIST IDX files (default ../shared/data/mnist next to the repository); "
+        "random images when absent",
+    )
+    ap.add_argument(
+        "--compilers",
+        default=None,
+        metavar="CC,CC,...",
+        help="C compilers for micrograd_c compiled rows (default: micrograd_c's "
+        "choice, $CC or cc); the first also builds the hand-written C and the "
+        "peak kernel",
+    )
+    ap.add_argument(
+        "--cpu",
+        type=int,
+        default=None,
+        help="the CPU one-thread rows are pinned to (default: the last allowed)",
+    )
     ap.add_argument("--no-pin", action="store_true", help="do not pin one-thread rows to a CPU")
     ap.add_argument("--no-jax", action="store_true", help="leave out the JAX rows")
     ap.add_argument("--no-torch", action="store_true", help="leave out the PyTorch rows")
-    ap.add_argument("--no-hand", action="store_true",
-                    help="leave out the hand-written C rows and the peak measurement")
+    ap.add_argument(
+        "--no-hand",
+        action="store_true",
+        help="leave out the hand-written C rows and the peak measurement",
+    )
     args = ap.parse_args(argv)
     preset = QUICK if args.quick else FULL
     args.train = preset["train"] if args.train is None else args.train
@@ -502,8 +586,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         args.threads = sorted({int(t) for t in args.threads.split(",") if t.strip()})
     except ValueError:
         ap.error("--batches and --threads are comma-separated integers")
-    if (not args.batches or min(args.batches) < 1 or not args.threads or min(args.threads) < 1
-            or args.repeat < 1 or args.train < 1):
+    if (
+        not args.batches
+        or min(args.batches) < 1
+        or not args.threads
+        or min(args.threads) < 1
+        or args.repeat < 1
+        or args.train < 1
+    ):
         ap.error("batches, threads, --repeat and --train must be positive")
     args.error = ap.error
     return args
@@ -548,8 +638,9 @@ def main() -> None:
         loss = mc.cross_entropy(logits, yin[0])
         params = model.parameters()
         t0 = time.perf_counter()
-        tape = mc.compile(loss, inputs=xin, targets=yin, params=params, outputs=logits,
-                          backend="tape")
+        tape = mc.compile(
+            loss, inputs=xin, targets=yin, params=params, outputs=logits, backend="tape"
+        )
         freeze_s = time.perf_counter() - t0
         init = tape.parameters.copy()
         layers = split_params(init)
@@ -557,79 +648,124 @@ def main() -> None:
         (W1, b1), (W2, b2) = layers
 
         compilers: list[str | None] = (
-            [c.strip() for c in args.compilers.split(",")] if args.compilers else [None])
+            [c.strip() for c in args.compilers.split(",")] if args.compilers else [None]
+        )
         toolchains: list[tuple[str | None, Any]] = []
         for c in compilers:
             try:
                 toolchains.append((c, compiler.find_compiler(c)))
             except mc.CompileError as e:
-                notes.append(f"no C compiler {c or '(default)'}: {first_line(e)}; "
-                             "its rows are skipped")
+                notes.append(
+                    f"no C compiler {c or '(default)'}: {first_line(e)}; its rows are skipped"
+                )
         tc0 = toolchains[0][1] if toolchains else None
         flags0 = compiler.default_flags(tc0) if tc0 else []
 
         systems: list[System] = []
 
-        def mg_system(label: str, prog: Any, batch: int, threads: int, kind: str,
-                      f32: bool = False) -> System:
+        def mg_system(
+            label: str, prog: Any, batch: int, threads: int, kind: str, f32: bool = False
+        ) -> System:
             def reset() -> None:
                 prog.parameters[:] = init
 
             def epoch() -> float:
-                return prog.fit(X, Y, epochs=1, lr=lr_of[batch], batch_size=batch,
-                                shuffle=False, threads=threads)[0]
+                return prog.fit(
+                    X,
+                    Y,
+                    epochs=1,
+                    lr=lr_of[batch],
+                    batch_size=batch,
+                    shuffle=False,
+                    threads=threads,
+                )[0]
+
             return System(label, batch, threads, timed(reset, epoch), kind=kind, float32=f32)
 
         info = tape.info
         compile_lines: list[str] = [
             f"freeze (tape) {freeze_s * 1e3:.1f} ms: {info['ninstr']} instructions, "
             f"{info['nslots']:,} slots, {info.get('forward_nests', '?')} forward + "
-            f"{info.get('backward_nests', '?')} backward loop nests"]
+            f"{info.get('backward_nests', '?')} backward loop nests"
+        ]
         for ci, (cname, tc) in enumerate(toolchains):
             fl = compiler.default_flags(tc)
             tag = "" if ci == 0 else f" [{tc.name}]"
             cache = tempfile.mkdtemp(dir=work)  # a fresh cache: compile times are real
             try:
                 t0 = time.perf_counter()
-                prog = mc.compile(loss, inputs=xin, targets=yin, params=params, outputs=logits,
-                                  backend="c", cc=cname, cache=cache)
+                prog = mc.compile(
+                    loss,
+                    inputs=xin,
+                    targets=yin,
+                    params=params,
+                    outputs=logits,
+                    backend="c",
+                    cc=cname,
+                    cache=cache,
+                )
                 total_s = time.perf_counter() - t0
                 compile_lines.append(
                     f"micrograd_c compile{tag} ({tc.version}; {' '.join(fl)}): {total_s:.2f} s "
                     f"(freeze + emit + cc + load; cc alone {prog.info['compile_seconds']:.2f} s),"
-                    f" C source {prog.info['source_bytes'] / 1024:.0f} KB")
+                    f" C source {prog.info['source_bytes'] / 1024:.0f} KB"
+                )
                 for b in batches:
-                    for th in ([1] if b == 1 else thread_counts):
-                        systems.append(mg_system(f"micrograd_c compiled{tag}", prog, b, th,
-                                                 "compiled"))
+                    for th in [1] if b == 1 else thread_counts:
+                        systems.append(
+                            mg_system(f"micrograd_c compiled{tag}", prog, b, th, "compiled")
+                        )
             except mc.CompileError as e:
                 compile_lines.append(f"micrograd_c compile{tag}: failed: {first_line(e)}")
                 for b in batches:
-                    systems.append(System(f"micrograd_c compiled{tag}", b, kind="compiled",
-                                          skipped=f"failed: {first_line(e)}"))
+                    systems.append(
+                        System(
+                            f"micrograd_c compiled{tag}",
+                            b,
+                            kind="compiled",
+                            skipped=f"failed: {first_line(e)}",
+                        )
+                    )
             if ci == 0:  # float32 storage, with the same compiler
                 f32_label = "micrograd_c float32 storage"
                 f32_batches = [b for b in (1, 32) if b in batches]
                 try:
                     t0 = time.perf_counter()
-                    p32 = mc.compile(loss, inputs=xin, targets=yin, params=params,
-                                     outputs=logits, backend="c", cc=cname, cache=cache,
-                                     float32=True)
+                    p32 = mc.compile(
+                        loss,
+                        inputs=xin,
+                        targets=yin,
+                        params=params,
+                        outputs=logits,
+                        backend="c",
+                        cc=cname,
+                        cache=cache,
+                        float32=True,
+                    )
                     compile_lines.append(
-                        f"micrograd_c float32 compile: {time.perf_counter() - t0:.2f} s")
+                        f"micrograd_c float32 compile: {time.perf_counter() - t0:.2f} s"
+                    )
                     for b in f32_batches:
                         systems.append(mg_system(f32_label, p32, b, 1, "f32", True))
                 except NotImplementedError as e:
-                    compile_lines.append(f"micrograd_c float32 compile: NotImplementedError: "
-                                         f"{first_line(e)}")
+                    compile_lines.append(
+                        f"micrograd_c float32 compile: NotImplementedError: {first_line(e)}"
+                    )
                     for b in f32_batches:
-                        systems.append(System(f32_label, b, kind="f32", float32=True,
-                                              skipped=F32_NA))
+                        systems.append(
+                            System(f32_label, b, kind="f32", float32=True, skipped=F32_NA)
+                        )
                 except Exception as e:  # any failure is a row, never a crash
                     for b in f32_batches:
-                        systems.append(System(f32_label, b, kind="f32", float32=True,
-                                              skipped=f"failed: {type(e).__name__}: "
-                                                      f"{first_line(e)}"))
+                        systems.append(
+                            System(
+                                f32_label,
+                                b,
+                                kind="f32",
+                                float32=True,
+                                skipped=f"failed: {type(e).__name__}: {first_line(e)}",
+                            )
+                        )
         for b in batches:
             systems.append(mg_system("micrograd_c tape interpreter", tape, b, 1, "tape"))
 
@@ -653,35 +789,49 @@ def main() -> None:
                     bs = build_so(tc0, fl, os.path.join(HERE, "c", "mlp_hand.c"), so)
                 except RuntimeError as e:
                     for b in batches:
-                        systems.append(System(label, b, kind=kind,
-                                              skipped=f"failed: build: {first_line(e)}"))
+                        systems.append(
+                            System(label, b, kind=kind, skipped=f"failed: build: {first_line(e)}")
+                        )
                     continue
                 compile_lines.append(f"{label} ({tc0.name} {' '.join(fl)}): built in {bs:.2f} s")
                 lib = ctypes.CDLL(so)
                 lib.mlp_nparams.restype = ctypes.c_size_t
                 if lib.mlp_nparams() != len(init):
-                    raise SystemExit(f"mlp_hand.c has {lib.mlp_nparams()} parameters, "
-                                     f"the model {len(init)}")
+                    raise SystemExit(
+                        f"mlp_hand.c has {lib.mlp_nparams()} parameters, the model {len(init)}"
+                    )
                 f1 = lib.mlp_train_epoch
                 f1.restype = ctypes.c_double
                 f1.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_size_t, ctypes.c_double]
                 fb = lib.mlp_train_epoch_batched
                 fb.restype = ctypes.c_double
-                fb.argtypes = ([ctypes.c_void_p] * 4
-                               + [ctypes.c_size_t, ctypes.c_double, ctypes.c_size_t])
+                fb.argtypes = [ctypes.c_void_p] * 4 + [
+                    ctypes.c_size_t,
+                    ctypes.c_double,
+                    ctypes.c_size_t,
+                ]
                 buf = np.empty_like(hand_p)
                 for b in batches:
+
                     def reset(buf: np.ndarray = buf) -> None:
                         buf[:] = hand_p
 
-                    def epoch(b: int = b, buf: np.ndarray = buf, f1: Any = f1,
-                              fb: Any = fb) -> float:
-                        args_ = (buf.ctypes.data, X.ctypes.data, Y.ctypes.data,
-                                 order.ctypes.data, n, lr_of[b])
+                    def epoch(
+                        b: int = b, buf: np.ndarray = buf, f1: Any = f1, fb: Any = fb
+                    ) -> float:
+                        args_ = (
+                            buf.ctypes.data,
+                            X.ctypes.data,
+                            Y.ctypes.data,
+                            order.ctypes.data,
+                            n,
+                            lr_of[b],
+                        )
                         r = f1(*args_) if b == 1 else fb(*args_, b)
                         if r < 0:
                             raise MemoryError("mlp_hand.c could not allocate its gradients")
                         return r
+
                     systems.append(System(label, b, 1, timed(reset, epoch), kind=kind))
 
         # ---- PyTorch -------------------------------------------------------------------------
@@ -693,13 +843,20 @@ def main() -> None:
             except ImportError:
                 torch_ver = f"not installed ({PIP['torch']}): its rows are skipped"
                 for b in batches:
-                    systems.append(System("PyTorch eager", b, kind="torch",
-                                          skipped=f"skipped: not installed ({PIP['torch']})"))
+                    systems.append(
+                        System(
+                            "PyTorch eager",
+                            b,
+                            kind="torch",
+                            skipped=f"skipped: not installed ({PIP['torch']})",
+                        )
+                    )
             else:
                 torch.set_num_threads(1)
                 torch_ver = f"{torch.__version__}, {torch.get_num_threads()} thread"
-                net = torch.nn.Sequential(torch.nn.Linear(NIN, 50), torch.nn.ReLU(),
-                                          torch.nn.Linear(50, 10)).double()
+                net = torch.nn.Sequential(
+                    torch.nn.Linear(NIN, 50), torch.nn.ReLU(), torch.nn.Linear(50, 10)
+                ).double()
                 tparams = [net[0].weight, net[0].bias, net[2].weight, net[2].bias]
                 tsrc = [torch.from_numpy(a.copy()) for a in (W1, b1, W2, b2)]
                 Xt, Yt = torch.from_numpy(X), torch.from_numpy(Y.astype(np.int64))
@@ -710,19 +867,22 @@ def main() -> None:
                             p.copy_(s)
 
                 for b in batches:
+
                     def torch_epoch(b: int = b) -> float:
                         opt = torch.optim.SGD(net.parameters(), lr=lr_of[b])
                         total = 0.0
                         for s in range(0, n, b):
-                            xb, yb = Xt[s:s + b], Yt[s:s + b]
+                            xb, yb = Xt[s : s + b], Yt[s : s + b]
                             lv = torch.nn.functional.cross_entropy(net(xb), yb)
                             opt.zero_grad()
                             lv.backward()
                             opt.step()
                             total += lv.item() * len(xb)
                         return total / n
-                    systems.append(System("PyTorch eager", b, 1, timed(torch_reset, torch_epoch),
-                                          kind="torch"))
+
+                    systems.append(
+                        System("PyTorch eager", b, 1, timed(torch_reset, torch_epoch), kind="torch")
+                    )
 
         # ---- JAX (its own process) -----------------------------------------------------------
         jax_ver = "not run (--no-jax)"
@@ -741,8 +901,10 @@ def main() -> None:
                 try:
                     jaxc = JaxClient(X, Y, [W1.T.copy(), b1, W2.T.copy(), b2], pin_cpu)
                     ji = jaxc.info
-                    jax_ver = (f"{ji['jax']} (jaxlib {ji['jaxlib']}), {', '.join(ji['devices'])}, "
-                               f"float64, CPUs {ji['affinity']}, XLA_FLAGS={ji['xla_flags']}")
+                    jax_ver = (
+                        f"{ji['jax']} (jaxlib {ji['jaxlib']}), {', '.join(ji['devices'])}, "
+                        f"float64, CPUs {ji['affinity']}, XLA_FLAGS={ji['xla_flags']}"
+                    )
                 except RuntimeError as e:
                     jax_ver = f"unusable ({first_line(e)}): its rows are skipped"
                     why = f"failed: {first_line(e)}"
@@ -761,19 +923,25 @@ def main() -> None:
                             wall, cpu, lv, nthreads = jaxc.call(("run", kind, b))
                             jaxc.threads_seen = max(jaxc.threads_seen, nthreads)
                             return wall, cpu, lv
+
                         systems.append(System(label, b, 1, jax_run, kind=kind))
                     except RuntimeError as e:
-                        systems.append(System(label, b, kind=kind,
-                                              skipped=f"failed: {first_line(e)}"))
+                        systems.append(
+                            System(label, b, kind=kind, skipped=f"failed: {first_line(e)}")
+                        )
 
         # ---- header --------------------------------------------------------------------------
         pinned = f"CPU {pin_cpu}" if pin_cpu is not None else "nothing (--no-pin)"
-        print(f"CPU: {model_name}; ISA: {isa_summary(flags)}; {os.cpu_count()} logical CPUs, "
-              f"this process may use {allowed}; one-thread rows pinned to {pinned}")
+        print(
+            f"CPU: {model_name}; ISA: {isa_summary(flags)}; {os.cpu_count()} logical CPUs, "
+            f"this process may use {allowed}; one-thread rows pinned to {pinned}"
+        )
         print(f"load average at start: {load_avg()}")
-        cc_text = (f"{tc0.version} ({tc0.path}){march_native(tc0, flags0)}" if tc0 else "none")
-        print(f"python {sys.version.split()[0]}, numpy {np.__version__}, "
-              f"micrograd_c {mc.__version__} ({os.path.dirname(mc.__file__)})")
+        cc_text = f"{tc0.version} ({tc0.path}){march_native(tc0, flags0)}" if tc0 else "none"
+        print(
+            f"python {sys.version.split()[0]}, numpy {np.__version__}, "
+            f"micrograd_c {mc.__version__} ({os.path.dirname(mc.__file__)})"
+        )
         print(f"C compiler: {cc_text}")
         print(f"PyTorch: {torch_ver}")
         print(f"JAX: {jax_ver}")
@@ -781,13 +949,17 @@ def main() -> None:
             print(f"JAX jit compile (first call, untimed): {', '.join(jax_compile)}")
         for line in compile_lines:
             print(line)
-        print(f"data: {data_src}; {n:,} images, no shuffle; lr {args.lr} at batch 1, "
-              f"{args.lr_batched} above; float64 unless stated; {repeat} rounds"
-              + (" (--quick)" if args.quick else ""))
+        print(
+            f"data: {data_src}; {n:,} images, no shuffle; lr {args.lr} at batch 1, "
+            f"{args.lr_batched} above; float64 unless stated; {repeat} rounds"
+            + (" (--quick)" if args.quick else "")
+        )
         missing = [s.label for s in systems if s.skipped and s.skipped.startswith("skipped: not")]
         if missing:
-            print(f"not installed: {', '.join(sorted(set(missing)))}; {PIP['all']} installs "
-                  "every reference")
+            print(
+                f"not installed: {', '.join(sorted(set(missing)))}; {PIP['all']} installs "
+                "every reference"
+            )
 
         # ---- the arithmetic peak -------------------------------------------------------------
         widths = vector_widths(flags)
@@ -799,8 +971,11 @@ def main() -> None:
 
         # ---- verification epoch (also the warm-up) -------------------------------------------
         runnable = [s for s in systems if s.skipped is None and s.run is not None]
-        print(f"\nverification: one epoch per system ({len(runnable)} systems), first-epoch "
-              "mean losses", flush=True)
+        print(
+            f"\nverification: one epoch per system ({len(runnable)} systems), first-epoch "
+            "mean losses",
+            flush=True,
+        )
         for s in runnable:
             pin(s.threads)
             try:
@@ -816,8 +991,12 @@ def main() -> None:
             """What the systems at batch b are checked against: micrograd_c compiled (the
             first compiler, one thread), else the tape."""
             for s in runnable:
-                if (s.kind == "compiled" and s.batch == b and s.threads == 1
-                        and s.label == "micrograd_c compiled"):
+                if (
+                    s.kind == "compiled"
+                    and s.batch == b
+                    and s.threads == 1
+                    and s.label == "micrograd_c compiled"
+                ):
                     return s
             return next((s for s in runnable if s.kind == "tape" and s.batch == b), None)
 
@@ -830,8 +1009,10 @@ def main() -> None:
         for b in batches:
             base = baseline(b)
             if base is None and any(s.batch == b for s in runnable):
-                notes.append(f"warning: batch {b}: no micrograd_c row ran, so nothing checked "
-                             "the other systems' losses")
+                notes.append(
+                    f"warning: batch {b}: no micrograd_c row ran, so nothing checked "
+                    "the other systems' losses"
+                )
             for s in [s for s in runnable if s.batch == b]:
                 if base is None or s is base:
                     continue
@@ -839,8 +1020,10 @@ def main() -> None:
                 r = rel(s.check_loss, base.check_loss)
                 tol = LOSS_RTOL_F32 if s.float32 else LOSS_RTOL
                 if not math.isfinite(s.check_loss) or not r <= tol:
-                    msg = (f"batch {b}: {s.name} loss {s.check_loss!r} vs {base.name} "
-                           f"{base.check_loss!r}: relative difference {r:.2e} > {tol:g}")
+                    msg = (
+                        f"batch {b}: {s.name} loss {s.check_loss!r} vs {base.name} "
+                        f"{base.check_loss!r}: relative difference {r:.2e} > {tol:g}"
+                    )
                     if s.float32:
                         notes.append("warning: " + msg)
                     else:
@@ -850,25 +1033,38 @@ def main() -> None:
             for s in [s for s in runnable if s.batch == b]:
                 print(f"    {s.name:34s} {s.check_loss!r}")
         if bad:
-            print("\nFAIL: the systems do not compute the same thing (first-epoch losses "
-                  f"disagree beyond {LOSS_RTOL:g} relative):")
+            print(
+                "\nFAIL: the systems do not compute the same thing (first-epoch losses "
+                f"disagree beyond {LOSS_RTOL:g} relative):"
+            )
             for m in bad:
                 print("  " + m)
             sys.exit(1)
-        diffs = [rel(s.check_loss, base.check_loss) for s in runnable if not s.float32
-                 for base in [baseline(s.batch)] if base is not None and base is not s]
-        print(f"  loss agreement: every float64 system is within {LOSS_RTOL:g} (relative) of "
-              f"micrograd_c compiled at its batch size: PASS (largest difference "
-              f"{max(diffs, default=0.0):.1e})")
+        diffs = [
+            rel(s.check_loss, base.check_loss)
+            for s in runnable
+            if not s.float32
+            for base in [baseline(s.batch)]
+            if base is not None and base is not s
+        ]
+        print(
+            f"  loss agreement: every float64 system is within {LOSS_RTOL:g} (relative) of "
+            f"micrograd_c compiled at its batch size: PASS (largest difference "
+            f"{max(diffs, default=0.0):.1e})"
+        )
         for b in batches:  # micrograd_c promises bitwise the same results for every thread count
             ours = [s for s in runnable if s.batch == b and s.kind in ("compiled", "tape")]
             if len({s.check_loss for s in ours}) > 1:
-                notes.append(f"warning: batch {b}: micrograd_c rows differ bitwise: "
-                             + ", ".join(f"{s.name} {s.check_loss!r}" for s in ours))
+                notes.append(
+                    f"warning: batch {b}: micrograd_c rows differ bitwise: "
+                    + ", ".join(f"{s.name} {s.check_loss!r}" for s in ours)
+                )
         same = not any(t.startswith("warning: batch") and "bitwise" in t for t in notes)
-        print(f"  micrograd_c compiled (every thread count) and tape: bitwise the same loss at "
-              f"each batch size: {'yes' if same else 'NO (see the warnings at the end)'}",
-              flush=True)
+        print(
+            f"  micrograd_c compiled (every thread count) and tape: bitwise the same loss at "
+            f"each batch size: {'yes' if same else 'NO (see the warnings at the end)'}",
+            flush=True,
+        )
 
         # ---- the timed rounds ----------------------------------------------------------------
         t_all = time.perf_counter()
@@ -886,8 +1082,11 @@ def main() -> None:
                 s.cpus.append(cpu)
                 s.losses.append(lv)
             pin(2)
-            print(f"  round {r + 1}/{repeat} done ({time.perf_counter() - t_all:.0f} s; load "
-                  f"{load_avg()})", flush=True)
+            print(
+                f"  round {r + 1}/{repeat} done ({time.perf_counter() - t_all:.0f} s; load "
+                f"{load_avg()})",
+                flush=True,
+            )
         if peak is not None:  # once more after the rounds: the best of both
             pin(1)
             again = measure_peak(tc0, work, flags0, widths)
@@ -923,22 +1122,33 @@ def main() -> None:
             return f"{'n/a' if v is None else f'{v:.2f}x':>{width}s}"
 
         peak_best = {v: max(d.values()) for v, d in peak.items()} if peak else {}
-        print("\nthe arithmetic peak of one core, float64 (benchmarks/c/peak.c, best of two "
-              "measurements), G multiply-adds/s:")
+        print(
+            "\nthe arithmetic peak of one core, float64 (benchmarks/c/peak.c, best of two "
+            "measurements), G multiply-adds/s:"
+        )
         if peak:
             for v, d in peak.items():
-                print(f"  {v:8s} " + "  ".join(f"{w}-wide {g / 1e9:6.2f}" for w, g in d.items())
-                      + f"   -> peak {peak_best[v] / 1e9:.2f}")
+                print(
+                    f"  {v:8s} "
+                    + "  ".join(f"{w}-wide {g / 1e9:6.2f}" for w, g in d.items())
+                    + f"   -> peak {peak_best[v] / 1e9:.2f}"
+                )
         else:
             print("  not measured (no C compiler, or --no-hand)")
-        print("useful multiply-adds per image: "
-              + ", ".join(f"batch {b}: {madds_per_image(b):,.0f}" for b in batches))
+        print(
+            "useful multiply-adds per image: "
+            + ", ".join(f"batch {b}: {madds_per_image(b):,.0f}" for b in batches)
+        )
 
-        hdr = (f"{'system':34s} {'batch':>5s} {'thr':>3s} {'images/s':>9s} {'+-':>6s} "
-               f"{'cpu/wall':>8s} {'img/cpu-s':>9s} {'vs JAX scan':>11s} {'%peak':>6s} "
-               f"{'%FMA':>5s} {'first-epoch loss':>18s} {'rel.diff':>8s}")
-        print(f"\nMLP(784,[50,10]), {n:,} images, one epoch per round; medians of {repeat} "
-              "rounds, systems interleaved; %peak: of the mul+add peak, %FMA: of the FMA peak\n")
+        hdr = (
+            f"{'system':34s} {'batch':>5s} {'thr':>3s} {'images/s':>9s} {'+-':>6s} "
+            f"{'cpu/wall':>8s} {'img/cpu-s':>9s} {'vs JAX scan':>11s} {'%peak':>6s} "
+            f"{'%FMA':>5s} {'first-epoch loss':>18s} {'rel.diff':>8s}"
+        )
+        print(
+            f"\nMLP(784,[50,10]), {n:,} images, one epoch per round; medians of {repeat} "
+            "rounds, systems interleaved; %peak: of the mul+add peak, %FMA: of the FMA peak\n"
+        )
         print(hdr)
         print("-" * len(hdr))
         for b in batches:
@@ -959,21 +1169,35 @@ def main() -> None:
                 if peak_best:
                     scale = s.threads * (2.0 if s.float32 else 1.0)
                     used = madds_per_image(b) * med
-                    pk = (f"{used / (peak_best['mul+add'] * scale) * 100:5.1f}% "
-                          f"{used / (peak_best['FMA'] * scale) * 100:4.1f}%")
+                    pk = (
+                        f"{used / (peak_best['mul+add'] * scale) * 100:5.1f}% "
+                        f"{used / (peak_best['FMA'] * scale) * 100:4.1f}%"
+                    )
                 else:
                     pk = f"{'-':>6s} {'-':>5s}"
-                rd = ("-" if base is None or s is base
-                      else f"{rel(s.check_loss, base.check_loss):.1e}")
-                print(f"{name:34s} {b:5d} {s.threads:3d} {med:9,.0f} {spread:5.1f}% "
-                      f"{cpu_wall:8.2f} {per_cpu:9,.0f} {vs} {pk} {s.check_loss:18.12f} {rd:>8s}")
+                rd = (
+                    "-"
+                    if base is None or s is base
+                    else f"{rel(s.check_loss, base.check_loss):.1e}"
+                )
+                print(
+                    f"{name:34s} {b:5d} {s.threads:3d} {med:9,.0f} {spread:5.1f}% "
+                    f"{cpu_wall:8.2f} {per_cpu:9,.0f} {vs} {pk} {s.check_loss:18.12f} {rd:>8s}"
+                )
             print()
 
         # ---- micrograd_c against every reference ---------------------------------------------
-        refs = [("JAX scan", "scan"), ("JAX step", "step"), ("PyTorch", "torch"),
-                ("hand C strict", "hand"), ("hand C fast", "handfast")]
-        print("micrograd_c over each reference at the same batch size (median of per-round "
-              "ratios; above 1 is faster; references on 1 thread):")
+        refs = [
+            ("JAX scan", "scan"),
+            ("JAX step", "step"),
+            ("PyTorch", "torch"),
+            ("hand C strict", "hand"),
+            ("hand C fast", "handfast"),
+        ]
+        print(
+            "micrograd_c over each reference at the same batch size (median of per-round "
+            "ratios; above 1 is faster; references on 1 thread):"
+        )
         head = f"{'micrograd_c row':36s} {'batch':>5s}" + "".join(f" {r:>13s}" for r, _ in refs)
         print(head)
         print("-" * len(head))
@@ -990,8 +1214,10 @@ def main() -> None:
                 return "n/a"
             return "PASS" if (v > target if strict else v >= target) else "FAIL"
 
-        print("targets of issue 13 (medians of per-round ratios of images/s; for one-thread pairs "
-              "also of images per CPU-second):")
+        print(
+            "targets of issue 13 (medians of per-round ratios of images/s; for one-thread pairs "
+            "also of images per CPU-second):"
+        )
 
         def why_missing(kind: str, b: int, threads: int = 1) -> str:
             """Why the row (kind, b, threads) has no figures: its own text, or not measured."""
@@ -1002,19 +1228,54 @@ def main() -> None:
 
         Need = tuple[str, int, int]
         lines: list[tuple[str, Need, Need, float, bool]] = [
-            ("batch 32, 1 thread: micrograd_c / JAX lax.scan", ("compiled", 32, 1),
-             ("scan", 32, 1), TARGETS["b32_jax"], False),
-            ("batch 32: micrograd_c 2 threads / 1 thread", ("compiled", 32, 2),
-             ("compiled", 32, 1), TARGETS["b32_threads"], False),
-            ("batch 1: micrograd_c / JAX lax.scan", ("compiled", 1, 1), ("scan", 1, 1),
-             TARGETS["b1_jax"], False),
-            ("batch 1: micrograd_c / hand C strict", ("compiled", 1, 1), ("hand", 1, 1),
-             TARGETS["b1_hand"], False)]
+            (
+                "batch 32, 1 thread: micrograd_c / JAX lax.scan",
+                ("compiled", 32, 1),
+                ("scan", 32, 1),
+                TARGETS["b32_jax"],
+                False,
+            ),
+            (
+                "batch 32: micrograd_c 2 threads / 1 thread",
+                ("compiled", 32, 2),
+                ("compiled", 32, 1),
+                TARGETS["b32_threads"],
+                False,
+            ),
+            (
+                "batch 1: micrograd_c / JAX lax.scan",
+                ("compiled", 1, 1),
+                ("scan", 1, 1),
+                TARGETS["b1_jax"],
+                False,
+            ),
+            (
+                "batch 1: micrograd_c / hand C strict",
+                ("compiled", 1, 1),
+                ("hand", 1, 1),
+                TARGETS["b1_hand"],
+                False,
+            ),
+        ]
         for b, prev_b in ((128, 32), (256, 128)):
-            lines.append((f"batch {b}: micrograd_c / batch {prev_b} (keeps scaling)",
-                          ("compiled", b, 1), ("compiled", prev_b, 1), 1.0, True))
-        lines.append(("batch 32: float32 storage / float64", ("f32", 32, 1), ("compiled", 32, 1),
-                      TARGETS["f32"], False))
+            lines.append(
+                (
+                    f"batch {b}: micrograd_c / batch {prev_b} (keeps scaling)",
+                    ("compiled", b, 1),
+                    ("compiled", prev_b, 1),
+                    1.0,
+                    True,
+                )
+            )
+        lines.append(
+            (
+                "batch 32: float32 storage / float64",
+                ("f32", 32, 1),
+                ("compiled", 32, 1),
+                TARGETS["f32"],
+                False,
+            )
+        )
         for text, num, den, target, strict in lines:
             a, d = find(*num), find(*den)
             v = ratio(a, d)
@@ -1029,36 +1290,52 @@ def main() -> None:
             if a is not None and a.threads > 1 and a.walls:
                 cw = statistics.median(c / w for c, w in zip(a.cpus, a.walls))
                 if cw < 0.85 * a.threads:
-                    extra += (f"; its cpu/wall was {cw:.2f}, not ~{a.threads}: other work held "
-                             "the cores, so this does not measure scaling")
+                    extra += (
+                        f"; its cpu/wall was {cw:.2f}, not ~{a.threads}: other work held "
+                        "the cores, so this does not measure scaling"
+                    )
             if text.endswith("(keeps scaling)") and a is not None and peak_best:
                 used = madds_per_image(a.batch) * statistics.median(rates(a))
                 extra += f"; {used / peak_best['mul+add'] * 100:.1f}% of the mul+add peak"
             val = "  -   " if v is None else f"{v:5.2f}x"
-            print(f"  {text:50s} = {val} (target {'>' if strict else '>='} {target:g}x) "
-                  f"{verd}{extra}")
+            print(
+                f"  {text:50s} = {val} (target {'>' if strict else '>='} {target:g}x) {verd}{extra}"
+            )
         print("  (CNN and RNN families at batch 32 >= 1.5x PyTorch: benchmarks/models.py)")
 
         # ---- what else was seen --------------------------------------------------------------
         for s in runnable:
             if s.losses and any(rel(x, s.check_loss) > 1e-12 for x in s.losses):
-                notes.append(f"warning: {s.name} batch {s.batch}: the loss changed between "
-                             f"rounds ({min(s.losses)!r} .. {max(s.losses)!r})")
+                notes.append(
+                    f"warning: {s.name} batch {s.batch}: the loss changed between "
+                    f"rounds ({min(s.losses)!r} .. {max(s.losses)!r})"
+                )
             cw = statistics.median(c / w for c, w in zip(s.cpus, s.walls))
             if cw > s.threads * 1.15:
-                notes.append(f"warning: {s.name} batch {s.batch}: cpu/wall {cw:.2f} with "
-                             f"{s.threads} thread(s) asked")
-        waited = [s for s in runnable
-                  if statistics.median(c / w for c, w in zip(s.cpus, s.walls)) < 0.85 * s.threads]
+                notes.append(
+                    f"warning: {s.name} batch {s.batch}: cpu/wall {cw:.2f} with "
+                    f"{s.threads} thread(s) asked"
+                )
+        waited = [
+            s
+            for s in runnable
+            if statistics.median(c / w for c, w in zip(s.cpus, s.walls)) < 0.85 * s.threads
+        ]
         if waited:
-            notes.append(f"note: {len(waited)} of {len(runnable)} rows had cpu/wall below 0.85 "
-                         "per thread: they waited for a CPU (other work on the machine); compare "
-                         "ratios within this run, not absolute images/s")
+            notes.append(
+                f"note: {len(waited)} of {len(runnable)} rows had cpu/wall below 0.85 "
+                "per thread: they waited for a CPU (other work on the machine); compare "
+                "ratios within this run, not absolute images/s"
+            )
         if jaxc is not None and jaxc.threads_seen:
-            notes.append(f"JAX's process had {jaxc.threads_seen} OS threads, all confined to "
-                         "the pinned CPU (cpu/wall shows how many ran)")
-        print(f"\nload average at the end: {load_avg()}; wall time of the whole run "
-              f"{time.perf_counter() - t_start:.0f} s")
+            notes.append(
+                f"JAX's process had {jaxc.threads_seen} OS threads, all confined to "
+                "the pinned CPU (cpu/wall shows how many ran)"
+            )
+        print(
+            f"\nload average at the end: {load_avg()}; wall time of the whole run "
+            f"{time.perf_counter() - t_start:.0f} s"
+        )
         for note in notes:
             print(note)
     finally:

@@ -11,6 +11,7 @@ micrograd needs about 1 s per demo step, so by default it runs --ref-steps steps
 is scaled to 100 steps (per-step cost is constant: each step builds the same graph); --full runs
 all 100. Times are medians of --repeat runs; ratios are micrograd / micrograd_c.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,10 +23,11 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from types import SimpleNamespace
+from typing import Any
 
 from micrograd_c.datasets import make_moons
-from typing import Any, Callable, List, Tuple
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # numpy's BLAS threads would spin on our cores
 import numpy as np
@@ -71,7 +73,9 @@ def micrograd_style_nn(Value: Any) -> SimpleNamespace:
     class MLP(Module):
         def __init__(self, nin, nouts):
             sz = [nin] + nouts
-            self.layers = [Layer(sz[i], sz[i + 1], nonlin=i != len(nouts) - 1) for i in range(len(nouts))]
+            self.layers = [
+                Layer(sz[i], sz[i + 1], nonlin=i != len(nouts) - 1) for i in range(len(nouts))
+            ]
 
         def __call__(self, x):
             for layer in self.layers:
@@ -84,7 +88,7 @@ def micrograd_style_nn(Value: Any) -> SimpleNamespace:
     return SimpleNamespace(MLP=MLP)
 
 
-def moons_demo(Value: Any, MLP: Any, steps: int) -> Tuple[float, float]:
+def moons_demo(Value: Any, MLP: Any, steps: int) -> tuple[float, float]:
     """The demo notebook's training loop; returns (final loss, final accuracy)."""
     np.random.seed(1337)
     random.seed(1337)
@@ -102,7 +106,7 @@ def moons_demo(Value: Any, MLP: Any, steps: int) -> Tuple[float, float]:
         losses = [(1 + -yi * scorei).relu() for yi, scorei in zip(yb, scores)]
         data_loss = sum(losses) * (1.0 / len(losses))
         alpha = 1e-4
-        reg_loss = alpha * sum((p * p for p in model.parameters()))
+        reg_loss = alpha * sum(p * p for p in model.parameters())
         total_loss = data_loss + reg_loss
         accuracy = [(yi > 0) == (scorei.data > 0) for yi, scorei in zip(yb, scores)]
         return total_loss, sum(accuracy) / len(accuracy)
@@ -127,13 +131,15 @@ def mnist_sample(Value: Any, MLP: Any, samples: int) -> float:
         x = [Value(float(v)) for v in rng.rand(784)]
         target = rng.randint(10)
         out = model(x)
-        loss = sum(((o - (1.0 if i == target else 0.0)) ** 2 for i, o in enumerate(out)), Value(0.0))
+        loss = sum(
+            ((o - (1.0 if i == target else 0.0)) ** 2 for i, o in enumerate(out)), Value(0.0)
+        )
         model.zero_grad()
         loss.backward()
     return float(loss.data)
 
 
-def timed(fn: Callable[[], Any], repeat: int) -> Tuple[float, Any]:
+def timed(fn: Callable[[], Any], repeat: int) -> tuple[float, Any]:
     times, result = [], None
     for _ in range(repeat):
         gc.collect()
@@ -148,10 +154,14 @@ def peak_rss_mb() -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--repeat", type=int, default=5, help="runs per micrograd_c figure (median)")
     ap.add_argument("--ref-repeat", type=int, default=1, help="runs per micrograd figure (median)")
-    ap.add_argument("--ref-steps", type=int, default=10, help="demo steps micrograd runs (scaled to 100)")
+    ap.add_argument(
+        "--ref-steps", type=int, default=10, help="demo steps micrograd runs (scaled to 100)"
+    )
     ap.add_argument("--full", action="store_true", help="run micrograd for all 100 steps")
     ap.add_argument("--mnist-samples", type=int, default=3)
     args = ap.parse_args()
@@ -165,30 +175,40 @@ def main() -> None:
     from micrograd_c.nn import MLP as CMLP
 
     ref_steps = 100 if args.full else args.ref_steps
-    rows: List[Tuple[str, float, float]] = []
-    print(f"micrograd {getattr(micrograd, '__version__', '0.1.0')} vs micrograd_c {micrograd_c.__version__}; "
-          f"python {sys.version.split()[0]}; pid {os.getpid()}")
+    rows: list[tuple[str, float, float]] = []
+    print(
+        f"micrograd {getattr(micrograd, '__version__', '0.1.0')} vs micrograd_c {micrograd_c.__version__}; "
+        f"python {sys.version.split()[0]}; pid {os.getpid()}"
+    )
 
     # 1. the demo, nn classes as shipped
-    ref_t, ref_res = timed(lambda: moons_demo(micrograd.engine.Value, micrograd.nn.MLP, ref_steps), args.ref_repeat)
+    ref_t, ref_res = timed(
+        lambda: moons_demo(micrograd.engine.Value, micrograd.nn.MLP, ref_steps), args.ref_repeat
+    )
     ref_100 = ref_t * 100 / ref_steps
     our_t, our_res = timed(lambda: moons_demo(CValue, CMLP, 100), args.repeat)
     rows.append(("moons demo, 100 steps (nn classes)", ref_100, our_t))
     if args.full:
-        print(f"  final loss/accuracy: micrograd {ref_res[0]:.12g}/{ref_res[1]:.2f}, "
-              f"micrograd_c {our_res[0]:.12g}/{our_res[1]:.2f}")
+        print(
+            f"  final loss/accuracy: micrograd {ref_res[0]:.12g}/{ref_res[1]:.2f}, "
+            f"micrograd_c {our_res[0]:.12g}/{our_res[1]:.2f}"
+        )
     else:
         print(f"  micrograd_c final loss {our_res[0]:.6g}, accuracy {our_res[1]:.2f}")
 
     # 2. the demo with a Neuron written op by op
     ref_nn, our_nn = micrograd_style_nn(micrograd.engine.Value), micrograd_style_nn(CValue)
-    ref_t2, _ = timed(lambda: moons_demo(micrograd.engine.Value, ref_nn.MLP, ref_steps), args.ref_repeat)
+    ref_t2, _ = timed(
+        lambda: moons_demo(micrograd.engine.Value, ref_nn.MLP, ref_steps), args.ref_repeat
+    )
     our_t2, our_res2 = timed(lambda: moons_demo(CValue, our_nn.MLP, 100), args.repeat)
     rows.append(("moons demo, 100 steps (op-by-op Neuron)", ref_t2 * 100 / ref_steps, our_t2))
 
     # 3. MNIST-shaped forward + backward per sample
     n = args.mnist_samples
-    ref_t3, _ = timed(lambda: mnist_sample(micrograd.engine.Value, micrograd.nn.MLP, n), args.ref_repeat)
+    ref_t3, _ = timed(
+        lambda: mnist_sample(micrograd.engine.Value, micrograd.nn.MLP, n), args.ref_repeat
+    )
     our_t3, _ = timed(lambda: mnist_sample(CValue, CMLP, n * 20), args.repeat)
     rows.append(("MLP(784,[50,10]) fwd+bwd, s/sample", ref_t3 / n, our_t3 / (n * 20)))
 
@@ -201,9 +221,15 @@ def main() -> None:
     # memory per graph value on the eager path, each in a fresh process so that nothing from the
     # runs above (graph blocks on the free list, Python caches) hides the growth
     for label, opbyop in (("op-by-op Neuron", True), ("C nn classes", False)):
-        out = subprocess.run([sys.executable, "-c", MEMORY_PROBE, str(int(opbyop))], capture_output=True,
-                             text=True, cwd=os.path.dirname(os.path.abspath(__file__)))
-        print(f"memory, one MNIST-shaped sample, {label}: {out.stdout.strip() or out.stderr.strip()}")
+        out = subprocess.run(
+            [sys.executable, "-c", MEMORY_PROBE, str(int(opbyop))],
+            capture_output=True,
+            text=True,
+            cwd=os.path.dirname(os.path.abspath(__file__)),
+        )
+        print(
+            f"memory, one MNIST-shaped sample, {label}: {out.stdout.strip() or out.stderr.strip()}"
+        )
 
 
 MEMORY_PROBE = """

@@ -18,6 +18,7 @@ micrograd user writes them (lists of Values, Python loops), it prints in one run
 Data: the first --samples images of the MNIST test set (../shared/data/mnist or --data-dir),
 random images when it is absent.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,7 +33,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from collections.abc import Callable
+from typing import Any
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -61,16 +63,25 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def load_data(data_dir: str, n: int) -> Tuple[np.ndarray, np.ndarray, str]:
+def load_data(data_dir: str, n: int) -> tuple[np.ndarray, np.ndarray, str]:
     try:
         X, y = load_mnist(data_dir, "test")
-        return np.ascontiguousarray(X[:n]), np.ascontiguousarray(y[:n].astype(np.float64)), "MNIST test set"
+        return (
+            np.ascontiguousarray(X[:n]),
+            np.ascontiguousarray(y[:n].astype(np.float64)),
+            "MNIST test set",
+        )
     except DatasetError:
         rng = np.random.RandomState(0)
-        return rng.rand(n, 784), rng.randint(0, 10, n).astype(np.float64), "random images (MNIST not found)"
+        return (
+            rng.rand(n, 784),
+            rng.randint(0, 10, n).astype(np.float64),
+            "random images (MNIST not found)",
+        )
 
 
 # ---- PyTorch references ------------------------------------------------------------------------
+
 
 def torch_model(name: str, params: np.ndarray) -> Any:
     """The family in idiomatic PyTorch, float64, starting from micrograd_c's parameters where the
@@ -84,7 +95,7 @@ def torch_model(name: str, params: np.ndarray) -> Any:
         net = nn.Sequential(nn.Linear(784, 50), nn.ReLU(), nn.Linear(50, 10))
         prep: Callable[[Any], Any] = lambda x: x  # noqa: E731
     elif kind == "cnn":
-        layers: List[Any] = []
+        layers: list[Any] = []
         cin, size = 1, 28
         for li, (c, k, s, p) in enumerate(spec["convs"]):
             layers += [nn.Conv2d(cin, c, k, stride=s, padding=p), nn.ReLU()]
@@ -98,14 +109,18 @@ def torch_model(name: str, params: np.ndarray) -> Any:
         net = nn.Sequential(*layers)
         prep = lambda x: x.view(-1, 1, 28, 28)  # noqa: E731
     elif kind in ("elman", "gru"):
+
         class Rec(nn.Module):
             def __init__(self) -> None:
                 super().__init__()
-                self.rnn = (nn.RNN if kind == "elman" else nn.GRU)(28, spec["hidden"], batch_first=True)
+                self.rnn = (nn.RNN if kind == "elman" else nn.GRU)(
+                    28, spec["hidden"], batch_first=True
+                )
                 self.out = nn.Linear(spec["hidden"], 10)
 
             def forward(self, x: Any) -> Any:
                 return self.out(self.rnn(x)[0][:, -1])
+
         net = Rec()
         prep = lambda x: x.view(-1, 28, 28)  # noqa: E731
     else:
@@ -124,6 +139,7 @@ def torch_model(name: str, params: np.ndarray) -> Any:
                 e = self.embed(x.view(-1, tokens, 784 // tokens))
                 a = torch.softmax(self.q(e) @ self.k(e).transpose(1, 2) / math.sqrt(dim), dim=-1)
                 return self.out((a @ self.v(e) + e).mean(1))
+
         net = Attention()
         prep = lambda x: x  # noqa: E731
     net = net.double()
@@ -135,24 +151,31 @@ def torch_model(name: str, params: np.ndarray) -> Any:
             order = [net[0].weight, net[0].bias, net[-1].weight, net[-1].bias]
         elif kind == "elman":
             net.rnn.bias_hh_l0.zero_()
-            order = [net.rnn.weight_ih_l0, net.rnn.weight_hh_l0, net.rnn.bias_ih_l0, net.out.weight, net.out.bias]
+            order = [
+                net.rnn.weight_ih_l0,
+                net.rnn.weight_hh_l0,
+                net.rnn.bias_ih_l0,
+                net.out.weight,
+                net.out.bias,
+            ]
         else:
             order = []
         if order and sum(p.numel() for p in order) == flat.numel():
             at = 0
             for p in order:
-                p.copy_(flat[at:at + p.numel()].view_as(p))
+                p.copy_(flat[at : at + p.numel()].view_as(p))
                 at += p.numel()
     return net, prep
 
 
 def torch_epoch(net: Any, prep: Any, X: Any, Y: Any, lr: float, batch: int) -> float:
     import torch
+
     opt = torch.optim.SGD(net.parameters(), lr=lr)
     total = 0.0
     for b in range(0, len(X), batch):
-        out = net(prep(X[b:b + batch]))
-        loss = torch.nn.functional.cross_entropy(out, Y[b:b + batch])
+        out = net(prep(X[b : b + batch]))
+        loss = torch.nn.functional.cross_entropy(out, Y[b : b + batch])
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -162,11 +185,17 @@ def torch_epoch(net: Any, prep: Any, X: Any, Y: Any, lr: float, batch: int) -> f
 
 # ---- hand-written C ----------------------------------------------------------------------------
 
-def build_hand(name: str, tc: Any, flags: List[str], work: str) -> Any:
+
+def build_hand(name: str, tc: Any, flags: list[str], work: str) -> Any:
     src, stem = HAND[name]
     out = os.path.join(work, f"{stem}_hand.so")
-    subprocess.run(tc.command + list(flags) + ["-fPIC", "-shared", "-o", out, os.path.join(HERE, "c", src), "-lm"],
-                   check=True, capture_output=True)
+    subprocess.run(
+        tc.command
+        + list(flags)
+        + ["-fPIC", "-shared", "-o", out, os.path.join(HERE, "c", src), "-lm"],
+        check=True,
+        capture_output=True,
+    )
     lib = ctypes.CDLL(out)
     fn = getattr(lib, f"{stem}_train_epoch")
     fn.restype = ctypes.c_double
@@ -177,8 +206,11 @@ def build_hand(name: str, tc: Any, flags: List[str], work: str) -> Any:
 
 # ---- the benchmark -----------------------------------------------------------------------------
 
+
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--families", default=",".join(zoo.FAMILIES))
     ap.add_argument("--samples", type=int, default=2000)
     ap.add_argument("--repeat", type=int, default=5)
@@ -195,18 +227,23 @@ def main() -> None:
     flags = compiler.default_flags(tc)
     try:
         import torch
+
         torch.set_num_threads(1)
         tver = torch.__version__.split("+")[0]
     except ImportError:
         torch, tver = None, None
     if args.no_torch:
         torch = None
-    print(f"CPU: {cpu_model()}; {os.cpu_count()} logical CPUs; python {sys.version.split()[0]}, "
-          f"{tc.version}; flags {' '.join(flags)}; PyTorch {tver or 'not installed'}")
-    print(f"data: {src}, {len(X)} samples; images/s: medians of {args.repeat} epochs, one thread, "
-          f"systems interleaved\n")
+    print(
+        f"CPU: {cpu_model()}; {os.cpu_count()} logical CPUs; python {sys.version.split()[0]}, "
+        f"{tc.version}; flags {' '.join(flags)}; PyTorch {tver or 'not installed'}"
+    )
+    print(
+        f"data: {src}, {len(X)} samples; images/s: medians of {args.repeat} epochs, one thread, "
+        f"systems interleaved\n"
+    )
     work = tempfile.mkdtemp(prefix="mg-models-")
-    summary: List[Dict[str, Any]] = []
+    summary: list[dict[str, Any]] = []
     try:
         for name in args.families.split(","):
             fam = zoo.FAMILIES[name]
@@ -218,22 +255,34 @@ def main() -> None:
             build_s = time.perf_counter() - t0
             values = mc.graph_len()
             t0 = time.perf_counter()
-            tape = mc.compile(loss, inputs=x, targets=y, params=params, outputs=logits, backend="tape")
+            tape = mc.compile(
+                loss, inputs=x, targets=y, params=params, outputs=logits, backend="tape"
+            )
             freeze_s = time.perf_counter() - t0
             cache = tempfile.mkdtemp(dir=work)
             t0 = time.perf_counter()
-            comp = mc.compile(loss, inputs=x, targets=y, params=params, outputs=logits, backend="c", cc=args.cc,
-                              cache=cache)
+            comp = mc.compile(
+                loss,
+                inputs=x,
+                targets=y,
+                params=params,
+                outputs=logits,
+                backend="c",
+                cc=args.cc,
+                cache=cache,
+            )
             total_s = time.perf_counter() - t0
             info = comp.info
             init = tape.parameters.copy()
-            systems: Dict[str, Callable[[int], float]] = {}
+            systems: dict[str, Callable[[int], float]] = {}
 
             def ours(prog: Any) -> Callable[[int], float]:
                 def run(batch: int) -> float:
                     prog.parameters[:] = init
                     return prog.fit(X, Y, epochs=1, lr=args.lr, batch_size=batch, shuffle=False)[0]
+
                 return run
+
             systems["tape"] = ours(tape)
             systems["compiled"] = ours(comp)
             if torch is not None:
@@ -244,11 +293,14 @@ def main() -> None:
                 def run_torch(batch: int) -> float:
                     net.load_state_dict(state)
                     return torch_epoch(net, prep, Xt, Yt, args.lr, batch)
+
                 systems["PyTorch"] = run_torch
             if name in HAND:
                 lib, fn, nph = build_hand(name, tc, flags, work)
                 if nph != len(init):
-                    raise SystemExit(f"{name}: the hand-written C has {nph} parameters, the model {len(init)}")
+                    raise SystemExit(
+                        f"{name}: the hand-written C has {nph} parameters, the model {len(init)}"
+                    )
                 hp = np.empty_like(init)
                 order = np.arange(len(X), dtype=np.uintp)
 
@@ -256,17 +308,29 @@ def main() -> None:
                     if batch != 1:
                         return float("nan")
                     hp[:] = init
-                    return fn(hp.ctypes.data, X.ctypes.data, Y.ctypes.data, order.ctypes.data, len(X), args.lr)
+                    return fn(
+                        hp.ctypes.data,
+                        X.ctypes.data,
+                        Y.ctypes.data,
+                        order.ctypes.data,
+                        len(X),
+                        args.lr,
+                    )
+
                 systems["hand C"] = run_hand
             print(f"{name}: {fam.description}")
-            print(f"  {values:,} values (built in {build_s:.2f} s) -> {info['statements']:,} statements -> "
-                  f"{info['forward_nests']} forward + {info['backward_nests']} backward loop nests, "
-                  f"{info['loops']} sequential loop(s), {info['packed']:,} packed parameters")
-            print(f"  freeze {freeze_s * 1e3:.0f} ms; freeze + emit + {tc.name} compile {total_s:.2f} s "
-                  f"(compile {info['compile_seconds']:.2f} s); C source {info['source_bytes'] / 1024:.1f} KB")
+            print(
+                f"  {values:,} values (built in {build_s:.2f} s) -> {info['statements']:,} statements -> "
+                f"{info['forward_nests']} forward + {info['backward_nests']} backward loop nests, "
+                f"{info['loops']} sequential loop(s), {info['packed']:,} packed parameters"
+            )
+            print(
+                f"  freeze {freeze_s * 1e3:.0f} ms; freeze + emit + {tc.name} compile {total_s:.2f} s "
+                f"(compile {info['compile_seconds']:.2f} s); C source {info['source_bytes'] / 1024:.1f} KB"
+            )
             for batch in batches:
-                rates: Dict[str, List[float]] = {k: [] for k in systems}
-                losses: Dict[str, float] = {}
+                rates: dict[str, list[float]] = {k: [] for k in systems}
+                losses: dict[str, float] = {}
                 for _ in range(args.repeat):
                     for k, run in systems.items():
                         t1 = time.perf_counter()
@@ -284,20 +348,34 @@ def main() -> None:
                     ratios.append(f"tape/PyTorch {med['tape'] / med['PyTorch']:.1f}x")
                 if "hand C" in med:
                     ratios.append(f"compiled/hand C {med['compiled'] / med['hand C']:.2f}x")
-                print(f"             {'  '.join(ratios)};  first-epoch loss "
-                      + " ".join(f"{k} {v:.4f}" for k, v in losses.items()))
-                summary.append({"family": name, "batch": batch, "values": values, "source_kb": info["source_bytes"] / 1024,
-                                "total_s": total_s, **{k: med.get(k) for k in systems}})
+                print(
+                    f"             {'  '.join(ratios)};  first-epoch loss "
+                    + " ".join(f"{k} {v:.4f}" for k, v in losses.items())
+                )
+                summary.append(
+                    {
+                        "family": name,
+                        "batch": batch,
+                        "values": values,
+                        "source_kb": info["source_bytes"] / 1024,
+                        "total_s": total_s,
+                        **{k: med.get(k) for k in systems},
+                    }
+                )
             print()
             del tape, comp, loss, logits, params, x, y
         print("summary (images/s; compile = freeze + emit + cc):")
-        print(f"{'family':10s} {'batch':>5s} {'values':>9s} {'C KB':>6s} {'compile':>8s} {'tape':>9s} "
-              f"{'compiled':>9s} {'PyTorch':>9s} {'hand C':>8s} {'c/torch':>8s} {'c/hand':>7s}")
+        print(
+            f"{'family':10s} {'batch':>5s} {'values':>9s} {'C KB':>6s} {'compile':>8s} {'tape':>9s} "
+            f"{'compiled':>9s} {'PyTorch':>9s} {'hand C':>8s} {'c/torch':>8s} {'c/hand':>7s}"
+        )
         for r in summary:
             pt, hc = r.get("PyTorch"), r.get("hand C")
-            print(f"{r['family']:10s} {r['batch']:5d} {r['values']:9,d} {r['source_kb']:6.1f} {r['total_s']:7.2f}s "
-                  f"{r['tape']:9,.0f} {r['compiled']:9,.0f} {pt or float('nan'):9,.0f} {hc or float('nan'):8,.0f} "
-                  f"{(r['compiled'] / pt) if pt else float('nan'):7.1f}x {(r['compiled'] / hc) if hc else float('nan'):6.2f}x")
+            print(
+                f"{r['family']:10s} {r['batch']:5d} {r['values']:9,d} {r['source_kb']:6.1f} {r['total_s']:7.2f}s "
+                f"{r['tape']:9,.0f} {r['compiled']:9,.0f} {pt or float('nan'):9,.0f} {hc or float('nan'):8,.0f} "
+                f"{(r['compiled'] / pt) if pt else float('nan'):7.1f}x {(r['compiled'] / hc) if hc else float('nan'):6.2f}x"
+            )
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -66,9 +66,13 @@ static int reads_class(const mg_tape *t, size_t f, const mgk_ref *X, int param) 
     return 0;
 }
 
-static int needs_grad(const mg_tape *t, size_t f, const mgk_ref *X) { return reads_class(t, f, X, 0); }
+static int needs_grad(const mg_tape *t, size_t f, const mgk_ref *X) {
+    return reads_class(t, f, X, 0);
+}
 
-static int is_param(const mg_tape *t, size_t f, const mgk_ref *X) { return reads_class(t, f, X, 1); }
+static int is_param(const mg_tape *t, size_t f, const mgk_ref *X) {
+    return reads_class(t, f, X, 1);
+}
 
 static mgk_ref as_grad(mgk_ref X) {
     X.arr = MGK_G;
@@ -91,7 +95,8 @@ typedef struct ad {
 /* The gradient nest for operand X of F; `term` and the refs x0..x3 are in F's dims. With
  * `outer_only` (the initial value of a sum, added once per output) F's reduction dims are not
  * part of it. */
-static int grad_nest(ad *A, size_t f, const mgk_ref *X, int term, const mgk_ref *x, int nx, int outer_only) {
+static int grad_nest(ad *A, size_t f, const mgk_ref *X, int term, const mgk_ref *x, int nx,
+                     int outer_only) {
     mg_tape *t = A->t;
     mgk_nest F0 = t->nests[f];
     const mgk_nest *F = &F0;

@@ -54,14 +54,14 @@ static void backward(const mg_tape *t, mg_exec *E) {
         if (t->rerolled) /* only what is not written first by a nest (schedule.c) */
             for (size_t i = 0; i < t->nzero; i += 2)
                 memset(g + t->zero[i], 0, (t->zero[i + 1] - t->zero[i]) * sizeof(double));
-        else
-            memset(g + t->first_op, 0, (t->nslots - t->first_op) * sizeof(double));
+        else memset(g + t->first_op, 0, (t->nslots - t->first_op) * sizeof(double));
         g[t->loss] = 1.0;
     }
     mg_ir__run(t, t->bwd, t->nbwd, E, 0);
 }
 
-/* ---- targets ---------------------------------------------------------------------------------- */
+/* ---- targets ----------------------------------------------------------------------------------
+ */
 
 /* Cross-entropy targets read from Y must be class indices: checks rows [0, n) before anything
  * trains, naming the first bad row. */
@@ -76,16 +76,18 @@ static int check_targets(mg_tape *t, const double *Y, size_t n, const char *what
         for (size_t r = 0; r < n; r++) {
             double y = Y[r * t->ntargets + col];
             if (!(y >= 0.0 && y < (double)in->n && y == floor(y)))
-                return mg_tape__fail(t, MG_EINVAL,
-                                     "%s: the target of row %zu is %g, not a class index in [0, %u) "
-                                     "(cross-entropy over %u classes)",
-                                     what, r, y, in->n, in->n);
+                return mg_tape__fail(
+                    t, MG_EINVAL,
+                    "%s: the target of row %zu is %g, not a class index in [0, %u) "
+                    "(cross-entropy over %u classes)",
+                    what, r, y, in->n, in->n);
         }
     }
     return MG_OK;
 }
 
-/* ---- single samples --------------------------------------------------------------------------- */
+/* ---- single samples ---------------------------------------------------------------------------
+ */
 
 int mg_tape_forward(mg_tape *t, const double *x, const double *y) {
     if (!t) return MG_EINVAL;
@@ -114,7 +116,8 @@ int mg_tape_backward(mg_tape *t) {
 int mg_tape_step(mg_tape *t, double lr, size_t count) {
     if (!t) return MG_EINVAL;
     t->err[0] = '\0';
-    if (!isfinite(lr)) return mg_tape__fail(t, MG_EINVAL, "step: the learning rate %g is not finite", lr);
+    if (!isfinite(lr))
+        return mg_tape__fail(t, MG_EINVAL, "step: the learning rate %g is not finite", lr);
     mgk_step(t->data, t->grad, t->nparams, lr / (double)(count ? count : 1));
     return MG_OK;
 }
@@ -135,7 +138,8 @@ int mg_tape_predict(mg_tape *t, const double *X, size_t n, double *out) {
     return MG_OK;
 }
 
-/* ---- packing (schedule.c decides what is packed) ----------------------------------------------- */
+/* ---- packing (schedule.c decides what is packed) -----------------------------------------------
+ */
 
 enum { PACK, UNPACK, UNPACK_GRAD };
 
@@ -187,14 +191,15 @@ static void step_all(mg_tape *t, double *g, double *pg, double scale, int fused)
     }
 }
 
-/* ---- epochs ----------------------------------------------------------------------------------- */
+/* ---- epochs -----------------------------------------------------------------------------------
+ */
 
 typedef struct fit_chunk {
-    double *bd, *bg;  /* per-sample slots and gradients of up to MG_FIT_SUB samples, ss apart */
-    double *g, *pg;   /* shared-slot (parameter) gradients and packed gradients */
-    double *scratch;  /* variadic ops' gathered operands */
+    double *bd, *bg; /* per-sample slots and gradients of up to MG_FIT_SUB samples, ss apart */
+    double *g, *pg;  /* shared-slot (parameter) gradients and packed gradients */
+    double *scratch; /* variadic ops' gathered operands */
     double loss;
-    size_t from, to;  /* positions in the epoch's order */
+    size_t from, to; /* positions in the epoch's order */
 } fit_chunk;
 
 typedef struct spin_barrier {
@@ -265,7 +270,9 @@ static void run_chunk(fit_run *F, fit_chunk *c) {
         for (size_t q = 0; q < nb; q++) { /* inputs first in the per-sample region, then targets */
             size_t s = F->perm[k0 + q];
             memcpy(c->bd + q * ss, F->X + s * t->ninputs, t->ninputs * sizeof(double));
-            if (F->Y) memcpy(c->bd + q * ss + t->ninputs, F->Y + s * t->ntargets, t->ntargets * sizeof(double));
+            if (F->Y)
+                memcpy(c->bd + q * ss + t->ninputs, F->Y + s * t->ntargets,
+                       t->ntargets * sizeof(double));
         }
         R->nb = (mgk_i64)nb;
         mg_ir__run(t, t->fwd, t->nfwd, &E, MG_FZ_LOSS_CONE);
@@ -304,8 +311,7 @@ static void step_share(fit_run *F, size_t w) {
 static void run_share(fit_run *F, size_t w) {
     if (atomic_load(&F->phase) == 0)
         for (size_t c = w; c < F->nch; c += F->threads) run_chunk(F, &F->ch[c]);
-    else
-        step_share(F, w);
+    else step_share(F, w);
 }
 
 typedef struct worker_arg {
@@ -335,13 +341,17 @@ static void run_phase(fit_run *F, int phase) {
     }
 }
 
-static int check_fit_args(mg_tape *t, const double *X, const double *Y, size_t n, const mg_fit_options *o) {
+static int check_fit_args(mg_tape *t, const double *X, const double *Y, size_t n,
+                          const mg_fit_options *o) {
     if (!t->has_loss) return mg_tape__fail(t, MG_EINVAL, "fit: this program has no loss");
     if (n && !X && t->ninputs) return mg_tape__fail(t, MG_EINVAL, "fit: NULL inputs");
-    if (n && !Y && t->ntargets) return mg_tape__fail(t, MG_EINVAL, "fit: this program has targets: pass Y");
-    if (!isfinite(o->lr)) return mg_tape__fail(t, MG_EINVAL, "fit: the learning rate %g is not finite", o->lr);
+    if (n && !Y && t->ntargets)
+        return mg_tape__fail(t, MG_EINVAL, "fit: this program has targets: pass Y");
+    if (!isfinite(o->lr))
+        return mg_tape__fail(t, MG_EINVAL, "fit: the learning rate %g is not finite", o->lr);
     if (t->ninputs && n > SIZE_MAX / t->ninputs / sizeof(double))
-        return mg_tape__fail(t, MG_EINVAL, "fit: %zu rows of %zu inputs overflow the address space", n, t->ninputs);
+        return mg_tape__fail(t, MG_EINVAL, "fit: %zu rows of %zu inputs overflow the address space",
+                             n, t->ninputs);
     return check_targets(t, Y, n, "fit");
 }
 
@@ -415,7 +425,8 @@ int mg_tape_fit(mg_tape *t, const double *X, const double *Y, size_t n, const mg
             break;
         }
         /* the values' initial slots (what a nest does not write reads as the frozen value) */
-        for (size_t q = 0; q < sub; q++) memcpy(ch->bd + q * F.ss, t->data + t->input0, F.ss * sizeof(double));
+        for (size_t q = 0; q < sub; q++)
+            memcpy(ch->bd + q * F.ss, t->data + t->input0, F.ss * sizeof(double));
         memset(ch->bg, 0, sub * F.ss * sizeof(double));
         memset(ch->g, 0, (t->input0 + MGK_PAD) * sizeof(double));
         memset(ch->pg, 0, (t->npacked + MGK_PAD) * sizeof(double));
@@ -469,7 +480,8 @@ int mg_tape_fit(mg_tape *t, const double *X, const double *Y, size_t n, const mg
     }
     free_chunks(t, &F);
     t->alloc.free_fn(perm, t->alloc.ctx);
-    if (st == MG_ENOMEM) return mg_tape__fail(t, MG_ENOMEM, "fit: out of memory for the chunks' slots");
+    if (st == MG_ENOMEM)
+        return mg_tape__fail(t, MG_ENOMEM, "fit: out of memory for the chunks' slots");
     if (mean_loss) *mean_loss = n ? total / (double)n : 0.0;
     return MG_OK;
 }

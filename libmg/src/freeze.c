@@ -32,7 +32,8 @@ static int pmap_put(pmap *m, const mg_value *v, uint32_t x) {
     return added;
 }
 
-/* ---- constants: equal bit patterns share a slot -------------------------------------------------- */
+/* ---- constants: equal bit patterns share a slot
+ * -------------------------------------------------- */
 
 typedef struct cmap {
     uint64_t *bits;
@@ -47,7 +48,8 @@ static uint64_t bits_of(double x) {
 }
 
 static uint32_t cmap_get_or_put(cmap *m, uint64_t b, uint32_t next) {
-    for (size_t i = (size_t)((b * 0x9E3779B97F4A7C15ull) >> 32) & (m->cap - 1);; i = (i + 1) & (m->cap - 1)) {
+    for (size_t i = (size_t)((b * 0x9E3779B97F4A7C15ull) >> 32) & (m->cap - 1);;
+         i = (i + 1) & (m->cap - 1)) {
         if (m->idx[i] == UINT32_MAX) {
             m->bits[i] = b;
             m->idx[i] = next;
@@ -57,10 +59,12 @@ static uint32_t cmap_get_or_put(cmap *m, uint64_t b, uint32_t next) {
     }
 }
 
-/* ---- freezing ---------------------------------------------------------------------------------- */
+/* ---- freezing ----------------------------------------------------------------------------------
+ */
 
 static void fz_free(mg_tape *t, mg_fz *f) {
-    void *bufs[] = {f->op, f->bias, f->cone, f->cls, f->k, f->data, f->serial, f->off, f->opnd, f->uses, f->slot};
+    void *bufs[] = {f->op,     f->bias, f->cone, f->cls,  f->k,   f->data,
+                    f->serial, f->off,  f->opnd, f->uses, f->slot};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) t->alloc.free_fn(bufs[i], t->alloc.ctx);
 }
@@ -68,28 +72,36 @@ static void fz_free(mg_tape *t, mg_fz *f) {
 static int check_roots(mg_graph *g, const mg_tape_spec *spec) {
     if (!spec) return mg_graph__fail(g, MG_EINVAL, "mg_tape_freeze: NULL spec");
     if (!spec->loss && spec->noutputs == 0)
-        return mg_graph__fail(g, MG_EINVAL, "mg_tape_freeze: nothing to freeze (no loss and no outputs)");
-    if (spec->noutputs && !spec->outputs) return mg_graph__fail(g, MG_EINVAL, "mg_tape_freeze: NULL outputs array");
+        return mg_graph__fail(g, MG_EINVAL,
+                              "mg_tape_freeze: nothing to freeze (no loss and no outputs)");
+    if (spec->noutputs && !spec->outputs)
+        return mg_graph__fail(g, MG_EINVAL, "mg_tape_freeze: NULL outputs array");
     for (size_t i = 0; i < spec->noutputs; i++)
         if (!mg_ir__owns(g, spec->outputs[i]))
-            return mg_graph__fail(g, MG_EINVAL, "mg_tape_freeze: output %zu is NULL, released or of another graph", i);
+            return mg_graph__fail(
+                g, MG_EINVAL, "mg_tape_freeze: output %zu is NULL, released or of another graph",
+                i);
     if (spec->loss && !mg_ir__owns(g, spec->loss))
-        return mg_graph__fail(g, MG_EINVAL, "mg_tape_freeze: the loss is released or of another graph");
+        return mg_graph__fail(g, MG_EINVAL,
+                              "mg_tape_freeze: the loss is released or of another graph");
     size_t listed = spec->nparams + spec->ninputs + spec->ntargets;
     if (listed < spec->nparams || listed > UINT32_MAX / 4)
-        return mg_graph__fail(g, MG_ERANGE, "mg_tape_freeze: too many parameters, inputs and targets");
+        return mg_graph__fail(g, MG_ERANGE,
+                              "mg_tape_freeze: too many parameters, inputs and targets");
     return MG_OK;
 }
 
-static int check_role(mg_graph *g, pmap *roles, mg_value *const *v, size_t n, const char *role, uint32_t *next) {
+static int check_role(mg_graph *g, pmap *roles, mg_value *const *v, size_t n, const char *role,
+                      uint32_t *next) {
     if (n && !v) return mg_graph__fail(g, MG_EINVAL, "mg_tape_freeze: NULL %s array", role);
     for (size_t i = 0; i < n; i++) {
         if (!mg_ir__owns(g, v[i]))
-            return mg_graph__fail(g, MG_EINVAL, "mg_tape_freeze: %s %zu is NULL, released or of another graph", role,
-                                  i);
+            return mg_graph__fail(g, MG_EINVAL,
+                                  "mg_tape_freeze: %s %zu is NULL, released or of another graph",
+                                  role, i);
         if (v[i]->op != MG_OP_LEAF)
-            return mg_graph__fail(g, MG_EINVAL, "mg_tape_freeze: %s %zu is not a leaf (made by %s)", role, i,
-                                  mg_op_name(v[i]->op));
+            return mg_graph__fail(g, MG_EINVAL, "mg_tape_freeze: %s %zu is not a leaf (made by %s)",
+                                  role, i, mg_op_name(v[i]->op));
         if (!pmap_put(roles, v[i], (*next)++))
             return mg_graph__fail(g, MG_EINVAL, "mg_tape_freeze: %s %zu is listed twice", role, i);
     }
@@ -117,8 +129,8 @@ static int build_fz(mg_tape *t, mg_value **order, size_t n, const pmap *index, c
     f->opnd = mg_tape__alloc(t, nopnd, sizeof(uint32_t));
     f->uses = mg_tape__alloc(t, n, sizeof(uint32_t));
     f->slot = mg_tape__alloc(t, n, sizeof(uint32_t));
-    if (!f->op || !f->bias || !f->cone || !f->cls || !f->k || !f->data || !f->serial || !f->off || !f->opnd ||
-        !f->uses || !f->slot)
+    if (!f->op || !f->bias || !f->cone || !f->cls || !f->k || !f->data || !f->serial || !f->off ||
+        !f->opnd || !f->uses || !f->slot)
         return MG_ENOMEM;
     memset(f->uses, 0, n * sizeof(uint32_t));
     memset(f->cone, 0, n);
@@ -147,7 +159,8 @@ static int build_fz(mg_tape *t, mg_value **order, size_t n, const pmap *index, c
     for (size_t i = 0; i < spec->noutputs; i++) f->uses[pmap_get(index, spec->outputs[i])] += 2;
     /* cones: a reverse sweep of the topological order */
     if (spec->loss) f->cone[pmap_get(index, spec->loss)] |= MG_FZ_LOSS_CONE | MG_FZ_ROOT;
-    for (size_t i = 0; i < spec->noutputs; i++) f->cone[pmap_get(index, spec->outputs[i])] |= MG_FZ_OUT_CONE | MG_FZ_ROOT;
+    for (size_t i = 0; i < spec->noutputs; i++)
+        f->cone[pmap_get(index, spec->outputs[i])] |= MG_FZ_OUT_CONE | MG_FZ_ROOT;
     for (size_t k = n; k-- > 0;) {
         uint8_t c = f->cone[k] & (MG_FZ_LOSS_CONE | MG_FZ_OUT_CONE);
         if (!c) continue;
@@ -242,7 +255,8 @@ mg_tape *mg_tape_freeze(mg_graph *g, const mg_tape_spec *spec) {
     t->ntargets = spec->ntargets;
     t->noutputs = spec->noutputs;
     t->has_loss = spec->loss != NULL;
-    if (!pmap_init(t, &index, n) || !pmap_init(t, &roles, spec->nparams + spec->ninputs + spec->ntargets)) {
+    if (!pmap_init(t, &index, n) ||
+        !pmap_init(t, &roles, spec->nparams + spec->ninputs + spec->ntargets)) {
         st = MG_ENOMEM;
         goto done;
     }
@@ -285,7 +299,8 @@ mg_tape *mg_tape_freeze(mg_graph *g, const mg_tape_spec *spec) {
     for (size_t i = 0; i < t->nconsts; i++) t->data[t->const0 + i] = const_values[i];
     for (size_t i = 0; i < spec->ninputs; i++) t->data[t->input0 + i] = spec->inputs[i]->data;
     for (size_t i = 0; i < spec->ntargets; i++) t->data[t->target0 + i] = spec->targets[i]->data;
-    for (size_t i = 0; i < spec->noutputs; i++) t->outputs[i] = f.slot[pmap_get(&index, spec->outputs[i])];
+    for (size_t i = 0; i < spec->noutputs; i++)
+        t->outputs[i] = f.slot[pmap_get(&index, spec->outputs[i])];
     t->has_loss = spec->loss != NULL;
     t->loss = spec->loss ? f.slot[pmap_get(&index, spec->loss)] : 0;
     for (size_t i = 0; i < t->nfwd; i++)

@@ -17,9 +17,15 @@
  * time, three times over). */
 #define MG__SMALL(N) ((N)->n[0] == 1 && (N)->n[1] == 1 && (N)->n[4] == 1 && (N)->n[5] == 1)
 
-static void general_op(const mgk_nest *N, const mgk_run *R) { mgk_nest_shape(N, R, MGK_T_OP, N->op, 0); }
-static void general_da(const mgk_nest *N, const mgk_run *R) { mgk_nest_shape(N, R, MGK_T_DA, N->op, 0); }
-static void general_db(const mgk_nest *N, const mgk_run *R) { mgk_nest_shape(N, R, MGK_T_DB, N->op, 0); }
+static void general_op(const mgk_nest *N, const mgk_run *R) {
+    mgk_nest_shape(N, R, MGK_T_OP, N->op, 0);
+}
+static void general_da(const mgk_nest *N, const mgk_run *R) {
+    mgk_nest_shape(N, R, MGK_T_DA, N->op, 0);
+}
+static void general_db(const mgk_nest *N, const mgk_run *R) {
+    mgk_nest_shape(N, R, MGK_T_DB, N->op, 0);
+}
 
 typedef void (*nest_fn)(const mgk_nest *, const mgk_run *);
 
@@ -35,15 +41,21 @@ static void nest_mul(const mgk_nest *N, const mgk_run *R) {
 #if defined(MG_FEW_KERNELS)
 /* sanitizer builds: the per-term instances only (instrumenting ~50 inlined kernels takes minutes);
  * the same code, with the op read at run time */
-#define MG__NEST_FNS(id, name, sym, ar, f, da, db)                                                          \
-    static void nest_op_##id(const mgk_nest *N, const mgk_run *R) { general_op(N, R); }                      \
-    static void nest_da_##id(const mgk_nest *N, const mgk_run *R) { general_da(N, R); }                      \
+#define MG__NEST_FNS(id, name, sym, ar, f, da, db)                                                 \
+    static void nest_op_##id(const mgk_nest *N, const mgk_run *R) { general_op(N, R); }            \
+    static void nest_da_##id(const mgk_nest *N, const mgk_run *R) { general_da(N, R); }            \
     static void nest_db_##id(const mgk_nest *N, const mgk_run *R) { general_db(N, R); }
 #else
-#define MG__NEST_FNS(id, name, sym, ar, f, da, db)                                                          \
-    static void nest_op_##id(const mgk_nest *N, const mgk_run *R) { mgk_nest_shape(N, R, MGK_T_OP, MG_OP_##id, 1); } \
-    static void nest_da_##id(const mgk_nest *N, const mgk_run *R) { mgk_nest_shape(N, R, MGK_T_DA, MG_OP_##id, 1); } \
-    static void nest_db_##id(const mgk_nest *N, const mgk_run *R) { mgk_nest_shape(N, R, MGK_T_DB, MG_OP_##id, 1); }
+#define MG__NEST_FNS(id, name, sym, ar, f, da, db)                                                 \
+    static void nest_op_##id(const mgk_nest *N, const mgk_run *R) {                                \
+        mgk_nest_shape(N, R, MGK_T_OP, MG_OP_##id, 1);                                             \
+    }                                                                                              \
+    static void nest_da_##id(const mgk_nest *N, const mgk_run *R) {                                \
+        mgk_nest_shape(N, R, MGK_T_DA, MG_OP_##id, 1);                                             \
+    }                                                                                              \
+    static void nest_db_##id(const mgk_nest *N, const mgk_run *R) {                                \
+        mgk_nest_shape(N, R, MGK_T_DB, MG_OP_##id, 1);                                             \
+    }
 #endif
 #define MG__NEST_NONE(id, name, sym)
 MG_OP_LIST(MG__NEST_FNS, MG__NEST_NONE)

@@ -20,11 +20,10 @@ static run_fn choose(void) {
     run_fn fn = mg__run_nest_base;
 #if defined(MG_HAVE_ISA_BUILDS)
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
-        __builtin_cpu_supports("avx512bw"))
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw"))
         fn = mg__run_nest_avx512;
-    else if (__builtin_cpu_supports("avx2"))
-        fn = mg__run_nest_avx2;
+    else if (__builtin_cpu_supports("avx2")) fn = mg__run_nest_avx2;
 #endif
     atomic_store_explicit(&chosen, fn, memory_order_relaxed);
     return fn;
@@ -53,7 +52,8 @@ void mg_ir__run_nest(const mg_tape *t, size_t k, const mgk_run *R) {
 /* Whether a run is one sample over the tape's own layout (the per-sample arrays are the shared
  * ones from the first input slot on): then variadic ops read their operand slots directly. */
 static int flat(const mg_tape *t, const mgk_run *R) {
-    return R->nb <= 1 && R->a[MGK_BD] == R->a[MGK_D] + t->input0 && R->a[MGK_BG] == R->a[MGK_G] + t->input0;
+    return R->nb <= 1 && R->a[MGK_BD] == R->a[MGK_D] + t->input0 &&
+           R->a[MGK_BG] == R->a[MGK_G] + t->input0;
 }
 
 /* The element of slot `slot` for sample `s` of a run. */
@@ -69,20 +69,23 @@ static void run_one(const mg_tape *t, const mg_instr *in, mg_exec *E) {
     case MG_I_NARY:
         if (flat(t, R)) {
             double *d = R->a[MGK_D];
-            d[in->out] = mg_op__nary_fwd(in->op, in->flags & MG_FLAG_BIAS, d, t->ix + in->a, in->b, in->n);
+            d[in->out] =
+                mg_op__nary_fwd(in->op, in->flags & MG_FLAG_BIAS, d, t->ix + in->a, in->b, in->n);
             break;
         }
         /* a batch: each sample's operands gathered into scratch, read with the identity index */
         for (mgk_i64 s = 0; s < (R->nb > 1 ? R->nb : 1); s++) {
-            for (uint32_t i = 0; i < in->b; i++) E->scratch[i] = *slot_at(t, R, 0, t->ix[in->a + i], s);
-            *slot_at(t, R, 0, in->out, s) =
-                mg_op__nary_fwd(in->op, in->flags & MG_FLAG_BIAS, E->scratch, t->identity, in->b, in->n);
+            for (uint32_t i = 0; i < in->b; i++)
+                E->scratch[i] = *slot_at(t, R, 0, t->ix[in->a + i], s);
+            *slot_at(t, R, 0, in->out, s) = mg_op__nary_fwd(in->op, in->flags & MG_FLAG_BIAS,
+                                                            E->scratch, t->identity, in->b, in->n);
         }
         break;
     case MG_I_NARY_BWD:
         if (flat(t, R)) {
             double *d = R->a[MGK_D], *g = R->a[MGK_G];
-            mg_op__nary_bwd(in->op, in->flags & MG_FLAG_BIAS, d, g, t->ix + in->a, in->b, in->n, g[in->out]);
+            mg_op__nary_bwd(in->op, in->flags & MG_FLAG_BIAS, d, g, t->ix + in->a, in->b, in->n,
+                            g[in->out]);
             break;
         }
         for (mgk_i64 s = 0; s < (R->nb > 1 ? R->nb : 1); s++) {
@@ -135,8 +138,8 @@ static uint64_t fnv(uint64_t h, const void *p, size_t n) {
 
 uint64_t mg_ir__fingerprint(const mg_tape *t) {
     uint64_t h = 0xCBF29CE484222325ull;
-    size_t sizes[] = {t->nslots, t->nparams, t->nconsts, t->ninputs, t->ntargets, t->noutputs, t->nnests, t->nfwd,
-                      t->nbwd, t->nix};
+    size_t sizes[] = {t->nslots,   t->nparams, t->nconsts, t->ninputs, t->ntargets,
+                      t->noutputs, t->nnests,  t->nfwd,    t->nbwd,    t->nix};
     h = fnv(h, sizes, sizeof sizes);
     if (t->nnests) h = fnv(h, t->nests, t->nnests * sizeof(mgk_nest));
     if (t->nfwd) h = fnv(h, t->fwd, t->nfwd * sizeof(mg_instr));

@@ -21,7 +21,9 @@ static inline int mg_ir__owns(const mg_graph *g, const mg_value *v) { return mg_
 
 /* The op table's formulas for the nest kernels (the generated code gets the same functions
  * written out as text by the emitter). */
-static inline double mgk_op_fwd(int op, double A, double B, double K) { return mg_op__forward(op, A, B, K); }
+static inline double mgk_op_fwd(int op, double A, double B, double K) {
+    return mg_op__forward(op, A, B, K);
+}
 static inline double mgk_op_da(int op, double A, double B, double K, double Y) {
     double dA, dB;
     mg_op__derivs(op, A, B, K, Y, &dA, &dB);
@@ -45,18 +47,18 @@ enum { MG_C_PARAM = 0, MG_C_CONST = 1, MG_C_INPUT = 2, MG_C_TARGET = 3, MG_C_VAL
 enum { MG_FZ_LOSS_CONE = 1, MG_FZ_OUT_CONE = 2, MG_FZ_ROOT = 4 };
 
 typedef struct mg_fz {
-    size_t n;           /* nodes */
-    uint8_t *op;        /* op per node */
-    uint8_t *bias;      /* DOT nodes: 1 when the last operand is a bias */
-    uint8_t *cone;      /* MG_FZ_* flags */
-    uint8_t *cls;       /* leaves: their class; ops: MG_C_VALUE */
-    double *k;          /* elementwise: the op's constant; variadic: the term count */
-    double *data;       /* current value */
-    uint64_t *serial;   /* creation order */
-    uint32_t *off;      /* n + 1 */
+    size_t n;         /* nodes */
+    uint8_t *op;      /* op per node */
+    uint8_t *bias;    /* DOT nodes: 1 when the last operand is a bias */
+    uint8_t *cone;    /* MG_FZ_* flags */
+    uint8_t *cls;     /* leaves: their class; ops: MG_C_VALUE */
+    double *k;        /* elementwise: the op's constant; variadic: the term count */
+    double *data;     /* current value */
+    uint64_t *serial; /* creation order */
+    uint32_t *off;    /* n + 1 */
     uint32_t *opnd;
-    uint32_t *uses;     /* operand uses (+2 for roots) */
-    uint32_t *slot;     /* leaves: fixed slots; ops: assigned by the passes (UINT32_MAX: none) */
+    uint32_t *uses; /* operand uses (+2 for roots) */
+    uint32_t *slot; /* leaves: fixed slots; ops: assigned by the passes (UINT32_MAX: none) */
 } mg_fz;
 
 /* ---- programs --------------------------------------------------------------------------------
@@ -67,23 +69,23 @@ enum { MG_I_NEST = 0, MG_I_NARY = 1, MG_I_SEQ = 2, MG_I_NARY_BWD = 3 };
 
 typedef struct mg_instr {
     uint8_t kind;
-    uint8_t op;     /* NARY: the op */
-    uint8_t flags;  /* NARY: MG_FLAG_BIAS; SEQ: 1 when reversed */
-    uint8_t cone;   /* MG_FZ_LOSS_CONE / MG_FZ_OUT_CONE of what it computes */
-    uint32_t a;     /* NEST: the nest; NARY: first operand entry in ix; SEQ: body length */
-    uint32_t b;     /* NARY: operand count; SEQ: iterations */
-    uint32_t n;     /* NARY: the op's term count */
-    uint32_t out;   /* NARY: the result's slot */
+    uint8_t op;    /* NARY: the op */
+    uint8_t flags; /* NARY: MG_FLAG_BIAS; SEQ: 1 when reversed */
+    uint8_t cone;  /* MG_FZ_LOSS_CONE / MG_FZ_OUT_CONE of what it computes */
+    uint32_t a;    /* NEST: the nest; NARY: first operand entry in ix; SEQ: body length */
+    uint32_t b;    /* NARY: operand count; SEQ: iterations */
+    uint32_t n;    /* NARY: the op's term count */
+    uint32_t out;  /* NARY: the result's slot */
 } mg_instr;
 
 /* A nest plus what the passes know about it. */
 typedef struct mg_nest_info {
     uint8_t loss_cone, out_cone;
-    uint8_t grad;      /* 1 for a gradient nest */
-    uint8_t alias;     /* outputs may repeat across outer points */
+    uint8_t grad;  /* 1 for a gradient nest */
+    uint8_t alias; /* outputs may repeat across outer points */
     uint8_t has_gather;
-    uint32_t seq;      /* iterations of the sequential loop it runs in (1: none) */
-    double work;       /* estimated terms per sample, for the emitter's budget */
+    uint32_t seq; /* iterations of the sequential loop it runs in (1: none) */
+    double work;  /* estimated terms per sample, for the emitter's budget */
 } mg_nest_info;
 
 /* A packed parameter block: elements elem(i) = base + sum_k s[k]*i_k over dims n (row-major
@@ -114,17 +116,17 @@ struct mg_tape {
     size_t nnests, nfwd_nests; /* forward nests come first */
     mg_instr *fwd, *bwd;
     size_t nfwd, nbwd;
-    mgk_idx *ix;               /* variadic operand lists and gather tables */
+    mgk_idx *ix; /* variadic operand lists and gather tables */
     size_t nix;
-    mgk_idx *identity;         /* 0, 1, ..., nary_max - 1: variadic ops over gathered operands */
-    size_t nary_max;           /* the most operands of a variadic instruction */
+    mgk_idx *identity; /* 0, 1, ..., nary_max - 1: variadic ops over gathered operands */
+    size_t nary_max;   /* the most operands of a variadic instruction */
     /* packed parameters (scheduling) */
     mg_pack *packs;
     size_t npacks, npacked;
     double *pw, *pg;
-    uint8_t *packed;           /* per parameter: 1 when it lives in a pack during calls */
-    uint8_t *fused, *fused_p;  /* per parameter / packed element: its gradient nest applies SGD
-                                  itself at batch size 1 (MGK_F_STEP) */
+    uint8_t *packed;          /* per parameter: 1 when it lives in a pack during calls */
+    uint8_t *fused, *fused_p; /* per parameter / packed element: its gradient nest applies SGD
+                                 itself at batch size 1 (MGK_F_STEP) */
     /* SGD: parameters outside packs (all / not fused), pack positions not fused */
     mgk_idx *step_d, *step_d1, *step_p1;
     size_t nstep_d, nstep_d1, nstep_p1;
@@ -143,7 +145,8 @@ struct mg_tape {
     size_t nodes;
 };
 
-/* ---- stage entry points (internal) ------------------------------------------------------------ */
+/* ---- stage entry points (internal) ------------------------------------------------------------
+ */
 
 /* Records an error on the tape (printf-style) and returns `status`. */
 int mg_tape__fail(mg_tape *t, int status, const char *fmt, ...)

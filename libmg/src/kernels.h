@@ -90,7 +90,8 @@ MGK_FN double mgk_dot_fwd(const mgk_real *d, const mgk_idx *ix, size_t n, int bi
     return acc;
 }
 
-MGK_FN void mgk_dot_bwd(const mgk_real *d, mgk_real *g, const mgk_idx *ix, size_t n, int bias, double gy) {
+MGK_FN void mgk_dot_bwd(const mgk_real *d, mgk_real *g, const mgk_idx *ix, size_t n, int bias,
+                        double gy) {
     size_t i;
     if (bias) g[ix[2 * n]] += gy;
     for (i = 0; i < n; i++) {

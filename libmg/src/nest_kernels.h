@@ -79,7 +79,8 @@ typedef struct mgk_run {
 #define MGK_PS(X) ((X)->arr >= MGK_BD)
 
 #if defined(__GNUC__) || defined(__clang__)
-#define MGK_HOT static inline __attribute__((always_inline))
+/* always inlined; and possibly unused: a generated file runs only some of these */
+#define MGK_HOT static inline __attribute__((always_inline, unused))
 #else
 #define MGK_HOT static inline
 #endif
@@ -136,7 +137,7 @@ MGK_HOT mgk_real *mgk_gat(const mgk_run *R, const mgk_ref *X, const mgk_i64 pos,
 /* The element of ref X at position `pos`, and the same in the sample `so` elements on (per-sample
  * elements only: a shared element is the same for every sample). */
 #define MGK_AT(R, X, pos) ((X)->gather ? mgk_gat(R, X, pos, 0) : (R)->a[(X)->arr] + (pos))
-#define MGK_ATS(R, X, pos, so) \
+#define MGK_ATS(R, X, pos, so)                                                                     \
     ((X)->gather ? mgk_gat(R, X, pos, so) : (R)->a[(X)->arr] + (pos) + (MGK_PS(X) ? (so) : 0))
 
 MGK_HOT mgk_real mgk_term(const int term, const int op, const double k, const mgk_real *p0,
@@ -151,22 +152,23 @@ MGK_HOT mgk_real mgk_term(const int term, const int op, const double k, const mg
 }
 
 /* The positions of a ref at the reduction point (r4..r7) relative to an outer point. */
-#define MGK_RPOS(X, r4, r5, r6, r7) ((r4) * (X)->s[4] + (r5) * (X)->s[5] + (r6) * (X)->s[6] + (r7) * (X)->s[7])
-#define MGK_TERM_AT(N, R, term, op, q0, q1, q2, q3, so)                                                    \
-    mgk_term(term, op, (N)->k, MGK_ATS(R, &(N)->x[0], q0, so), MGK_ATS(R, &(N)->x[1], q1, so),              \
+#define MGK_RPOS(X, r4, r5, r6, r7)                                                                \
+    ((r4) * (X)->s[4] + (r5) * (X)->s[5] + (r6) * (X)->s[6] + (r7) * (X)->s[7])
+#define MGK_TERM_AT(N, R, term, op, q0, q1, q2, q3, so)                                            \
+    mgk_term(term, op, (N)->k, MGK_ATS(R, &(N)->x[0], q0, so), MGK_ATS(R, &(N)->x[1], q1, so),     \
              MGK_ATS(R, &(N)->x[2], q2, so), MGK_ATS(R, &(N)->x[3], q3, so))
 
 /* The sizes with `small` applied: dims 0, 1, 4 and 5 known to be 1. */
-#define MGK_SIZES(n, nn, small)                                                                            \
-    const mgk_i64 n[MGK_MAXD] = {(small) ? 1 : (nn)[0], (small) ? 1 : (nn)[1], (nn)[2], (nn)[3],           \
+#define MGK_SIZES(n, nn, small)                                                                    \
+    const mgk_i64 n[MGK_MAXD] = {(small) ? 1 : (nn)[0], (small) ? 1 : (nn)[1], (nn)[2], (nn)[3],   \
                                  (small) ? 1 : (nn)[4], (small) ? 1 : (nn)[5], (nn)[6], (nn)[7]}
 
 /* One output point, scalar (also what is neither blocked nor tiled): positions at the outer point
  * are po (out), pi (init), p0..p3 (term operands). `step`: the run applies SGD (MGK_F_STEP).
  * `nbr`: samples to sum over (a shared output, a parameter's gradient, in a batch), outermost. */
-MGK_HOT void mgk_point1(const mgk_nest *N, const mgk_run *R, const int term, const int op, const int step,
-                        const int small, const mgk_i64 nbr, const mgk_i64 s0, mgk_i64 po, mgk_i64 pi, mgk_i64 p0,
-                        mgk_i64 p1, mgk_i64 p2, mgk_i64 p3) {
+MGK_HOT void mgk_point1(const mgk_nest *N, const mgk_run *R, const int term, const int op,
+                        const int step, const int small, const mgk_i64 nbr, const mgk_i64 s0,
+                        mgk_i64 po, mgk_i64 pi, mgk_i64 p0, mgk_i64 p1, mgk_i64 p2, mgk_i64 p3) {
     MGK_SIZES(n, N->n, small);
     const mgk_ref *X = N->x;
     mgk_real acc;
@@ -181,9 +183,12 @@ MGK_HOT void mgk_point1(const mgk_nest *N, const mgk_run *R, const int term, con
                 for (r5 = 0; r5 < n[5]; r5++)
                     for (r6 = 0; r6 < n[6]; r6++)
                         for (r7 = 0; r7 < n[7]; r7++)
-                            *MGK_ATS(R, &N->out, po + MGK_RPOS(&N->out, r4, r5, r6, r7), s0 + sm * R->ss) += MGK_TERM_AT(
-                                N, R, term, op, p0 + MGK_RPOS(&X[0], r4, r5, r6, r7), p1 + MGK_RPOS(&X[1], r4, r5, r6, r7),
-                                p2 + MGK_RPOS(&X[2], r4, r5, r6, r7), p3 + MGK_RPOS(&X[3], r4, r5, r6, r7), s0 + sm * R->ss);
+                            *MGK_ATS(R, &N->out, po + MGK_RPOS(&N->out, r4, r5, r6, r7),
+                                     s0 + sm * R->ss) +=
+                                MGK_TERM_AT(N, R, term, op, p0 + MGK_RPOS(&X[0], r4, r5, r6, r7),
+                                            p1 + MGK_RPOS(&X[1], r4, r5, r6, r7),
+                                            p2 + MGK_RPOS(&X[2], r4, r5, r6, r7),
+                                            p3 + MGK_RPOS(&X[3], r4, r5, r6, r7), s0 + sm * R->ss);
         return;
     }
     acc = N->mode == MGK_SUM0 || step ? (mgk_real)0
@@ -194,19 +199,24 @@ MGK_HOT void mgk_point1(const mgk_nest *N, const mgk_run *R, const int term, con
         for (r4 = 0; r4 < n[4]; r4++)
             for (r5 = 0; r5 < n[5]; r5++)
                 for (r6 = 0; r6 < n[6]; r6++) {
-                    const mgk_i64 q0 = p0 + MGK_RPOS(&X[0], r4, r5, r6, 0), q1 = p1 + MGK_RPOS(&X[1], r4, r5, r6, 0);
-                    const mgk_i64 q2 = p2 + MGK_RPOS(&X[2], r4, r5, r6, 0), q3 = p3 + MGK_RPOS(&X[3], r4, r5, r6, 0);
+                    const mgk_i64 q0 = p0 + MGK_RPOS(&X[0], r4, r5, r6, 0),
+                                  q1 = p1 + MGK_RPOS(&X[1], r4, r5, r6, 0);
+                    const mgk_i64 q2 = p2 + MGK_RPOS(&X[2], r4, r5, r6, 0),
+                                  q3 = p3 + MGK_RPOS(&X[3], r4, r5, r6, 0);
                     r7 = 0;
                     if (N->flags & MGK_F_SPLIT) {
                         mgk_real part[MGK_LANES], sum;
                         int l;
                         for (l = 0; l < MGK_LANES; l++) part[l] = (mgk_real)0;
 #if MGK_VECTOR
-                        if ((term == MGK_T_MUL || term == MGK_T_ONE) && !X[0].gather && !X[1].gather &&
-                            (X[0].s[7] == 0 || X[0].s[7] == 1) && (term == MGK_T_ONE || X[1].s[7] == 0 || X[1].s[7] == 1)) {
-                            /* the same partial sums, lane l of vector k holding part[k * MGK_VW + l] */
+                        if ((term == MGK_T_MUL || term == MGK_T_ONE) && !X[0].gather &&
+                            !X[1].gather && (X[0].s[7] == 0 || X[0].s[7] == 1) &&
+                            (term == MGK_T_ONE || X[1].s[7] == 0 || X[1].s[7] == 1)) {
+                            /* the same partial sums, lane l of vector k holding part[k * MGK_VW +
+                             * l] */
                             mgk_vec v[MGK_NV], a = MGK_VSPLAT((mgk_real)0), b = a;
-                            const mgk_real *y0 = MGK_ATS(R, &X[0], q0, so), *y1 = MGK_ATS(R, &X[1], q1, so);
+                            const mgk_real *y0 = MGK_ATS(R, &X[0], q0, so),
+                                           *y1 = MGK_ATS(R, &X[1], q1, so);
                             int k;
                             for (k = 0; k < MGK_NV; k++) v[k] = MGK_VSPLAT((mgk_real)0);
                             if (!X[0].s[7]) a = MGK_VSPLAT(*y0);
@@ -226,17 +236,22 @@ MGK_HOT void mgk_point1(const mgk_nest *N, const mgk_run *R, const int term, con
 #endif
                         for (; r7 + MGK_LANES <= n[7]; r7 += MGK_LANES)
                             for (l = 0; l < MGK_LANES; l++)
-                                part[l] += MGK_TERM_AT(N, R, term, op, q0 + (r7 + l) * X[0].s[7], q1 + (r7 + l) * X[1].s[7],
-                                                       q2 + (r7 + l) * X[2].s[7], q3 + (r7 + l) * X[3].s[7], so);
-                        sum = ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
+                                part[l] += MGK_TERM_AT(N, R, term, op, q0 + (r7 + l) * X[0].s[7],
+                                                       q1 + (r7 + l) * X[1].s[7],
+                                                       q2 + (r7 + l) * X[2].s[7],
+                                                       q3 + (r7 + l) * X[3].s[7], so);
+                        sum = ((part[0] + part[1]) + (part[2] + part[3])) +
+                              ((part[4] + part[5]) + (part[6] + part[7]));
                         for (; r7 < n[7]; r7++)
-                            sum += MGK_TERM_AT(N, R, term, op, q0 + r7 * X[0].s[7], q1 + r7 * X[1].s[7],
-                                               q2 + r7 * X[2].s[7], q3 + r7 * X[3].s[7], so);
+                            sum += MGK_TERM_AT(N, R, term, op, q0 + r7 * X[0].s[7],
+                                               q1 + r7 * X[1].s[7], q2 + r7 * X[2].s[7],
+                                               q3 + r7 * X[3].s[7], so);
                         acc += sum;
                     } else {
                         for (; r7 < n[7]; r7++)
-                            acc += MGK_TERM_AT(N, R, term, op, q0 + r7 * X[0].s[7], q1 + r7 * X[1].s[7],
-                                               q2 + r7 * X[2].s[7], q3 + r7 * X[3].s[7], so);
+                            acc += MGK_TERM_AT(N, R, term, op, q0 + r7 * X[0].s[7],
+                                               q1 + r7 * X[1].s[7], q2 + r7 * X[2].s[7],
+                                               q3 + r7 * X[3].s[7], so);
                     }
                 }
     }
@@ -250,12 +265,13 @@ MGK_HOT void mgk_point1(const mgk_nest *N, const mgk_run *R, const int term, con
 
 /* One output point. A gathered output whose entry at this point is a per-sample element is not a
  * sum over the batch: each sample's point runs on its own. */
-MGK_HOT void mgk_point(const mgk_nest *N, const mgk_run *R, const int term, const int op, const int step,
-                       const int small, const mgk_i64 nbr, mgk_i64 po, mgk_i64 pi, mgk_i64 p0, mgk_i64 p1,
-                       mgk_i64 p2, mgk_i64 p3) {
+MGK_HOT void mgk_point(const mgk_nest *N, const mgk_run *R, const int term, const int op,
+                       const int step, const int small, const mgk_i64 nbr, mgk_i64 po, mgk_i64 pi,
+                       mgk_i64 p0, mgk_i64 p1, mgk_i64 p2, mgk_i64 p3) {
     if (N->out.gather && nbr > 1 && !(N->flags & MGK_F_SCATTER) && (R->ix[po] & MGK_IX_PS)) {
         mgk_i64 sm;
-        for (sm = 0; sm < nbr; sm++) mgk_point1(N, R, term, op, step, small, 1, sm * R->ss, po, pi, p0, p1, p2, p3);
+        for (sm = 0; sm < nbr; sm++)
+            mgk_point1(N, R, term, op, step, small, 1, sm * R->ss, po, pi, p0, p1, p2, p3);
         return;
     }
     mgk_point1(N, R, term, op, step, small, nbr, 0, po, pi, p0, p1, p2, p3);
@@ -264,9 +280,9 @@ MGK_HOT void mgk_point(const mgk_nest *N, const mgk_run *R, const int term, cons
 /* MGK_LANES consecutive points along the vector dim (no gather refs), `nl` of them valid: lane l
  * of operand j is at p_j + l * s_j. The lanes are what the C compiler vectorises; each lane's
  * terms are added in the order the scalar path adds them. */
-MGK_HOT void mgk_block(const mgk_nest *N, const mgk_run *R, const int term, const int op, const int step,
-                       const int small, const mgk_i64 nbr, const int nl, mgk_i64 po, mgk_i64 pi, mgk_i64 p0,
-                       mgk_i64 p1, mgk_i64 p2, mgk_i64 p3) {
+MGK_HOT void mgk_block(const mgk_nest *N, const mgk_run *R, const int term, const int op,
+                       const int step, const int small, const mgk_i64 nbr, const int nl, mgk_i64 po,
+                       mgk_i64 pi, mgk_i64 p0, mgk_i64 p1, mgk_i64 p2, mgk_i64 p3) {
     MGK_SIZES(n, N->n, small);
     const mgk_ref *X = N->x;
     mgk_real *o = R->a[N->out.arr] + po;
@@ -288,7 +304,8 @@ MGK_HOT void mgk_block(const mgk_nest *N, const mgk_run *R, const int term, cons
         int k;
         for (k = 0; k < MGK_NV; k++) {
             if (N->mode == MGK_SUM0 || step) v[k] = MGK_VSPLAT((mgk_real)0);
-            else if (N->mode == MGK_SUMI && N->init.s[3] == 0) v[k] = MGK_VSPLAT(R->a[N->init.arr][pi]);
+            else if (N->mode == MGK_SUMI && N->init.s[3] == 0)
+                v[k] = MGK_VSPLAT(R->a[N->init.arr][pi]);
             else if (N->mode == MGK_SUMI) MGK_VLOAD(v[k], R->a[N->init.arr] + pi + k * MGK_VW);
             else MGK_VLOAD(v[k], o + k * MGK_VW);
         }
@@ -354,7 +371,8 @@ MGK_HOT void mgk_block(const mgk_nest *N, const mgk_run *R, const int term, cons
                         const mgk_real *y2 = x2 + sm * ps2 + MGK_RPOS(&X[2], r4, r5, r6, r7);
                         const mgk_real *y3 = x3 + sm * ps3 + MGK_RPOS(&X[3], r4, r5, r6, r7);
                         for (l = 0; l < nl; l++)
-                            acc[l] += mgk_term(term, op, N->k, y0 + l * s0, y1 + l * s1, y2 + l * s2, y3 + l * s3);
+                            acc[l] += mgk_term(term, op, N->k, y0 + l * s0, y1 + l * s1,
+                                               y2 + l * s2, y3 + l * s3);
                     }
     if (step) {
         mgk_real *w = R->a[N->init.arr] + pi;
@@ -373,9 +391,9 @@ MGK_HOT void mgk_block(const mgk_nest *N, const mgk_run *R, const int term, cons
  * lanes): each x0 vector is loaded once for the tile (the micro-kernel of a matrix product). Rows
  * are samples of a batch, or outer points. `nbr` samples are summed over, outermost, as ever. */
 #define MGK_TS (16 / MGK_NV > 8 ? 8 : 16 / MGK_NV)
-MGK_HOT void mgk_tile(const mgk_nest *N, const mgk_run *R, const int small, const mgk_i64 nbr, const int nt,
-                      mgk_real *o, const mgk_real *in, const mgk_real *a0, const mgk_real *b0, const mgk_i64 ro,
-                      const mgk_i64 ri, const mgk_i64 rb) {
+MGK_HOT void mgk_tile(const mgk_nest *N, const mgk_run *R, const int small, const mgk_i64 nbr,
+                      const int nt, mgk_real *o, const mgk_real *in, const mgk_real *a0,
+                      const mgk_real *b0, const mgk_i64 ro, const mgk_i64 ri, const mgk_i64 rb) {
     MGK_SIZES(n, N->n, small);
     const mgk_ref *X = N->x;
     const mgk_i64 psa = MGK_PS(&X[0]) ? R->ss : 0, psb = MGK_PS(&X[1]) ? R->ss : 0;
@@ -408,31 +426,34 @@ MGK_HOT void mgk_tile(const mgk_nest *N, const mgk_run *R, const int small, cons
 #endif
 
 /* The position of ref X at outer point (i0, i1, i2, i3) of sequential iteration t. */
-#define MGK_OPOS(X, t, i0, i1, i2, i3) \
-    ((X)->base + (t) * (X)->ts + (i0) * (X)->s[0] + (i1) * (X)->s[1] + (i2) * (X)->s[2] + (i3) * (X)->s[3])
+#define MGK_OPOS(X, t, i0, i1, i2, i3)                                                             \
+    ((X)->base + (t) * (X)->ts + (i0) * (X)->s[0] + (i1) * (X)->s[1] + (i2) * (X)->s[2] +          \
+     (i3) * (X)->s[3])
 
 /* Whether a nest can run in register tiles along `axis`: 2 (outer dim 2) or 8 (the samples of a
  * batch). The schedule sets MGK_F_TILE where its shape allows; the sizes decide at run time. */
-#define MGK_TILE_OK(N)                                                                                 \
-    (MGK_VECTOR && ((N)->flags & MGK_F_TILE) && (N)->term == MGK_T_MUL && (N)->mode != MGK_SET &&          \
-     (N)->out.s[3] == 1 && (N)->x[0].s[3] == 1 && (N)->x[1].s[3] == 0 && !(N)->x[0].gather && !(N)->x[1].gather && \
-     ((N)->mode != MGK_SUMI || (N)->init.s[3] <= 1))
+#define MGK_TILE_OK(N)                                                                             \
+    (MGK_VECTOR && ((N)->flags & MGK_F_TILE) && (N)->term == MGK_T_MUL && (N)->mode != MGK_SET &&  \
+     (N)->out.s[3] == 1 && (N)->x[0].s[3] == 1 && (N)->x[1].s[3] == 0 && !(N)->x[0].gather &&      \
+     !(N)->x[1].gather && ((N)->mode != MGK_SUMI || (N)->init.s[3] <= 1))
 /* Which tiles a nest runs in, from its descriptor alone: 1 rows along dim 2 (a shared output),
  * 2 samples (a per-sample output read through a shared weight), 0 none. */
-#define MGK_TILE_KIND(N)                                                                                  \
-    (!MGK_TILE_OK(N)                 ? 0                                                                  \
-     : !MGK_PS(&(N)->out)            ? ((N)->x[0].s[2] == 0 && (N)->n[2] > 1 ? 1 : 0)                      \
-     : !MGK_PS(&(N)->x[0]) && MGK_PS(&(N)->x[1]) && !((N)->flags & MGK_F_STEP) ? 2 : 0)
+#define MGK_TILE_KIND(N)                                                                           \
+    (!MGK_TILE_OK(N)      ? 0                                                                      \
+     : !MGK_PS(&(N)->out) ? ((N)->x[0].s[2] == 0 && (N)->n[2] > 1 ? 1 : 0)                         \
+     : !MGK_PS(&(N)->x[0]) && MGK_PS(&(N)->x[1]) && !((N)->flags & MGK_F_STEP) ? 2                 \
+                                                                               : 0)
 
 /* The outer loops of a nest over the run's arrays, `nbr` samples summed over per output. */
-MGK_HOT void mgk_nest_body(const mgk_nest *N, const mgk_run *R, const int term, const int op, const int small,
-                           const mgk_i64 nbr, const int tile2, const int block) {
+MGK_HOT void mgk_nest_body(const mgk_nest *N, const mgk_run *R, const int term, const int op,
+                           const int small, const mgk_i64 nbr, const int tile2, const int block) {
     const mgk_i64 *n = N->n;
     const mgk_ref *O = &N->out, *I = &N->init, *X = N->x;
     const mgk_i64 t = R->t;
     const int step = (N->flags & MGK_F_STEP) && R->lr != 0.0 && R->nb <= 1;
     const mgk_i64 n0 = small ? 1 : n[0], n1 = small ? 1 : n[1];
-    const mgk_i64 so = O->s[3], si = I->s[3], s0 = X[0].s[3], s1 = X[1].s[3], s2 = X[2].s[3], s3 = X[3].s[3];
+    const mgk_i64 so = O->s[3], si = I->s[3], s0 = X[0].s[3], s1 = X[1].s[3], s2 = X[2].s[3],
+                  s3 = X[3].s[3];
     mgk_i64 i0, i1, i2, i3;
     (void)tile2;
     for (i0 = 0; i0 < n0; i0++)
@@ -444,21 +465,28 @@ MGK_HOT void mgk_nest_body(const mgk_nest *N, const mgk_run *R, const int term, 
                     const int nt = n[2] - i2 < MGK_TS ? (int)(n[2] - i2) : MGK_TS;
                     for (i3 = 0; i3 + MGK_LANES <= n[3]; i3 += MGK_LANES) {
                         if (nt == MGK_TS)
-                            mgk_tile(N, R, small, nbr, MGK_TS, R->a[O->arr] + MGK_OPOS(O, t, i0, i1, i2, i3),
+                            mgk_tile(N, R, small, nbr, MGK_TS,
+                                     R->a[O->arr] + MGK_OPOS(O, t, i0, i1, i2, i3),
                                      R->a[I->arr] + MGK_OPOS(I, t, i0, i1, i2, i3),
                                      R->a[X[0].arr] + MGK_OPOS(&X[0], t, i0, i1, i2, i3),
-                                     R->a[X[1].arr] + MGK_OPOS(&X[1], t, i0, i1, i2, i3), O->s[2], I->s[2], X[1].s[2]);
+                                     R->a[X[1].arr] + MGK_OPOS(&X[1], t, i0, i1, i2, i3), O->s[2],
+                                     I->s[2], X[1].s[2]);
                         else
-                            mgk_tile(N, R, small, nbr, nt, R->a[O->arr] + MGK_OPOS(O, t, i0, i1, i2, i3),
+                            mgk_tile(N, R, small, nbr, nt,
+                                     R->a[O->arr] + MGK_OPOS(O, t, i0, i1, i2, i3),
                                      R->a[I->arr] + MGK_OPOS(I, t, i0, i1, i2, i3),
                                      R->a[X[0].arr] + MGK_OPOS(&X[0], t, i0, i1, i2, i3),
-                                     R->a[X[1].arr] + MGK_OPOS(&X[1], t, i0, i1, i2, i3), O->s[2], I->s[2], X[1].s[2]);
+                                     R->a[X[1].arr] + MGK_OPOS(&X[1], t, i0, i1, i2, i3), O->s[2],
+                                     I->s[2], X[1].s[2]);
                     }
                     if (i3 < n[3]) /* the partial lane block of each row */
                         for (int q = 0; q < nt; q++)
-                            mgk_block(N, R, term, op, step, small, nbr, (int)(n[3] - i3), MGK_OPOS(O, t, i0, i1, i2 + q, i3),
-                                      MGK_OPOS(I, t, i0, i1, i2 + q, i3), MGK_OPOS(&X[0], t, i0, i1, i2 + q, i3),
-                                      MGK_OPOS(&X[1], t, i0, i1, i2 + q, i3), MGK_OPOS(&X[2], t, i0, i1, i2 + q, i3),
+                            mgk_block(N, R, term, op, step, small, nbr, (int)(n[3] - i3),
+                                      MGK_OPOS(O, t, i0, i1, i2 + q, i3),
+                                      MGK_OPOS(I, t, i0, i1, i2 + q, i3),
+                                      MGK_OPOS(&X[0], t, i0, i1, i2 + q, i3),
+                                      MGK_OPOS(&X[1], t, i0, i1, i2 + q, i3),
+                                      MGK_OPOS(&X[2], t, i0, i1, i2 + q, i3),
                                       MGK_OPOS(&X[3], t, i0, i1, i2 + q, i3));
                 }
                 continue;
@@ -467,13 +495,16 @@ MGK_HOT void mgk_nest_body(const mgk_nest *N, const mgk_run *R, const int term, 
             for (i2 = 0; i2 < n[2]; i2++) {
                 /* positions at (i0, i1, i2, 0), advanced along the vector dim */
                 mgk_i64 po = MGK_OPOS(O, t, i0, i1, i2, 0), pi = MGK_OPOS(I, t, i0, i1, i2, 0);
-                mgk_i64 q0 = MGK_OPOS(&X[0], t, i0, i1, i2, 0), q1 = MGK_OPOS(&X[1], t, i0, i1, i2, 0);
-                mgk_i64 q2 = MGK_OPOS(&X[2], t, i0, i1, i2, 0), q3 = MGK_OPOS(&X[3], t, i0, i1, i2, 0);
+                mgk_i64 q0 = MGK_OPOS(&X[0], t, i0, i1, i2, 0),
+                        q1 = MGK_OPOS(&X[1], t, i0, i1, i2, 0);
+                mgk_i64 q2 = MGK_OPOS(&X[2], t, i0, i1, i2, 0),
+                        q3 = MGK_OPOS(&X[3], t, i0, i1, i2, 0);
                 if (block) {
                     for (i3 = 0; i3 < n[3]; i3 += MGK_LANES) {
                         const int nl = n[3] - i3 < MGK_LANES ? (int)(n[3] - i3) : MGK_LANES;
                         if (nl == MGK_LANES)
-                            mgk_block(N, R, term, op, step, small, nbr, MGK_LANES, po, pi, q0, q1, q2, q3);
+                            mgk_block(N, R, term, op, step, small, nbr, MGK_LANES, po, pi, q0, q1,
+                                      q2, q3);
                         else /* the partial last block */
                             mgk_block(N, R, term, op, step, small, nbr, nl, po, pi, q0, q1, q2, q3);
                         po += MGK_LANES * so;
@@ -503,8 +534,8 @@ MGK_HOT void mgk_nest_body(const mgk_nest *N, const mgk_run *R, const int term, 
  * interpreter's instances for such nests skip those loops. A nest writing per-sample values runs
  * once per sample (or, tiled, several samples at a time); one writing a shared array (a
  * parameter's gradient) sums over the samples inside each output. */
-MGK_HOT void mgk_nest_path(const mgk_nest *N, const mgk_run *R, const int term, const int op, const int small,
-                           const int ps, const int tile, const int block) {
+MGK_HOT void mgk_nest_path(const mgk_nest *N, const mgk_run *R, const int term, const int op,
+                           const int small, const int ps, const int tile, const int block) {
     const mgk_i64 nb = R->nb > 1 ? R->nb : 1;
     mgk_i64 sm;
     if (!ps) { /* shared output: the samples are a reduction */
@@ -529,9 +560,12 @@ MGK_HOT void mgk_nest_path(const mgk_nest *N, const mgk_run *R, const int term, 
                         for (i3 = 0; i3 + MGK_LANES <= n[3]; i3 += MGK_LANES) {
                             mgk_real *o = Rs.a[O->arr] + MGK_OPOS(O, t, i0, i1, i2, i3);
                             const mgk_real *in = Rs.a[I->arr] + MGK_OPOS(I, t, i0, i1, i2, i3);
-                            const mgk_real *a0 = Rs.a[X[0].arr] + MGK_OPOS(&X[0], t, i0, i1, i2, i3);
-                            const mgk_real *b0 = Rs.a[X[1].arr] + MGK_OPOS(&X[1], t, i0, i1, i2, i3);
-                            if (nt == MGK_TS) mgk_tile(N, &Rs, small, 1, MGK_TS, o, in, a0, b0, ss, ri, ss);
+                            const mgk_real *a0 =
+                                Rs.a[X[0].arr] + MGK_OPOS(&X[0], t, i0, i1, i2, i3);
+                            const mgk_real *b0 =
+                                Rs.a[X[1].arr] + MGK_OPOS(&X[1], t, i0, i1, i2, i3);
+                            if (nt == MGK_TS)
+                                mgk_tile(N, &Rs, small, 1, MGK_TS, o, in, a0, b0, ss, ri, ss);
                             else mgk_tile(N, &Rs, small, 1, nt, o, in, a0, b0, ss, ri, ss);
                         }
                         if (i3 < n[3]) { /* the partial lane block, sample by sample */
@@ -540,9 +574,12 @@ MGK_HOT void mgk_nest_path(const mgk_nest *N, const mgk_run *R, const int term, 
                                 mgk_run Rq = Rs;
                                 Rq.a[MGK_BD] += q * ss;
                                 Rq.a[MGK_BG] += q * ss;
-                                mgk_block(N, &Rq, term, op, 0, small, 1, (int)(n[3] - i3), MGK_OPOS(O, t, i0, i1, i2, i3),
-                                          MGK_OPOS(I, t, i0, i1, i2, i3), MGK_OPOS(&X[0], t, i0, i1, i2, i3),
-                                          MGK_OPOS(&X[1], t, i0, i1, i2, i3), MGK_OPOS(&X[2], t, i0, i1, i2, i3),
+                                mgk_block(N, &Rq, term, op, 0, small, 1, (int)(n[3] - i3),
+                                          MGK_OPOS(O, t, i0, i1, i2, i3),
+                                          MGK_OPOS(I, t, i0, i1, i2, i3),
+                                          MGK_OPOS(&X[0], t, i0, i1, i2, i3),
+                                          MGK_OPOS(&X[1], t, i0, i1, i2, i3),
+                                          MGK_OPOS(&X[2], t, i0, i1, i2, i3),
                                           MGK_OPOS(&X[3], t, i0, i1, i2, i3));
                             }
                         }
@@ -560,8 +597,10 @@ MGK_HOT void mgk_nest_path(const mgk_nest *N, const mgk_run *R, const int term, 
 }
 
 /* The same, the paths taken read from the descriptor (the interpreter's instances). */
-MGK_HOT void mgk_nest_shape(const mgk_nest *N, const mgk_run *R, const int term, const int op, const int small) {
-    mgk_nest_path(N, R, term, op, small, MGK_PS(&N->out), MGK_TILE_KIND(N), (N->flags & MGK_F_BLOCK) != 0);
+MGK_HOT void mgk_nest_shape(const mgk_nest *N, const mgk_run *R, const int term, const int op,
+                            const int small) {
+    mgk_nest_path(N, R, term, op, small, MGK_PS(&N->out), MGK_TILE_KIND(N),
+                  (N->flags & MGK_F_BLOCK) != 0);
 }
 
 /* Runs a nest. `term` and `op` repeat N->term and N->op as constants, so that each call site
@@ -571,8 +610,8 @@ MGK_HOT void mgk_nest_shape(const mgk_nest *N, const mgk_run *R, const int term,
 MGK_HOT void mgk_nest_run(const mgk_nest *N, const mgk_run *R, const int term, const int op) {
     mgk_nest_shape(N, R, term, op, 0);
 }
-MGK_HOT void mgk_nest_run_k(const mgk_nest *N, const mgk_run *R, const int term, const int op, const int ps,
-                            const int tile, const int block) {
+MGK_HOT void mgk_nest_run_k(const mgk_nest *N, const mgk_run *R, const int term, const int op,
+                            const int ps, const int tile, const int block) {
     mgk_nest_path(N, R, term, op, 0, ps, tile, block);
 }
 

@@ -31,17 +31,17 @@ typedef struct term {
 
 typedef struct seg {
     uint32_t r0, len;
-    int nd;                /* reduction dims */
+    int nd; /* reduction dims */
     int gather_a, gather_b;
-    int mixed;             /* operand classes vary within the segment (all read through tables) */
+    int mixed; /* operand classes vary within the segment (all read through tables) */
     int64_t n[MGK_MAXR], sa[MGK_MAXR], sb[MGK_MAXR];
 } seg;
 
 typedef struct stmt {
-    uint32_t node;  /* the node it computes */
+    uint32_t node; /* the node it computes */
     uint32_t level;
     uint8_t kind, op, mode, cone;
-    uint32_t init;  /* SUMI: the initial value's node */
+    uint32_t init; /* SUMI: the initial value's node */
     uint32_t t0, nt;
     uint32_t s0, ns; /* segments */
     uint32_t sig, siglen;
@@ -61,7 +61,7 @@ typedef struct rr {
     size_t nsig, capsig;
     uint32_t *stmt_of; /* node -> statement, UINT32_MAX */
     uint8_t *absorbed;
-    uint32_t *level;   /* node -> level */
+    uint32_t *level; /* node -> level */
     size_t next_slot;
     size_t nest_cap;
     size_t fwd_cap;
@@ -73,27 +73,30 @@ typedef struct rr {
 
 static void rr_free(rr *R) {
     mg_tape *t = R->t;
-    void *bufs[] = {R->st, R->terms, R->segs, R->sigbuf, R->stmt_of, R->absorbed, R->level, R->seqbuf};
+    void *bufs[] = {R->st,      R->terms,    R->segs,  R->sigbuf,
+                    R->stmt_of, R->absorbed, R->level, R->seqbuf};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) t->alloc.free_fn(bufs[i], t->alloc.ctx);
 }
 
-#define GROW(R, buf, cap, n) mg_tape__grow((R)->t, (void **)&(R)->buf, &(R)->cap, sizeof *(R)->buf, (n))
+#define GROW(R, buf, cap, n)                                                                       \
+    mg_tape__grow((R)->t, (void **)&(R)->buf, &(R)->cap, sizeof *(R)->buf, (n))
 
 static uint32_t slot_of(const rr *R, uint32_t node) { return R->f->slot[node]; }
 static int cls_of(const rr *R, uint32_t node) { return R->f->cls[node]; }
 
-/* ---- affine fitting ------------------------------------------------------------------------------
- * Row-major dims (outermost first) and per-sequence strides such that element i of every
- * sequence is base + sum_k s[k] * idx_k(i). Element i of sequence j is seqs[j][i * step]. */
+/* ---- affine fitting
+ * ------------------------------------------------------------------------------ Row-major dims
+ * (outermost first) and per-sequence strides such that element i of every sequence is base + sum_k
+ * s[k] * idx_k(i). Element i of sequence j is seqs[j][i * step]. */
 
 typedef struct fitres {
     int nd;
     int64_t n[MGK_MAXD];
 } fitres;
 
-static int fit_rec(int64_t *const *seqs, const int *use, int ns, size_t len, size_t step, int maxd, fitres *fr,
-                   int64_t *strides /* [ns][MGK_MAXD] */) {
+static int fit_rec(int64_t *const *seqs, const int *use, int ns, size_t len, size_t step, int maxd,
+                   fitres *fr, int64_t *strides /* [ns][MGK_MAXD] */) {
     if (len == 1) {
         fr->nd = 0;
         return 1;
@@ -103,7 +106,8 @@ static int fit_rec(int64_t *const *seqs, const int *use, int ns, size_t len, siz
     for (; L < len; L++) {
         int same = 1;
         for (int j = 0; j < ns && same; j++)
-            if (use[j]) same = seqs[j][L * step] - seqs[j][(L - 1) * step] == seqs[j][step] - seqs[j][0];
+            if (use[j])
+                same = seqs[j][L * step] - seqs[j][(L - 1) * step] == seqs[j][step] - seqs[j][0];
         if (!same) break;
     }
     int tries = 0;
@@ -122,13 +126,15 @@ static int fit_rec(int64_t *const *seqs, const int *use, int ns, size_t len, siz
         if (Lc == len) {
             fr->nd = 1;
             fr->n[0] = (int64_t)len;
-            for (int j = 0; j < ns; j++) strides[j * MGK_MAXD] = use[j] ? seqs[j][step] - seqs[j][0] : 0;
+            for (int j = 0; j < ns; j++)
+                strides[j * MGK_MAXD] = use[j] ? seqs[j][step] - seqs[j][0] : 0;
             return 1;
         }
         if (!fit_rec(seqs, use, ns, len / Lc, step * Lc, maxd - 1, fr, strides)) continue;
         int k = fr->nd;
         fr->n[k] = (int64_t)Lc;
-        for (int j = 0; j < ns; j++) strides[j * MGK_MAXD + k] = use[j] ? seqs[j][step] - seqs[j][0] : 0;
+        for (int j = 0; j < ns; j++)
+            strides[j * MGK_MAXD + k] = use[j] ? seqs[j][step] - seqs[j][0] : 0;
         fr->nd = k + 1;
         return 1;
     }
@@ -164,7 +170,8 @@ static int fit(int64_t *const *seqs, int *use, int ns, size_t len, int maxd, int
     return any && fit_rec(seqs, use, ns, len, 1, maxd, fr, strides);
 }
 
-/* ---- statements ------------------------------------------------------------------------------- */
+/* ---- statements -------------------------------------------------------------------------------
+ */
 
 static int add_term(rr *R, int kind, uint32_t a, uint32_t b) {
     if (!GROW(R, terms, capterms, R->nterms + 1)) return 0;
@@ -249,11 +256,13 @@ static int make_statements(rr *R, int scalar) {
             size_t nt = 0, nmul = 0, runs = 0;
             int prev = -1;
             uint32_t cur = k;
-            while (f->op[cur] == MG_OP_ADD && (cur == k || (f->uses[cur] == 1 && !R->absorbed[cur]))) {
+            while (f->op[cur] == MG_OP_ADD &&
+                   (cur == k || (f->uses[cur] == 1 && !R->absorbed[cur]))) {
                 uint32_t rgt = f->opnd[f->off[cur] + 1];
                 int shape = term_shape_of(R, rgt);
                 if (shape != prev) {
-                    if (runs == MAXRUNS) break; /* the rest is a chain of its own, this one's init */
+                    if (runs == MAXRUNS)
+                        break; /* the rest is a chain of its own, this one's init */
                     runs++;
                     prev = shape;
                 }
@@ -275,7 +284,8 @@ static int make_statements(rr *R, int scalar) {
                     if (c != k) R->absorbed[c] = 1;
                     if (f->op[rgt] == MG_OP_MUL && f->uses[rgt] == 1) {
                         R->absorbed[rgt] = 1;
-                        if (!add_term(R, MGK_T_MUL, f->opnd[f->off[rgt]], f->opnd[f->off[rgt] + 1])) return 0;
+                        if (!add_term(R, MGK_T_MUL, f->opnd[f->off[rgt]], f->opnd[f->off[rgt] + 1]))
+                            return 0;
                     } else if (!add_term(R, MGK_T_ONE, rgt, UINT32_MAX)) {
                         return 0;
                     }
@@ -291,7 +301,8 @@ static int make_statements(rr *R, int scalar) {
                 continue;
             }
         }
-        if (!scalar && (op == MG_OP_DOT || op == MG_OP_SUM) && f->k[k] > 0 && no > 0 && class_runs(R, k) <= MAXSEG) {
+        if (!scalar && (op == MG_OP_DOT || op == MG_OP_SUM) && f->k[k] > 0 && no > 0 &&
+            class_runs(R, k) <= MAXSEG) {
             stmt *s = new_stmt(R, k, S_RED);
             if (!s) return 0;
             if (op == MG_OP_DOT) {
@@ -327,7 +338,11 @@ static int make_statements(rr *R, int scalar) {
 static uint32_t stmt_level(const rr *R, const stmt *s) {
     const mg_fz *f = R->f;
     uint32_t lv = 0;
-#define SEE(node) do { uint32_t l_ = R->level[node]; if (l_ > lv) lv = l_; } while (0)
+#define SEE(node)                                                                                  \
+    do {                                                                                           \
+        uint32_t l_ = R->level[node];                                                              \
+        if (l_ > lv) lv = l_;                                                                      \
+    } while (0)
     if (s->kind == S_RED) {
         if (s->init != UINT32_MAX) SEE(s->init);
         for (uint32_t i = 0; i < s->nt; i++) {
@@ -342,7 +357,8 @@ static uint32_t stmt_level(const rr *R, const stmt *s) {
     return lv + 1;
 }
 
-/* ---- segments and signatures -------------------------------------------------------------------- */
+/* ---- segments and signatures --------------------------------------------------------------------
+ */
 
 static int term_shape_eq(const rr *R, const term *x, const term *y) {
     if (x->kind != y->kind || cls_of(R, x->a) != cls_of(R, y->a)) return 0;
@@ -394,7 +410,8 @@ static int make_segments(rr *R, stmt *s) {
         r = e;
     }
     int mixed = 0;
-    if (r < s->nt || nruns > MAXSEG) { /* a variadic node mixing many classes: one table-read segment */
+    if (r < s->nt ||
+        nruns > MAXSEG) { /* a variadic node mixing many classes: one table-read segment */
         nruns = 1;
         runs[0][0] = 0;
         runs[0][1] = s->nt;
@@ -477,7 +494,8 @@ static int make_signature(rr *R, stmt *s) {
         w[nw++] = s->node; /* never grouped */
     } else if (s->kind == S_ELEM) {
         w[nw++] = dbits(f->k[s->node]);
-        for (uint32_t j = f->off[s->node]; j < f->off[s->node + 1]; j++) w[nw++] = (uint64_t)cls_of(R, f->opnd[j]);
+        for (uint32_t j = f->off[s->node]; j < f->off[s->node + 1]; j++)
+            w[nw++] = (uint64_t)cls_of(R, f->opnd[j]);
     } else {
         w[nw++] = s->init != UINT32_MAX ? (uint64_t)cls_of(R, s->init) : 99;
         w[nw++] = s->ns;
@@ -492,8 +510,8 @@ static int make_signature(rr *R, stmt *s) {
         uint64_t *p = R->sigbuf + R->nsig;
         size_t k = 0;
         p[k++] = tm->kind | (uint64_t)(g->mixed ? 7 : cls_of(R, tm->a)) << 8 |
-                 (uint64_t)(tm->kind == MGK_T_MUL && !g->mixed ? cls_of(R, tm->b) : 7) << 16 | (uint64_t)g->nd << 24 |
-                 (uint64_t)g->gather_a << 32 | (uint64_t)g->gather_b << 33;
+                 (uint64_t)(tm->kind == MGK_T_MUL && !g->mixed ? cls_of(R, tm->b) : 7) << 16 |
+                 (uint64_t)g->nd << 24 | (uint64_t)g->gather_a << 32 | (uint64_t)g->gather_b << 33;
         p[k++] = g->len;
         for (int d = 0; d < g->nd; d++) {
             p[k++] = (uint64_t)g->n[d];
@@ -515,7 +533,8 @@ static int same_signature(const rr *R, const stmt *x, const stmt *y) {
            memcmp(R->sigbuf + x->sig, R->sigbuf + y->sig, x->siglen * sizeof(uint64_t)) == 0;
 }
 
-/* ---- nests ------------------------------------------------------------------------------------ */
+/* ---- nests ------------------------------------------------------------------------------------
+ */
 
 void mg_nest__canon(mgk_nest *N, int no, int nr) {
     /* callers fill dims 0..no-1 and MGK_MAXO..MGK_MAXO+nr-1; move them to the right ends */
@@ -540,8 +559,8 @@ typedef struct gather_src {
     const uint32_t *members; /* statements of the group, in the group's order */
     size_t nouter;           /* points of the outer dims */
     const stmt *s0;
-    uint32_t segi;           /* segment */
-    int which;               /* 0: init, 1: term operand a, 2: term operand b, 3: elementwise operand 0, 4: 1 */
+    uint32_t segi; /* segment */
+    int which; /* 0: init, 1: term operand a, 2: term operand b, 3: elementwise operand 0, 4: 1 */
 } gather_src;
 
 static uint32_t gather_slot(const gather_src *G, size_t point, size_t rlen) {
@@ -602,8 +621,10 @@ static int emit_group(rr *R, const uint32_t *members, size_t N) {
         for (size_t i = 0; i < N; i++) {
             const stmt *s = &R->st[members[i]];
             uint32_t no = f->off[s->node + 1] - f->off[s->node];
-            if (!mg_tape__grow(t, (void **)&t->ix, &R->ix_cap, sizeof(mgk_idx), t->nix + no)) return 0;
-            for (uint32_t j = 0; j < no; j++) t->ix[t->nix + j] = slot_of(R, f->opnd[f->off[s->node] + j]);
+            if (!mg_tape__grow(t, (void **)&t->ix, &R->ix_cap, sizeof(mgk_idx), t->nix + no))
+                return 0;
+            for (uint32_t j = 0; j < no; j++)
+                t->ix[t->nix + j] = slot_of(R, f->opnd[f->off[s->node] + j]);
             mg_instr in;
             memset(&in, 0, sizeof in);
             in.kind = MG_I_NARY;
@@ -728,7 +749,8 @@ static int emit_group(rr *R, const uint32_t *members, size_t N) {
                 if (!add_gather(R, &nest, &nest.init, &G, 1)) return 0;
             }
             int ga = (want[2 + 2 * q] && !use[2 + 2 * q]) || g->gather_a;
-            int gb = R->terms[s0->t0 + g->r0].kind == MGK_T_MUL && ((want[3 + 2 * q] && !use[3 + 2 * q]) || g->gather_b);
+            int gb = R->terms[s0->t0 + g->r0].kind == MGK_T_MUL &&
+                     ((want[3 + 2 * q] && !use[3 + 2 * q]) || g->gather_b);
             if (ga) {
                 G.which = 1;
                 if (!add_gather(R, &nest, &nest.x[0], &G, rlen)) return 0;
@@ -744,7 +766,8 @@ static int emit_group(rr *R, const uint32_t *members, size_t N) {
     return 1;
 }
 
-/* ---- the pass --------------------------------------------------------------------------------- */
+/* ---- the pass ---------------------------------------------------------------------------------
+ */
 
 static int by_level_serial(const rr *R, uint32_t a, uint32_t b) {
     const stmt *x = &R->st[a], *y = &R->st[b];
@@ -823,7 +846,8 @@ int mg_reroll(mg_tape *t, const mg_fz *f, int scalar) {
             size_t hi = lo;
             while (hi < R.nst && R.st[order[hi]].level == R.st[order[lo]].level) hi++;
             /* slots for the level, in creation order */
-            for (size_t i = lo; i < hi; i++) f->slot[R.st[order[i]].node] = (uint32_t)(R.next_slot + (i - lo));
+            for (size_t i = lo; i < hi; i++)
+                f->slot[R.st[order[i]].node] = (uint32_t)(R.next_slot + (i - lo));
             R.next_slot += hi - lo;
             for (size_t i = lo; i < hi; i++) {
                 stmt *s = &R.st[order[i]];
@@ -836,7 +860,8 @@ int mg_reroll(mg_tape *t, const mg_fz *f, int scalar) {
                 int e = emit_group(&R, order + g0, g1 - g0);
                 if (e < 0) {
                     /* the group's outputs are not affine in the level's layout: fresh slots */
-                    for (size_t i = g0; i < g1; i++) f->slot[R.st[order[i]].node] = (uint32_t)R.next_slot++;
+                    for (size_t i = g0; i < g1; i++)
+                        f->slot[R.st[order[i]].node] = (uint32_t)R.next_slot++;
                     e = emit_group(&R, order + g0, g1 - g0);
                 }
                 if (e <= 0) goto done;

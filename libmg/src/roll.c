@@ -45,7 +45,10 @@ static uint64_t shape_of(const mg_tape *t, const mg_instr *in) {
  * decides per operand whether it needs a gradient. */
 static int region(const mg_tape *t, const mgk_ref *X) {
     mgk_i64 slot = X->gather ? (mgk_i64)t->ix[X->base] : X->base;
-    return slot < (mgk_i64)t->nparams ? 0 : slot < (mgk_i64)t->input0 ? 1 : slot < (mgk_i64)t->first_op ? 2 : 3;
+    return slot < (mgk_i64)t->nparams    ? 0
+           : slot < (mgk_i64)t->input0   ? 1
+           : slot < (mgk_i64)t->first_op ? 2
+                                         : 3;
 }
 
 static int same_regions(const mg_tape *t, const mgk_nest *a, const mgk_nest *b) {
@@ -56,7 +59,8 @@ static int same_regions(const mg_tape *t, const mgk_nest *a, const mgk_nest *b) 
     return 1;
 }
 
-static int same_shape(const mg_tape *t, const mg_instr *a, const mg_instr *b, uint64_t ha, uint64_t hb) {
+static int same_shape(const mg_tape *t, const mg_instr *a, const mg_instr *b, uint64_t ha,
+                      uint64_t hb) {
     if (!ha || ha != hb) return 0;
     const mgk_nest *x = &t->nests[a->a], *y = &t->nests[b->a];
     mgk_nest u = *x, v = *y;
@@ -89,7 +93,8 @@ int mg_roll(mg_tape *t) {
         for (size_t p = 1; p <= MAXP && i + 2 * p <= K; p++) {
             size_t q;
             for (q = 0; q < p; q++)
-                if (!same_shape(t, &t->fwd[i + q], &t->fwd[i + p + q], h[i + q], h[i + p + q])) break;
+                if (!same_shape(t, &t->fwd[i + q], &t->fwd[i + p + q], h[i + q], h[i + p + q]))
+                    break;
             if (q < p) continue;
             for (q = 0; q < p; q++) {
                 mgk_i64 b0[6], b1[6];
@@ -109,7 +114,8 @@ int mg_roll(mg_tape *t) {
                     mgk_i64 b0[6], b1[6];
                     bases(&t->nests[a->a], b0);
                     bases(&t->nests[b->a], b1);
-                    for (int j = 0; j < 6 && ok; j++) ok = b1[j] - b0[j] == (mgk_i64)T * delta[q * 6 + j];
+                    for (int j = 0; j < 6 && ok; j++)
+                        ok = b1[j] - b0[j] == (mgk_i64)T * delta[q * 6 + j];
                 }
                 if (!ok) break;
             }

@@ -14,7 +14,8 @@
 
 #include <string.h>
 
-/* ---- refs ------------------------------------------------------------------------------------- */
+/* ---- refs -------------------------------------------------------------------------------------
+ */
 
 /* Whether term operand j is read: dA/dB of a unary op ignore their B operand. */
 static int x_used(const mgk_nest *N, int j) {
@@ -55,7 +56,8 @@ static void swap_dims(mgk_nest *N, int a, int b) {
     }
 }
 
-/* ---- 1. vector dims ------------------------------------------------------------------------------ */
+/* ---- 1. vector dims
+ * ------------------------------------------------------------------------------ */
 
 static int dim_score(const mg_tape *t, mgk_nest *N, int d) {
     mgk_ref *refs[6];
@@ -83,7 +85,8 @@ static void choose_vector_dim(const mg_tape *t, mgk_nest *N, const mg_nest_info 
     if (best >= 0) swap_dims(N, best, MGK_MAXO - 1);
 }
 
-/* ---- 2. packed parameters ------------------------------------------------------------------------ */
+/* ---- 2. packed parameters
+ * ------------------------------------------------------------------------ */
 
 /* Calls fn(slot) for every element a ref touches over the nest's dims (moving dims only). */
 typedef struct walker {
@@ -202,12 +205,15 @@ static int plan_packs(mg_tape *t) {
     for (size_t k = 0; k < t->nfwd_nests; k++) {
         mgk_nest *N = &t->nests[k];
         const mg_nest_info *I = &t->info[k];
-        if (I->alias || I->has_gather || N->n[3] < MGK_LANES || (N->flags & MGK_F_SCATTER)) continue;
+        if (I->alias || I->has_gather || N->n[3] < MGK_LANES || (N->flags & MGK_F_SCATTER))
+            continue;
         mgk_ref *refs[6];
         int nr = active_refs(N, refs);
         for (int j = 1; j < nr; j++) {
             mgk_ref *X = refs[j];
-            if (X->arr != MGK_D || X->ts != 0 || !is_param_ref(t, X) || X->s[3] == 0 || X->s[3] == 1) continue;
+            if (X->arr != MGK_D || X->ts != 0 || !is_param_ref(t, X) || X->s[3] == 0 ||
+                X->s[3] == 1)
+                continue;
             if (!mg_ref__injective(X, N->n, t->ix)) continue;
             mg_pack P;
             memset(&P, 0, sizeof P);
@@ -258,7 +264,8 @@ static int plan_packs(mg_tape *t) {
             if (ok) {
                 P.p0 = t->npacked;
                 t->npacked += P.len;
-                if (!mg_tape__grow(t, (void **)&t->packs, &cap, sizeof(mg_pack), t->npacks + 1)) goto done;
+                if (!mg_tape__grow(t, (void **)&t->packs, &cap, sizeof(mg_pack), t->npacks + 1))
+                    goto done;
                 t->packs[t->npacks++] = P;
                 mark_pack(&P, owned, 1);
                 for (size_t m = 0; m < t->nnests; m++) {
@@ -331,7 +338,8 @@ static void merge_range(mgk_nest *N, int lo, int hi) {
     }
 }
 
-/* ---- 5. fused SGD ------------------------------------------------------------------------------ */
+/* ---- 5. fused SGD ------------------------------------------------------------------------------
+ */
 
 static int touches(const mg_tape *t, const mgk_nest *N, const mgk_ref *X, const uint8_t *mark) {
     walker w = {t, mark, 0};
@@ -342,7 +350,8 @@ static int touches(const mg_tape *t, const mgk_nest *N, const mgk_ref *X, const 
 }
 
 /* Elements of the packed arrays a ref touches, as a mark over [0, npacked). */
-static int touches_packed(const mg_tape *t, const mgk_nest *N, const mgk_ref *X, const uint8_t *pmark) {
+static int touches_packed(const mg_tape *t, const mgk_nest *N, const mgk_ref *X,
+                          const uint8_t *pmark) {
     if (X->arr != MGK_PW && X->arr != MGK_PG) return 0;
     int dims[MGK_MAXD], nd = 0;
     for (int d = 0; d < MGK_MAXD; d++)
@@ -398,9 +407,11 @@ static int fuse_steps(mg_tape *t) {
         const mg_nest_info *I = &t->info[in->a];
         mgk_ref *O = &N->out;
         int packed = O->arr == MGK_PG;
-        if (N->mode != MGK_ACC || I->alias || I->has_gather || (N->flags & MGK_F_SCATTER) || O->gather || O->ts)
+        if (N->mode != MGK_ACC || I->alias || I->has_gather || (N->flags & MGK_F_SCATTER) ||
+            O->gather || O->ts)
             continue;
-        if (!packed && !(O->arr == MGK_G && O->base >= 0 && O->base < (mgk_i64)t->nparams)) continue;
+        if (!packed && !(O->arr == MGK_G && O->base >= 0 && O->base < (mgk_i64)t->nparams))
+            continue;
         /* the elements it writes */
         memset(pm, 0, t->nparams ? t->nparams : 1);
         memset(qm, 0, t->npacked ? t->npacked : 1);
@@ -454,7 +465,8 @@ done:;
 
 /* Marks the computed-value gradients a ref touches as written; those not written before get
  * zeroed (when `zero` is given). */
-static void mark_elems(const mg_tape *t, const mgk_nest *N, const mgk_ref *X, uint8_t *mark, uint8_t *zero) {
+static void mark_elems(const mg_tape *t, const mgk_nest *N, const mgk_ref *X, uint8_t *mark,
+                       uint8_t *zero) {
     int dims[MGK_MAXD], nd = 0;
     for (int d = 0; d < MGK_MAXD; d++)
         if (N->n[d] > 1 && (X->gather || X->s[d] != 0)) dims[nd++] = d;
@@ -524,8 +536,8 @@ static int plan_zeroing(mg_tape *t) {
         for (int j = 0; j < 4; j++)
             if (N->x[j].arr == MGK_G && x_used(N, j)) mark_elems(t, N, &N->x[j], written, zero);
         if (N->out.arr != MGK_G) continue; /* a parameter's packed gradient */
-        if (N->mode == MGK_ACC && !I->alias && !N->out.gather && N->out.base >= (mgk_i64)t->first_op &&
-            !(N->flags & (MGK_F_SCATTER | MGK_F_STEP))) {
+        if (N->mode == MGK_ACC && !I->alias && !N->out.gather &&
+            N->out.base >= (mgk_i64)t->first_op && !(N->flags & (MGK_F_SCATTER | MGK_F_STEP))) {
             /* fresh when none of its outputs was written: then SUM0, nothing to zero */
             int dims[MGK_MAXD], nd = 0;
             for (int d = 0; d < MGK_MAXO; d++)
@@ -583,7 +595,8 @@ static int plan_steps(mg_tape *t) {
     return MG_OK;
 }
 
-/* ---- 7. register tiles and per-sample arrays ---------------------------------------------------- */
+/* ---- 7. register tiles and per-sample arrays ----------------------------------------------------
+ */
 
 /* A product whose lane-contiguous factor is second: swap (x0 * x1 == x1 * x0 exactly), so the
  * kernels' tiles and vector paths find the contiguous factor first. */
@@ -599,15 +612,19 @@ static int per_sample(const mg_tape *t, mgk_i64 slot) { return slot >= (mgk_i64)
 
 static void tile_flag(const mg_tape *t, mgk_nest *N, const mg_nest_info *I) {
     N->flags &= ~MGK_F_TILE;
-    if (N->term != MGK_T_MUL || N->mode == MGK_SET || I->alias || I->has_gather || (N->flags & (MGK_F_SCATTER | MGK_F_SPLIT)))
+    if (N->term != MGK_T_MUL || N->mode == MGK_SET || I->alias || I->has_gather ||
+        (N->flags & (MGK_F_SCATTER | MGK_F_SPLIT)))
         return;
     const mgk_ref *O = &N->out, *A = &N->x[0], *B = &N->x[1];
     if (O->gather || A->gather || B->gather || O->s[3] != 1 || A->s[3] != 1 || B->s[3] != 0) return;
     if (N->mode == MGK_SUMI && (N->init.s[3] > 1 || N->init.s[3] < 0)) return;
-    int out_ps = O->arr == MGK_G ? per_sample(t, O->base) : O->arr == MGK_D ? per_sample(t, O->base) : 0;
+    int out_ps = O->arr == MGK_G   ? per_sample(t, O->base)
+                 : O->arr == MGK_D ? per_sample(t, O->base)
+                                   : 0;
     if (out_ps) {
         /* samples in tiles: a shared weight times a per-sample value */
-        int a_ps = (A->arr == MGK_D && per_sample(t, A->base)) || (A->arr == MGK_G && per_sample(t, A->base));
+        int a_ps = (A->arr == MGK_D && per_sample(t, A->base)) ||
+                   (A->arr == MGK_G && per_sample(t, A->base));
         int b_ps = (B->arr == MGK_D || B->arr == MGK_G) && per_sample(t, B->base);
         if (!a_ps && b_ps) N->flags |= MGK_F_TILE;
     } else if (A->s[2] == 0 && N->n[2] > 1) {
@@ -651,7 +668,8 @@ static int to_sample_arrays(mg_tape *t) {
                     mgk_i64 pos = X->base + it * X->ts;
                     for (int q = 0; q < nd; q++) pos += idx[q] * X->s[dims[q]];
                     if (!done[pos]) {
-                        if (per_sample(t, t->ix[pos])) t->ix[pos] = (t->ix[pos] - (mgk_idx)t->input0) | MGK_IX_PS;
+                        if (per_sample(t, t->ix[pos]))
+                            t->ix[pos] = (t->ix[pos] - (mgk_idx)t->input0) | MGK_IX_PS;
                         done[pos] = 1;
                     }
                     int q = nd - 1;
@@ -682,9 +700,11 @@ int mg_schedule(mg_tape *t) {
         int can_split = I->grad && !I->has_gather && N->mode != MGK_SET && N->n[7] >= MGK_LANES;
         /* a gradient sum whose lanes would be strided (a packed weight read transposed) but
          * whose innermost reduction dim is contiguous: split sums along it instead */
-        if (can_block && can_split && !lanes_contiguous(N, 3) && lanes_contiguous(N, 7)) can_block = 0;
+        if (can_block && can_split && !lanes_contiguous(N, 3) && lanes_contiguous(N, 7))
+            can_block = 0;
         if (can_block) N->flags |= MGK_F_BLOCK;
-        else if (can_split && (N->n[7] >= 2 * MGK_LANES || lanes_contiguous(N, 7))) N->flags |= MGK_F_SPLIT;
+        else if (can_split && (N->n[7] >= 2 * MGK_LANES || lanes_contiguous(N, 7)))
+            N->flags |= MGK_F_SPLIT;
     }
     if ((st = fuse_steps(t)) != MG_OK || (st = plan_steps(t)) != MG_OK) return st;
     if (t->rerolled && (st = plan_zeroing(t)) != MG_OK) return st;

@@ -14,7 +14,8 @@ static double scale(void) {
 
 /* Runs forward + backward on one sample with rerolling on and off: forward values must be
  * bitwise equal, parameter gradients within `tol` (sums over shared weights are reordered). */
-static void check_against_scalar(mg_graph *g, mg_tape_spec spec, const double *x, const double *y, double tol) {
+static void check_against_scalar(mg_graph *g, mg_tape_spec spec, const double *x, const double *y,
+                                 double tol) {
     double loss[2], grads[2][512], outs[2][16];
     size_t np = spec.nparams < 512 ? spec.nparams : 512;
     for (int raise = 0; raise < 2; raise++) {
@@ -37,7 +38,8 @@ static void check_against_scalar(mg_graph *g, mg_tape_spec spec, const double *x
     for (size_t i = 0; i < np; i++) CHECK_CLOSE(grads[1][i], grads[0][i], tol);
 }
 
-/* ---- a convolution written op by op ------------------------------------------------------------- */
+/* ---- a convolution written op by op -------------------------------------------------------------
+ */
 
 enum { H = 10, C = 3, K = 3, O = H - K + 1 };
 
@@ -59,12 +61,15 @@ static void build_conv(mg_graph *g, conv_net *n) {
                 mg_value *s = n->b[c];
                 for (int a = 0; a < K; a++)
                     for (int bb = 0; bb < K; bb++)
-                        s = mg_add(g, s, mg_mul(g, n->w[(c * K + a) * K + bb], n->x[(i + a) * H + j + bb]));
+                        s = mg_add(
+                            g, s,
+                            mg_mul(g, n->w[(c * K + a) * K + bb], n->x[(i + a) * H + j + bb]));
                 feat[(c * O + i) * O + j] = mg_relu(g, s);
             }
     for (int k = 0; k < 2; k++) {
         mg_value *s = n->B[k];
-        for (int f = 0; f < C * O * O; f++) s = mg_add(g, s, mg_mul(g, n->W[k * C * O * O + f], feat[f]));
+        for (int f = 0; f < C * O * O; f++)
+            s = mg_add(g, s, mg_mul(g, n->W[k * C * O * O + f], feat[f]));
         n->logits[k] = s;
     }
     n->loss = mg_cross_entropy(g, n->logits, 2, n->y);
@@ -75,7 +80,8 @@ static mg_tape_spec conv_spec(conv_net *n, mg_value **params) {
     memcpy(params + C * K * K, n->b, sizeof n->b);
     memcpy(params + C * K * K + C, n->W, sizeof n->W);
     memcpy(params + C * K * K + C + 2 * C * O * O, n->B, sizeof n->B);
-    mg_tape_spec spec = {n->loss, n->x, H * H, &n->y, 1, params, C * K * K + C + 2 * C * O * O + 2, n->logits, 2, 0};
+    mg_tape_spec spec = {
+        n->loss, n->x, H * H, &n->y, 1, params, C * K * K + C + 2 * C * O * O + 2, n->logits, 2, 0};
     return spec;
 }
 
@@ -139,7 +145,8 @@ static void test_compiler__reroll_finds_the_convolution(void) {
     mg_graph_free(g);
 }
 
-/* ---- a recurrent net: one shared cell over T steps ----------------------------------------------- */
+/* ---- a recurrent net: one shared cell over T steps
+ * ----------------------------------------------- */
 
 enum { T = 12, NI = 4, NH = 8 };
 
@@ -148,7 +155,8 @@ static void test_compiler__roll_finds_the_time_steps(void) {
     mg_value *x[T * NI], *y = mg_scalar(g, 0.0), *p[NH * NI + NH * NH + NH + NH + 1];
     size_t np = 0;
     for (int i = 0; i < T * NI; i++) x[i] = mg_scalar(g, 0.0);
-    for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) p[np++] = mg_scalar(g, 0.07 * (double)((i * 5) % 9) - 0.3);
+    for (size_t i = 0; i < sizeof p / sizeof p[0]; i++)
+        p[np++] = mg_scalar(g, 0.07 * (double)((i * 5) % 9) - 0.3);
     mg_value **Wx = p, **Wh = p + NH * NI, **bh = Wh + NH * NH, **wy = bh + NH, *by = wy[NH];
     mg_value *h[NH], *nh[NH];
     for (int t = 0; t < T; t++) {
@@ -195,7 +203,8 @@ static void test_compiler__roll_finds_the_time_steps(void) {
     mg_graph_free(g);
 }
 
-/* ---- scheduling: packed weights and fused SGD ------------------------------------------------------ */
+/* ---- scheduling: packed weights and fused SGD
+ * ------------------------------------------------------ */
 
 static void test_compiler__schedule_packs_and_fuses_a_layer(void) {
     enum { NIN = 20, NOUT = 12 };
@@ -219,7 +228,8 @@ static void test_compiler__schedule_packs_and_fuses_a_layer(void) {
     CHECK(L->x[0].arr == MGK_PW && L->x[0].s[3] == 1 && L->init.arr == MGK_PW && L->init.s[3] == 1);
     /* at batch size 1 the weights' and biases' gradient nests apply SGD themselves */
     size_t steps = 0;
-    for (size_t k = t->nfwd_nests; k < t->nnests; k++) steps += (t->nests[k].flags & MGK_F_STEP) != 0;
+    for (size_t k = t->nfwd_nests; k < t->nnests; k++)
+        steps += (t->nests[k].flags & MGK_F_STEP) != 0;
     CHECK(steps == 2);
     /* training through packs and fused steps equals the scalar program's training */
     enum { N = 6 };
@@ -236,7 +246,8 @@ static void test_compiler__schedule_packs_and_fuses_a_layer(void) {
         memcpy(ref, mg_tape_data(u), sizeof ref);
         CHECK(mg_tape_fit(u, X, Y, N, &o, &l2) == MG_OK);
         CHECK_CLOSE(l1, l2, 1e-14);
-        for (int i = 0; i < NOUT * (NIN + 1); i++) CHECK_CLOSE(mg_tape_data(t)[i], mg_tape_data(u)[i], 1e-13);
+        for (int i = 0; i < NOUT * (NIN + 1); i++)
+            CHECK_CLOSE(mg_tape_data(t)[i], mg_tape_data(u)[i], 1e-13);
         memcpy(mg_tape_data(u), ref, sizeof ref);
     }
     mg_tape_free(u);
@@ -244,7 +255,8 @@ static void test_compiler__schedule_packs_and_fuses_a_layer(void) {
     mg_graph_free(g);
 }
 
-/* ---- what is not affine: index tables --------------------------------------------------------------- */
+/* ---- what is not affine: index tables
+ * --------------------------------------------------------------- */
 
 static void test_compiler__scrambled_operands_read_through_tables(void) {
     enum { M = 16, NT = 24 };
@@ -267,7 +279,8 @@ static void test_compiler__scrambled_operands_read_through_tables(void) {
     CHECK(t != NULL);
     if (!t) return;
     int gathers = 0;
-    for (size_t k = 0; k < t->nfwd_nests; k++) gathers += t->nests[k].x[0].gather || t->nests[k].x[1].gather;
+    for (size_t k = 0; k < t->nfwd_nests; k++)
+        gathers += t->nests[k].x[0].gather || t->nests[k].x[1].gather;
     CHECK(gathers > 0 && t->nix > 0);
     CHECK(t->nfwd_nests <= 4); /* never one instruction per scalar */
     mg_tape_free(t);
@@ -277,14 +290,16 @@ static void test_compiler__scrambled_operands_read_through_tables(void) {
     mg_graph_free(g);
 }
 
-/* ---- big graphs: freezing is linear ---------------------------------------------------------------- */
+/* ---- big graphs: freezing is linear
+ * ---------------------------------------------------------------- */
 
 static void test_compiler__million_value_conv_freezes_to_a_few_nests(void) {
     /* conv 3x3 with 16 channels over a 64x64 image, as chains: 64*62*62*... values */
     int hsz = scale() < 1.0 ? 16 : 64, ch = scale() < 1.0 ? 2 : 16, o = hsz - 2;
     mg_graph *g = mg_graph_new();
     size_t nx = (size_t)hsz * hsz, nw = (size_t)ch * 9;
-    mg_value **x = malloc(nx * sizeof *x), **w = malloc(nw * sizeof *w), **f = malloc((size_t)ch * o * o * sizeof *f);
+    mg_value **x = malloc(nx * sizeof *x), **w = malloc(nw * sizeof *w),
+             **f = malloc((size_t)ch * o * o * sizeof *f);
     for (size_t i = 0; i < nx; i++) x[i] = mg_scalar(g, 0.0);
     for (size_t i = 0; i < nw; i++) w[i] = mg_scalar(g, 0.01 * (double)(i % 7));
     for (int c = 0; c < ch; c++)
@@ -292,7 +307,8 @@ static void test_compiler__million_value_conv_freezes_to_a_few_nests(void) {
             for (int j = 0; j < o; j++) {
                 mg_value *s = mg_scalar(g, 0.0);
                 for (int a = 0; a < 3; a++)
-                    for (int b = 0; b < 3; b++) s = mg_add(g, s, mg_mul(g, w[c * 9 + a * 3 + b], x[(i + a) * hsz + j + b]));
+                    for (int b = 0; b < 3; b++)
+                        s = mg_add(g, s, mg_mul(g, w[c * 9 + a * 3 + b], x[(i + a) * hsz + j + b]));
                 f[(c * o + i) * o + j] = mg_relu(g, s);
             }
     mg_value *loss = mg_sum(g, f, (size_t)ch * o * o);
@@ -300,7 +316,8 @@ static void test_compiler__million_value_conv_freezes_to_a_few_nests(void) {
     mg_tape *t = mg_tape_freeze(g, &spec);
     CHECK(t != NULL);
     if (t) {
-        printf("# %zu values -> %zu forward and %zu backward nests\n", t->nodes, t->nfwd_nests, t->nnests - t->nfwd_nests);
+        printf("# %zu values -> %zu forward and %zu backward nests\n", t->nodes, t->nfwd_nests,
+               t->nnests - t->nfwd_nests);
         CHECK(t->nfwd_nests <= 3);
         CHECK(t->nodes > (size_t)ch * o * o * 19);
     }

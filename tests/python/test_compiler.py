@@ -1,4 +1,5 @@
 """Frozen programs: eager, tape and compiled C agree; toolchain and cache failures are handled."""
+
 from __future__ import annotations
 
 import os
@@ -42,7 +43,9 @@ def mlp_program(backend, sizes=(3, [5, 4]), loss_kind="xent", seed=0, **kw):
     out = model(x)
     out = out if isinstance(out, list) else [out]
     loss = mc.cross_entropy(out, y[0]) if loss_kind == "xent" else mc.mse(out, y)
-    prog = mc.compile(loss, inputs=x, targets=y, params=model.parameters(), outputs=out, backend=backend, **kw)
+    prog = mc.compile(
+        loss, inputs=x, targets=y, params=model.parameters(), outputs=out, backend=backend, **kw
+    )
     return model, prog
 
 
@@ -100,13 +103,22 @@ def random_graph(seed, ops):
         nodes.append(v)
     tail = nodes[7:]
     logits = [mc.vsum(tail), mc.dot([tail[0], p[0]], [p[1], x[0]]), mc.affine(p[:3], x, p[3])]
-    loss = mc.cross_entropy(logits, 1) + mc.mse(logits[:1], y) * 0.1 + mc.hinge(logits[1:2], [1.0]) + tail[-1] * 0.01
+    loss = (
+        mc.cross_entropy(logits, 1)
+        + mc.mse(logits[:1], y) * 0.1
+        + mc.hinge(logits[1:2], [1.0])
+        + tail[-1] * 0.01
+    )
     return x, y, p, logits, loss
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_every_op_graph_matches_eager(backend):
-    names = [n for n in mc.engine._core.OP_NAMES if n not in ("leaf", "sum", "dot", "mse", "hinge", "cross_entropy")]
+    names = [
+        n
+        for n in mc.engine._core.OP_NAMES
+        if n not in ("leaf", "sum", "dot", "mse", "hinge", "cross_entropy")
+    ]
     x, y, p, logits, loss = random_graph(1, names * 2)
     prog = mc.compile(loss, inputs=x, targets=y, params=p, outputs=logits, backend=backend)
     xs, ys = [0.4, -0.7, 1.3], [0.25]
@@ -137,9 +149,31 @@ def _eager_random_graph(seed, ops, xs, ys):
 
 
 @settings(max_examples=25, deadline=None)
-@given(seed=st.integers(0, 10_000), ops=st.lists(st.sampled_from(
-    ["add", "sub", "mul", "div", "relu", "tanh", "exp", "sigmoid", "square", "neg", "log", "pow", "powv", "max"]),
-    min_size=3, max_size=15))
+@given(
+    seed=st.integers(0, 10_000),
+    ops=st.lists(
+        st.sampled_from(
+            [
+                "add",
+                "sub",
+                "mul",
+                "div",
+                "relu",
+                "tanh",
+                "exp",
+                "sigmoid",
+                "square",
+                "neg",
+                "log",
+                "pow",
+                "powv",
+                "max",
+            ]
+        ),
+        min_size=3,
+        max_size=15,
+    ),
+)
 def test_random_graphs_tape_matches_eager(seed, ops):
     x, y, p, logits, loss = random_graph(seed, ops)
     prog = mc.compile(loss, inputs=x, targets=y, params=p, outputs=logits, backend="tape")
@@ -164,7 +198,9 @@ def test_one_epoch_gives_the_same_parameters_on_every_backend(batch_size):
     X, Y = xor_data()
     results = {}
     for backend in ["tape"] + (["c"] if HAVE_CC else []):
-        model, prog = mlp_program(backend, sizes=(2, [4, 1]), loss_kind="mse", seed=3, activation="tanh")
+        model, prog = mlp_program(
+            backend, sizes=(2, [4, 1]), loss_kind="mse", seed=3, activation="tanh"
+        )
         prog.fit(X, Y, epochs=1, lr=0.5, batch_size=batch_size, shuffle=True, seed=11)
         results[backend] = prog.parameters.copy()
     # eager, in the same shuffled order, batches averaged
@@ -172,10 +208,10 @@ def test_one_epoch_gives_the_same_parameters_on_every_backend(batch_size):
     order = _shuffled_order(prog, X, Y, batch_size)
     params = model.parameters()
     for b in range(0, 4, batch_size):
-        for s in order[b:b + batch_size]:
+        for s in order[b : b + batch_size]:
             out = model([Value(v) for v in X[s]])
             mc.mse([out], [Y[s]]).backward()
-        n = len(order[b:b + batch_size])
+        n = len(order[b : b + batch_size])
         for q in params:
             q.data -= 0.5 / n * q.grad
             q.grad = 0.0
@@ -285,11 +321,14 @@ def failing_compiler(tmp_path, body):
 def test_compiler_that_fails_reports_command_and_output(tmp_path):
     real = compiler.find_compiler().path
     # works for the probe, fails on programs: it rejects any file containing mgc_program
-    cc = failing_compiler(tmp_path, f"""
+    cc = failing_compiler(
+        tmp_path,
+        f"""
         for a in "$@"; do case "$a" in *.c) if grep -q mgc_program "$a"; then
             echo "badcc: internal error on $a" >&2; exit 3; fi;; esac; done
         exec {real} "$@"
-    """)
+    """,
+    )
     with pytest.raises(mc.CompileError) as e:
         mlp_program("c", cc=cc)
     assert "exit status 3" in str(e.value) and "internal error" in e.value.output
@@ -299,10 +338,13 @@ def test_compiler_that_fails_reports_command_and_output(tmp_path):
 @needs_cc
 def test_compiler_timeout(tmp_path):
     real = compiler.find_compiler().path
-    cc = failing_compiler(tmp_path, f"""
+    cc = failing_compiler(
+        tmp_path,
+        f"""
         for a in "$@"; do case "$a" in *.c) if grep -q mgc_program "$a"; then sleep 30; fi;; esac; done
         exec {real} "$@"
-    """)
+    """,
+    )
     with pytest.raises(mc.CompileError, match="timed out"):
         mlp_program("c", cc=cc, timeout=1.0)
 
@@ -327,7 +369,8 @@ def test_cache_hit_and_corrupt_entry(private_cache):
 @needs_cc
 def test_two_processes_compile_the_same_model_concurrently(private_cache, tmp_path):
     script = tmp_path / "worker.py"
-    script.write_text(textwrap.dedent("""
+    script.write_text(
+        textwrap.dedent("""
         import random, sys
         import micrograd_c as mc
         from micrograd_c.nn import MLP
@@ -338,10 +381,19 @@ def test_two_processes_compile_the_same_model_concurrently(private_cache, tmp_pa
         prog = mc.compile(mc.cross_entropy(out, y[0]), inputs=x, targets=y, params=m.parameters(),
                           outputs=out, backend="c")
         print(prog.info["cached"], prog.forward([0.1] * 6, [1])[0])
-    """))
+    """)
+    )
     env = dict(os.environ, MICROGRAD_C_CACHE_DIR=str(private_cache))
-    procs = [subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True, env=env) for _ in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for _ in range(2)
+    ]
     outs = [p.communicate(timeout=300) for p in procs]
     assert all(p.returncode == 0 for p in procs), outs
     results = [o[0].split() for o in outs]
@@ -356,7 +408,9 @@ def test_inference_only_source_compiles_and_matches(tmp_path):
     src = prog.c_source(prefix="digits_", inference_only=True)
     assert "#include <math.h>" in src and "digits_infer" in src
     main = tmp_path / "main.c"
-    main.write_text(src + textwrap.dedent("""
+    main.write_text(
+        src
+        + textwrap.dedent("""
         #include <stdio.h>
         int main(void) {
             double x[3] = {0.5, -0.25, 1.0}, y[4];
@@ -364,12 +418,21 @@ def test_inference_only_source_compiles_and_matches(tmp_path):
             for (int i = 0; i < 4; i++) printf("%.17g\\n", y[i]);
             return 0;
         }
-    """))
+    """)
+    )
     exe = tmp_path / "main"
     tc = compiler.find_compiler()
-    subprocess.run(tc.command + ["-std=c11", "-Wall", "-Wextra", "-Werror", "-O2", "-o", str(exe), str(main), "-lm"],
-                   check=True)
-    got = [float(v) for v in subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.split()]
+    subprocess.run(
+        tc.command
+        + ["-std=c11", "-Wall", "-Wextra", "-Werror", "-O2", "-o", str(exe), str(main), "-lm"],
+        check=True,
+    )
+    got = [
+        float(v)
+        for v in subprocess.run(
+            [str(exe)], capture_output=True, text=True, check=True
+        ).stdout.split()
+    ]
     assert got == list(prog.predict(np.array([[0.5, -0.25, 1.0]]))[0])
 
 
@@ -379,14 +442,29 @@ def test_generated_training_source_is_warning_free(tmp_path):
     src = tmp_path / "prog.c"
     src.write_text(prog.c_source())
     tc = compiler.find_compiler()
-    r = subprocess.run(tc.command + ["-std=c11", "-Wall", "-Wextra", "-Wpedantic", "-Werror", "-c", "-o",
-                                     str(tmp_path / "prog.o"), str(src)], capture_output=True, text=True)
+    r = subprocess.run(
+        tc.command
+        + [
+            "-std=c11",
+            "-Wall",
+            "-Wextra",
+            "-Wpedantic",
+            "-Werror",
+            "-c",
+            "-o",
+            str(tmp_path / "prog.o"),
+            str(src),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0, r.stderr
 
 
 def test_gil_is_released_during_fit():
     import threading
     import time
+
     _, prog = mlp_program("tape", sizes=(20, [64, 10]))
     X = np.random.RandomState(0).rand(3000, 20)
     Y = np.random.RandomState(1).randint(0, 10, 3000).astype(float)
@@ -411,6 +489,7 @@ def test_gil_is_released_during_fit():
 
 # ---- raising: loops recovered from scalar graphs ------------------------------------------------
 
+
 def opbyop_mlp(model, x):
     """micrograd's Neuron.__call__, op by op, over the model's own parameters."""
     for li, layer in enumerate(model.layers):
@@ -428,8 +507,15 @@ def mnist_shaped(op_by_op, backend="tape", raise_loops=True, sizes=(784, [50, 10
     x, y = mc.inputs(sizes[0]), mc.inputs(1)
     logits = opbyop_mlp(model, x) if op_by_op else model(x)
     loss = mc.cross_entropy(logits, y[0])
-    prog = mc.compile(loss, inputs=x, targets=y, params=model.parameters(), outputs=logits, backend=backend,
-                      raise_loops=raise_loops)
+    prog = mc.compile(
+        loss,
+        inputs=x,
+        targets=y,
+        params=model.parameters(),
+        outputs=logits,
+        backend=backend,
+        raise_loops=raise_loops,
+    )
     return model, prog
 
 
@@ -444,7 +530,9 @@ def test_op_by_op_mlp_rerolls_to_the_same_program_as_the_c_mlp():
     assert src == py_mlp.c_source()  # byte for byte: the same loops
     assert len(src.encode()) < 100_000
     _, scalar = mnist_shaped(True, raise_loops=False)
-    assert not scalar.info["rerolled"] and scalar.tape.ninstr > 79_000  # 39,200 products + 39,200 sums + ...
+    assert (
+        not scalar.info["rerolled"] and scalar.tape.ninstr > 79_000
+    )  # 39,200 products + 39,200 sums + ...
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -482,8 +570,12 @@ def test_rerolling_what_is_not_a_plain_layer_stays_correct():
     out = model(list(reversed(x)))  # inputs not in slot order: no matrix-vector product
     params = model.parameters()
     loss = mc.mse([out], y) + 1e-3 * mc.vsum([p * p for p in params])
-    progs = [mc.compile(loss, inputs=x, targets=y, params=params, outputs=[out], backend="tape", raise_loops=r)
-             for r in (True, False)]
+    progs = [
+        mc.compile(
+            loss, inputs=x, targets=y, params=params, outputs=[out], backend="tape", raise_loops=r
+        )
+        for r in (True, False)
+    ]
     X, Y = np.random.RandomState(1).rand(10, 6), np.random.RandomState(2).rand(10)
     for p in progs:
         p.fit(X, Y, epochs=2, lr=0.2, batch_size=2, seed=1)
@@ -491,8 +583,18 @@ def test_rerolling_what_is_not_a_plain_layer_stays_correct():
     x2 = mc.inputs(6)
     out2 = model(x2)
     loss2 = mc.mse([out2], y) + 1e-3 * mc.vsum([p * p for p in params])  # weights used twice
-    progs2 = [mc.compile(loss2, inputs=x2, targets=y, params=params, outputs=[out2], backend="tape", raise_loops=r)
-              for r in (True, False)]
+    progs2 = [
+        mc.compile(
+            loss2,
+            inputs=x2,
+            targets=y,
+            params=params,
+            outputs=[out2],
+            backend="tape",
+            raise_loops=r,
+        )
+        for r in (True, False)
+    ]
     assert progs2[0].info["packed"] == 0  # the L2 term reads each weight again: nothing packed
     for p in progs2:
         p.parameters[:] = progs[1].parameters
@@ -513,7 +615,9 @@ def test_threads_do_not_change_the_result(backend):
             losses = prog.fit(X, Y, epochs=2, lr=0.05, batch_size=bs, seed=9, threads=threads)
             out[(threads, bs)] = (prog.parameters.copy(), losses)
     for bs in (1, 7, 32):
-        assert np.array_equal(out[(1, bs)][0], out[(2, bs)][0]) and out[(1, bs)][1] == out[(2, bs)][1]
+        assert (
+            np.array_equal(out[(1, bs)][0], out[(2, bs)][0]) and out[(1, bs)][1] == out[(2, bs)][1]
+        )
         assert np.array_equal(out[(1, bs)][0], out[(3, bs)][0])
     with pytest.raises(ValueError, match="threads"):
         prog.fit(X, Y, threads=0)
@@ -526,7 +630,9 @@ def test_unusable_cache_directory_falls_back(tmp_path):
     with pytest.warns(RuntimeWarning, match="not usable"):
         model, prog = mlp_program("c", cache=str(blocker / "cache"))
     assert prog.backend == "c"
-    assert np.array_equal(prog.forward([0.1, 0.2, 0.3], [1]), [o.data for o in model([0.1, 0.2, 0.3])])
+    assert np.array_equal(
+        prog.forward([0.1, 0.2, 0.3], [1]), [o.data for o in model([0.1, 0.2, 0.3])]
+    )
 
 
 def test_nan_and_inf_in_data_propagate_as_ieee():
@@ -563,8 +669,11 @@ def test_full_disk_is_a_compile_error_and_auto_falls_back(monkeypatch):
 
 
 @needs_cc
-@pytest.mark.xfail(strict=True, raises=NotImplementedError,
-                   reason="issue #13: float32 storage moves onto libmg's one training driver")
+@pytest.mark.xfail(
+    strict=True,
+    raises=NotImplementedError,
+    reason="issue #13: float32 storage moves onto libmg's one training driver",
+)
 def test_float32_storage_trades_precision_only():
     X = np.random.RandomState(0).rand(64, 30)
     Y = np.random.RandomState(1).randint(0, 5, 64).astype(float)
@@ -572,8 +681,15 @@ def test_float32_storage_trades_precision_only():
     model, _ = mnist_shaped(True, "tape", sizes=(30, [12, 5]))  # the same seeded model
     x, y = mc.inputs(30), mc.inputs(1)
     logits = model(x)
-    prog = mc.compile(mc.cross_entropy(logits, y[0]), inputs=x, targets=y, params=model.parameters(),
-                      outputs=logits, backend="c", float32=True)
+    prog = mc.compile(
+        mc.cross_entropy(logits, y[0]),
+        inputs=x,
+        targets=y,
+        params=model.parameters(),
+        outputs=logits,
+        backend="c",
+        float32=True,
+    )
     assert prog.info["float32"]
     assert prog.parameters.dtype == np.float32
     assert np.allclose(prog.parameters, p64.parameters, rtol=1e-6)
@@ -592,5 +708,11 @@ def test_float32_storage_trades_precision_only():
     assert prog.write_back() == len(model.parameters())
     assert model.parameters()[0].data == float(prog.parameters[0])
     with pytest.raises(ValueError, match="backend='c'"):
-        mc.compile(mc.cross_entropy(logits, y[0]), inputs=x, targets=y, params=model.parameters(), backend="tape",
-                   float32=True)
+        mc.compile(
+            mc.cross_entropy(logits, y[0]),
+            inputs=x,
+            targets=y,
+            params=model.parameters(),
+            backend="tape",
+            float32=True,
+        )

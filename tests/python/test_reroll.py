@@ -34,21 +34,23 @@ shrinking, 2,000 examples for the largest test), chosen with ``MG_REROLL_PROFILE
 (the graph rebuilt op by op, the samples, and the rerolled-vs-scalar comparison); shrinking
 writes one per attempt, and the report names the final, smallest one ("reproduction: ...").
 """
+
 from __future__ import annotations
 
 import math
 import os
 import random
 import sys
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any
 
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, reject, settings
 from hypothesis import note as _note
-from hypothesis.errors import InvalidArgument
 from hypothesis import strategies as st
+from hypothesis.errors import InvalidArgument
 
 import micrograd_c as mc
 from micrograd_c import compiler
@@ -74,11 +76,19 @@ SCALE = float(os.environ.get("MG_REROLL_SCALE", "1"))
 def examples(n: int) -> settings:
     """The profile's settings with `n` examples (scaled), for one test."""
     base = settings.get_profile(PROFILE)
-    if PROFILE != "reroll-ci":  # hunting: the largest test gets the profile's count, the others in proportion
+    if (
+        PROFILE != "reroll-ci"
+    ):  # hunting: the largest test gets the profile's count, the others in proportion
         n = max(n, base.max_examples * n // 110)
-    return settings(base, max_examples=max(1, int(n * SCALE)),
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
-                                           HealthCheck.filter_too_much])
+    return settings(
+        base,
+        max_examples=max(1, int(n * SCALE)),
+        suppress_health_check=[
+            HealthCheck.too_slow,
+            HealthCheck.data_too_large,
+            HealthCheck.filter_too_much,
+        ],
+    )
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -99,6 +109,7 @@ def note(text: str) -> None:
 
 # ---- comparisons ------------------------------------------------------------------------------
 
+
 def bits(a: Any) -> np.ndarray:
     return np.ascontiguousarray(np.asarray(a, dtype=np.float64)).view(np.uint64)
 
@@ -109,8 +120,10 @@ def assert_bitwise(got: Any, want: Any, what: str) -> None:
     if not np.array_equal(bits(g), bits(w)):
         bad = np.flatnonzero(bits(g).ravel() != bits(w).ravel())
         i = int(bad[0])
-        raise AssertionError(f"{what}: {len(bad)} of {g.size} differ in their bits; first at {i}: "
-                             f"{g.ravel()[i]!r} vs {w.ravel()[i]!r}")
+        raise AssertionError(
+            f"{what}: {len(bad)} of {g.size} differ in their bits; first at {i}: "
+            f"{g.ravel()[i]!r} vs {w.ravel()[i]!r}"
+        )
 
 
 def close_enough(got: Any, want: Any) -> bool:
@@ -124,31 +137,44 @@ def assert_close(got: Any, want: Any, what: str) -> None:
         g, w = np.asarray(got, dtype=np.float64), np.asarray(want, dtype=np.float64)
         err = np.abs(g - w)
         i = int(np.argmax(err))
-        raise AssertionError(f"{what}: not within 1e-12; worst at {i}: {g.ravel()[i]!r} vs {w.ravel()[i]!r} "
-                             f"({int(np.sum(err > 1e-12 * np.maximum(1, np.abs(w))))} of {g.size} off)")
+        raise AssertionError(
+            f"{what}: not within 1e-12; worst at {i}: {g.ravel()[i]!r} vs {w.ravel()[i]!r} "
+            f"({int(np.sum(err > 1e-12 * np.maximum(1, np.abs(w))))} of {g.size} off)"
+        )
 
 
 # ---- cases ------------------------------------------------------------------------------------
 
+
 @dataclass
 class Case:
     """A graph built over leaves holding sample 0, plus the samples."""
-    x: List[Value]          # input leaves (their data: X[0])
-    y: List[Value]          # target leaves (their data: Y[0])
-    params: List[Value]
+
+    x: list[Value]  # input leaves (their data: X[0])
+    y: list[Value]  # target leaves (their data: Y[0])
+    params: list[Value]
     loss: Value
-    outputs: List[Value]
-    X: np.ndarray           # (n, len(x))
-    Y: Optional[np.ndarray]  # (n, len(y)) or None
-    structure: Dict[str, Any] = field(default_factory=dict)
+    outputs: list[Value]
+    X: np.ndarray  # (n, len(x))
+    Y: np.ndarray | None  # (n, len(y)) or None
+    structure: dict[str, Any] = field(default_factory=dict)
 
 
 def compile_case(case: Case, backend: str = "tape", raise_loops: bool = True) -> mc.Program:
-    return mc.compile(case.loss, inputs=case.x, targets=case.y, params=case.params, outputs=case.outputs,
-                      backend=backend, raise_loops=raise_loops)
+    return mc.compile(
+        case.loss,
+        inputs=case.x,
+        targets=case.y,
+        params=case.params,
+        outputs=case.outputs,
+        backend=backend,
+        raise_loops=raise_loops,
+    )
 
 
-def run_samples(prog: mc.Program, case: Case, nsamples: int) -> Tuple[List[np.ndarray], List[float], List[np.ndarray]]:
+def run_samples(
+    prog: mc.Program, case: Case, nsamples: int
+) -> tuple[list[np.ndarray], list[float], list[np.ndarray]]:
     """forward + backward on samples 0..nsamples-1 in turn (gradients accumulating): the outputs,
     the losses, and the parameter gradients after each sample."""
     outs, losses, grads = [], [], []
@@ -161,18 +187,37 @@ def run_samples(prog: mc.Program, case: Case, nsamples: int) -> Tuple[List[np.nd
     return outs, losses, grads
 
 
-def eager_reference(case: Case) -> Tuple[np.ndarray, float, np.ndarray]:
+def eager_reference(case: Case) -> tuple[np.ndarray, float, np.ndarray]:
     for p in case.params:
         p.grad = 0.0
     case.loss.backward()
-    return (np.array([o.data for o in case.outputs]), case.loss.data, np.array([p.grad for p in case.params]))
+    return (
+        np.array([o.data for o in case.outputs]),
+        case.loss.data,
+        np.array([p.grad for p in case.params]),
+    )
 
 
-def fit_params(prog: mc.Program, case: Case, p0: np.ndarray, batch: int, threads: int,
-               lr: float = 0.02, epochs: int = 2) -> Tuple[np.ndarray, List[float]]:
+def fit_params(
+    prog: mc.Program,
+    case: Case,
+    p0: np.ndarray,
+    batch: int,
+    threads: int,
+    lr: float = 0.02,
+    epochs: int = 2,
+) -> tuple[np.ndarray, list[float]]:
     prog.parameters[:] = p0
-    losses = prog.fit(case.X, case.Y, epochs=epochs, lr=lr, batch_size=batch, shuffle=True, seed=7,
-                      threads=threads)
+    losses = prog.fit(
+        case.X,
+        case.Y,
+        epochs=epochs,
+        lr=lr,
+        batch_size=batch,
+        shuffle=True,
+        seed=7,
+        threads=threads,
+    )
     return np.array(prog.parameters), losses
 
 
@@ -184,7 +229,9 @@ class NotFinite(Exception):
 FORK = hasattr(os, "fork") and os.environ.get("MG_REROLL_FORK", "1") != "0"
 
 
-def check_case(case: Case, with_c: bool = False, with_fit: bool = True, nsamples: int = 3) -> Dict[str, Any]:
+def check_case(
+    case: Case, with_c: bool = False, with_fit: bool = True, nsamples: int = 3
+) -> dict[str, Any]:
     """Every property on one case (see check_properties), in a forked child where the platform
     forks: a program that crashes fails its example (and hypothesis shrinks it) instead of taking
     the test session down. Returns the rerolled program's info."""
@@ -206,8 +253,9 @@ def check_case(case: Case, with_c: bool = False, with_fit: bool = True, nsamples
             msg = "reject\n" + str(e)
         except AssertionError as e:
             msg = "fail\n" + str(e)
-        except BaseException as e:  # noqa: BLE001
+        except BaseException as e:
             import traceback
+
             msg = "error\n" + "".join(traceback.format_exception(e))
         with os.fdopen(w, "w") as f:
             f.write(msg)
@@ -217,7 +265,11 @@ def check_case(case: Case, with_c: bool = False, with_fit: bool = True, nsamples
         msg = f.read()
     _, status = os.waitpid(pid, 0)
     if os.WIFSIGNALED(status) or not msg:
-        how = f"signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status) else f"status {os.WEXITSTATUS(status)}"
+        how = (
+            f"signal {os.WTERMSIG(status)}"
+            if os.WIFSIGNALED(status)
+            else f"status {os.WEXITSTATUS(status)}"
+        )
         note(compile_case(case).describe())
         dump_failure(case)
         raise AssertionError(f"the check crashed ({how})")
@@ -226,15 +278,20 @@ def check_case(case: Case, with_c: bool = False, with_fit: bool = True, nsamples
         reject()
     if kind == "ok":
         import ast
+
         return ast.literal_eval(rest)
     note(compile_case(case).describe())
     dump_failure(case)
     raise AssertionError(rest)
 
 
-def check_properties(case: Case, with_c: bool = False, with_fit: bool = True, nsamples: int = 3) -> Dict[str, Any]:
+def check_properties(
+    case: Case, with_c: bool = False, with_fit: bool = True, nsamples: int = 3
+) -> dict[str, Any]:
     """Every property on one case; returns the rerolled program's info."""
-    assert np.all(np.isfinite([o.data for o in case.outputs] + [case.loss.data])), "generator made a non-finite value"
+    assert np.all(np.isfinite([o.data for o in case.outputs] + [case.loss.data])), (
+        "generator made a non-finite value"
+    )
     e_out, e_loss, e_grad = eager_reference(case)
     nsamples = min(nsamples, len(case.X))
     rer = compile_case(case)
@@ -244,8 +301,12 @@ def check_properties(case: Case, with_c: bool = False, with_fit: bool = True, ns
     assert info["rerolled"] and not sca.info["rerolled"]
     r_out, r_loss, r_grad = run_samples(rer, case, nsamples)
     s_out, s_loss, s_grad = run_samples(sca, case, nsamples)
-    if not (np.all(np.isfinite(s_out)) and np.all(np.isfinite(s_loss)) and np.all(np.isfinite(s_grad))
-            and np.all(np.isfinite(e_grad))):
+    if not (
+        np.all(np.isfinite(s_out))
+        and np.all(np.isfinite(s_loss))
+        and np.all(np.isfinite(s_grad))
+        and np.all(np.isfinite(e_grad))
+    ):
         raise NotFinite("a value or gradient of the scalar program is not finite")
     try:
         # forward: bit for bit, eager too (sample 0 is what the leaves hold)
@@ -260,7 +321,9 @@ def check_properties(case: Case, with_c: bool = False, with_fit: bool = True, ns
         for i in range(nsamples):
             assert_close(r_grad[i], s_grad[i], f"rerolled gradients vs scalar, after sample {i}")
         # predict: the outputs of forward
-        if case.outputs:  # (predict loads no targets: outputs that read them see the last forward's)
+        if (
+            case.outputs
+        ):  # (predict loads no targets: outputs that read them see the last forward's)
             pr = rer.predict(case.X[:nsamples])
             assert_bitwise(pr, sca.predict(case.X[:nsamples]), "rerolled predict vs scalar")
             if case.Y is None:
@@ -272,7 +335,9 @@ def check_properties(case: Case, with_c: bool = False, with_fit: bool = True, ns
             for i in range(nsamples):
                 assert_bitwise(c_out[i], r_out[i], f"compiled outputs vs tape, sample {i}")
                 assert_bitwise([c_loss[i]], [r_loss[i]], f"compiled loss vs tape, sample {i}")
-                assert_bitwise(c_grad[i], r_grad[i], f"compiled gradients vs tape, after sample {i}")
+                assert_bitwise(
+                    c_grad[i], r_grad[i], f"compiled gradients vs tape, after sample {i}"
+                )
             if case.outputs:
                 assert_bitwise(cp.predict(case.X), rer.predict(case.X), "compiled predict vs tape")
         if with_fit:
@@ -284,11 +349,17 @@ def check_properties(case: Case, with_c: bool = False, with_fit: bool = True, ns
                 ref, ref_l = fit_params(rer, case, p0, batch, 1, lr)
                 for threads in (2, 3):
                     got, got_l = fit_params(rer, case, p0, batch, threads, lr)
-                    assert_bitwise(got, ref, f"fit batch {batch}: {threads} threads vs 1 (parameters)")
-                    assert_bitwise(got_l, ref_l, f"fit batch {batch}: {threads} threads vs 1 (losses)")
+                    assert_bitwise(
+                        got, ref, f"fit batch {batch}: {threads} threads vs 1 (parameters)"
+                    )
+                    assert_bitwise(
+                        got_l, ref_l, f"fit batch {batch}: {threads} threads vs 1 (losses)"
+                    )
                 s, s_l = fit_params(sca, case, p0, batch, 1, lr)
-                if not (np.all(np.isfinite(s)) and np.all(np.isfinite(s_l))) or \
-                        np.max(np.abs(s - p0), initial=0.0) > 1.0:
+                if (
+                    not (np.all(np.isfinite(s)) and np.all(np.isfinite(s_l)))
+                    or np.max(np.abs(s - p0), initial=0.0) > 1.0
+                ):
                     raise NotFinite("training diverges")
                 assert_close(ref, s, f"fit batch {batch}: rerolled vs scalar parameters")
                 assert_close(ref_l, s_l, f"fit batch {batch}: rerolled vs scalar losses")
@@ -317,13 +388,18 @@ def graph_code(case: Case, nsamples: int = 3) -> str:
     """A standalone script rebuilding the case's graph op by op (operands before uses, in operand
     order), with the samples and the rerolled-vs-scalar comparison: what a failure reports."""
     _core = mc.engine._core
-    names: Dict[int, str] = {}
-    lines = ["import numpy as np", "import micrograd_c as mc", "from micrograd_c.engine import Value", ""]
+    names: dict[int, str] = {}
+    lines = [
+        "import numpy as np",
+        "import micrograd_c as mc",
+        "from micrograd_c.engine import Value",
+        "",
+    ]
     for label, vals in (("p", case.params), ("x", case.x), ("y", case.y)):
         for i, v in enumerate(vals):
             names[id(v)] = f"{label}[{i}]"
         lines.append(f"{label} = [" + ", ".join(f"Value({v.data!r})" for v in vals) + "]")
-    order: List[Value] = []
+    order: list[Value] = []
     seen = set(names)
     roots = [case.loss] + list(case.outputs)
     for r in roots:
@@ -371,7 +447,9 @@ def graph_code(case: Case, nsamples: int = 3) -> str:
             if len(ops) == 2 * m:
                 expr = f"mc.dot([{', '.join(ops[:m])}], [{', '.join(ops[m:])}])"
             else:
-                expr = f"mc.affine([{', '.join(ops[:m])}], [{', '.join(ops[m:2 * m])}], {ops[-1]})"
+                expr = (
+                    f"mc.affine([{', '.join(ops[:m])}], [{', '.join(ops[m : 2 * m])}], {ops[-1]})"
+                )
         elif op == "mse":
             m = int(k)
             expr = f"mc.mse([{', '.join(ops[:m])}], [{', '.join(ops[m:])}])"
@@ -428,20 +506,22 @@ def dump_failure(case: Case) -> None:
 # Constants of every kind: signed zeros, integers, fractions, tiny and large magnitudes.
 CONSTS = [0.0, -0.0, 1, -1, 2, 3, 0.5, -0.25, 1.0, -7.25, 1e-3, 1e-300, 5e-324, 1e3, 0.1]
 NONZERO = [c for c in CONSTS if c != 0 and abs(c) >= 1e-3 and abs(c) <= 10]
-MODERATE = [c for c in CONSTS if abs(c) <= 10]  # biases and starts (1e3 there makes training chaotic)
+MODERATE = [
+    c for c in CONSTS if abs(c) <= 10
+]  # biases and starts (1e3 there makes training chaotic)
 
-Tensor = List[List[List[Any]]]  # [channel][row][col]
+Tensor = list[list[list[Any]]]  # [channel][row][col]
 
 
-def shape(t: Tensor) -> Tuple[int, int, int]:
+def shape(t: Tensor) -> tuple[int, int, int]:
     return len(t), len(t[0]), len(t[0][0])
 
 
-def flat(t: Tensor) -> List[Any]:
+def flat(t: Tensor) -> list[Any]:
     return [v for plane in t for row in plane for v in row]
 
 
-def unflat(vals: Sequence[Any], shp: Tuple[int, int, int]) -> Tensor:
+def unflat(vals: Sequence[Any], shp: tuple[int, int, int]) -> Tensor:
     C, H, W = shp
     it = iter(vals)
     return [[[next(it) for _ in range(W)] for _ in range(H)] for _ in range(C)]
@@ -451,7 +531,7 @@ def tmap(fn: Callable[[Any], Any], t: Tensor) -> Tensor:
     return [[[fn(v) for v in row] for row in plane] for plane in t]
 
 
-def data_of(vals: Sequence[Any]) -> List[float]:
+def data_of(vals: Sequence[Any]) -> list[float]:
     return [v.data if isinstance(v, Value) else float(v) for v in vals]
 
 
@@ -461,10 +541,10 @@ class Ctx:
     def __init__(self, data: Any) -> None:
         self.data = data
         self.rng = random.Random(data.draw(st.integers(0, 2**31 - 1), label="weights seed"))
-        self.params: List[Value] = []
-        self.taps: List[Value] = []  # intermediates that may become outputs
-        self.history: List[Tensor] = []
-        self.log: List[str] = []
+        self.params: list[Value] = []
+        self.taps: list[Value] = []  # intermediates that may become outputs
+        self.history: list[Tensor] = []
+        self.log: list[str] = []
 
     def draw(self, strat: Any, label: str) -> Any:
         return self.data.draw(strat, label=label)
@@ -501,15 +581,43 @@ class Ctx:
 
 def positive(v: Value, how: int) -> Value:
     """A value kept positive (and away from zero), for log, fractional and negative powers."""
-    return [lambda: v.square() + 0.5, lambda: v * v + 1.0, lambda: v.sigmoid() + 0.25, lambda: v.tanh().exp()][how]()
+    return [
+        lambda: v.square() + 0.5,
+        lambda: v * v + 1.0,
+        lambda: v.sigmoid() + 0.25,
+        lambda: v.tanh().exp(),
+    ][how]()
 
 
 # Elementwise ops applied across a tensor, each kept in its domain whatever the values.
-UNARY = ["relu", "tanh", "exp", "log", "sigmoid", "square", "neg", "-", "pow", "powv", "rpowv", "div", "rdiv",
-         "max", "add", "radd", "sub", "rsub", "mul", "rmul", "self", "mulw", "shared"]
+UNARY = [
+    "relu",
+    "tanh",
+    "exp",
+    "log",
+    "sigmoid",
+    "square",
+    "neg",
+    "-",
+    "pow",
+    "powv",
+    "rpowv",
+    "div",
+    "rdiv",
+    "max",
+    "add",
+    "radd",
+    "sub",
+    "rsub",
+    "mul",
+    "rmul",
+    "self",
+    "mulw",
+    "shared",
+]
 
 
-def unary(ctx: Ctx, vals: List[Value], label: str = "op") -> List[Value]:
+def unary(ctx: Ctx, vals: list[Value], label: str = "op") -> list[Value]:
     """One elementwise op over all of `vals` (so one group), in its domain."""
     kind = ctx.choice(UNARY, label)
     d = data_of(vals)
@@ -530,28 +638,30 @@ def unary(ctx: Ctx, vals: List[Value], label: str = "op") -> List[Value]:
     if kind == "pow":
         k = ctx.choice([2, 3, 0, 1, 0.5, 1.5, -1, -0.5, -2, 2.5], "exponent")
         if float(k).is_integer() and k >= 0:
-            return [v ** k for v in vals] if hi < 4 else [v.tanh() ** k for v in vals]
+            return [v**k for v in vals] if hi < 4 else [v.tanh() ** k for v in vals]
         return [positive(v, how) ** k for v in vals]
     if kind == "powv":  # a Value as exponent: a frozen leaf, a parameter, or computed
         e = ctx.choice(["frozen", "param", "computed"], "exponent kind")
         base = [positive(v, how) for v in vals]
         if e == "frozen":
             ex = Value(ctx.choice([0.5, 1.5, 2.0, -1.0], "exponent value"))
-            return [b ** ex for b in base]
+            return [b**ex for b in base]
         if e == "param":
             ex = ctx.weight()
-            return [b ** ex for b in base]
+            return [b**ex for b in base]
         return [b ** v.tanh() for b, v in zip(base, vals)]
     if kind == "rpowv":  # number ** Value
-        return [ctx.choice([2.0, 0.5, 3], "base") ** v.tanh() for v in vals[:1]] + \
-               [2.0 ** v.tanh() for v in vals[1:]]
+        return [ctx.choice([2.0, 0.5, 3], "base") ** v.tanh() for v in vals[:1]] + [
+            2.0 ** v.tanh() for v in vals[1:]
+        ]
     if kind == "div":
         if ctx.flag("divide by a value"):
             return [v / positive(v, how) for v in vals]
         return [v / ctx.choice(NONZERO, "divisor") for v in vals]
     if kind == "rdiv":
-        return [ctx.choice(NONZERO, "numerator") / positive(v, how) for v in vals[:1]] + \
-               [1.0 / positive(v, how) for v in vals[1:]]
+        return [ctx.choice(NONZERO, "numerator") / positive(v, how) for v in vals[:1]] + [
+            1.0 / positive(v, how) for v in vals[1:]
+        ]
     if kind == "max":
         m = ctx.choice(["const", "self", "neighbour", "reversed"], "max with")
         if m == "const":
@@ -589,10 +699,12 @@ def unary(ctx: Ctx, vals: List[Value], label: str = "op") -> List[Value]:
     # "shared": one weight for all (a value used by many consumers)
     w = ctx.weight()
     op = ctx.choice(["*", "+", "-", "rmul"], "shared op")
-    return [v * w if op == "*" else v + w if op == "+" else v - w if op == "-" else w * v for v in vals]
+    return [
+        v * w if op == "*" else v + w if op == "+" else v - w if op == "-" else w * v for v in vals
+    ]
 
 
-def reduce_terms(ctx: Ctx, ws: List[Any], xs: List[Any], bias: Any, form: str, swap: bool) -> Value:
+def reduce_terms(ctx: Ctx, ws: list[Any], xs: list[Any], bias: Any, form: str, swap: bool) -> Value:
     """b + sum_i w_i x_i in one of the ways a user writes it."""
     if form == "chain":  # s = s + w*x, explicitly
         s = bias if bias is not None else 0.0
@@ -615,7 +727,9 @@ def reduce_terms(ctx: Ctx, ws: List[Any], xs: List[Any], bias: Any, form: str, s
 FORMS = ["chain", "sum", "sum", "vsum", "dot", "affine"]
 
 
-def conv(ctx: Ctx, img: Tensor, one_d: bool = False, tied: Optional[dict] = None) -> Tuple[Tensor, dict]:
+def conv(
+    ctx: Ctx, img: Tensor, one_d: bool = False, tied: dict | None = None
+) -> tuple[Tensor, dict]:
     """A sliding window (1-D when `one_d` or the image has one row) over every channel."""
     cin, H, W = shape(img)
     if tied is not None:
@@ -624,23 +738,44 @@ def conv(ctx: Ctx, img: Tensor, one_d: bool = False, tied: Optional[dict] = None
         kh = 1 if (one_d or H == 1) else ctx.int(1, min(3, H + 2), "kernel rows")
         kw = ctx.int(1, min(4, W + 2), "kernel cols")
         spec = dict(
-            cout=ctx.int(1, 3, "channels out"), kh=kh, kw=kw,
-            sh=1 if kh == 1 else ctx.int(1, 2, "stride rows"), sw=ctx.int(1, 2, "stride cols"),
-            ph=0 if kh == 1 else ctx.int(0, kh - 1, "pad rows"), pw=ctx.int(0, kw - 1, "pad cols"),
-            zeros=ctx.flag("pad with constant zeros"), form=ctx.choice(FORMS, "reduction form"),
-            swap=ctx.flag("x*w"), bias=ctx.choice(["param", "none", "const"], "bias"),
-            order=ctx.choice(["natural", "natural", "reversed", "channels last", "scrambled"], "term order"),
+            cout=ctx.int(1, 3, "channels out"),
+            kh=kh,
+            kw=kw,
+            sh=1 if kh == 1 else ctx.int(1, 2, "stride rows"),
+            sw=ctx.int(1, 2, "stride cols"),
+            ph=0 if kh == 1 else ctx.int(0, kh - 1, "pad rows"),
+            pw=ctx.int(0, kw - 1, "pad cols"),
+            zeros=ctx.flag("pad with constant zeros"),
+            form=ctx.choice(FORMS, "reduction form"),
+            swap=ctx.flag("x*w"),
+            bias=ctx.choice(["param", "none", "const"], "bias"),
+            order=ctx.choice(
+                ["natural", "natural", "reversed", "channels last", "scrambled"], "term order"
+            ),
             wkind=ctx.weight_kind("weights"),
             depthwise=ctx.flag("one kernel for every channel"),
         )
         fan = cin * spec["kh"] * spec["kw"]
         nk = 1 if spec["depthwise"] else cin
-        spec["w"] = [[[[ctx.weight(fan, spec["wkind"]) for _ in range(spec["kw"])] for _ in range(spec["kh"])]
-                      for _ in range(nk)] for _ in range(spec["cout"])]
-        spec["b"] = [ctx.weight() if spec["bias"] == "param" else
-                     (ctx.choice(MODERATE, "bias const") if spec["bias"] == "const" else None)
-                     for _ in range(spec["cout"])]
-        terms = [(ci, a, b) for ci in range(cin) for a in range(spec["kh"]) for b in range(spec["kw"])]
+        spec["w"] = [
+            [
+                [
+                    [ctx.weight(fan, spec["wkind"]) for _ in range(spec["kw"])]
+                    for _ in range(spec["kh"])
+                ]
+                for _ in range(nk)
+            ]
+            for _ in range(spec["cout"])
+        ]
+        spec["b"] = [
+            ctx.weight()
+            if spec["bias"] == "param"
+            else (ctx.choice(MODERATE, "bias const") if spec["bias"] == "const" else None)
+            for _ in range(spec["cout"])
+        ]
+        terms = [
+            (ci, a, b) for ci in range(cin) for a in range(spec["kh"]) for b in range(spec["kw"])
+        ]
         if spec["order"] == "reversed":
             terms = terms[::-1]
         elif spec["order"] == "channels last":
@@ -695,7 +830,11 @@ def pool(ctx: Ctx, img: Tensor) -> Tensor:
         for i in range(Ho):
             row = []
             for j in range(Wo):
-                win = [plane[i * (stride if kh > 1 else 1) + a][j * stride + b] for a in range(kh) for b in range(k)]
+                win = [
+                    plane[i * (stride if kh > 1 else 1) + a][j * stride + b]
+                    for a in range(kh)
+                    for b in range(k)
+                ]
                 if kind == "max":
                     m = win[0]
                     for v in win[1:]:
@@ -721,7 +860,7 @@ def pool(ctx: Ctx, img: Tensor) -> Tensor:
     return out
 
 
-def dense(ctx: Ctx, vals: List[Value], nout: int) -> List[Value]:
+def dense(ctx: Ctx, vals: list[Value], nout: int) -> list[Value]:
     form = ctx.choice(FORMS, "dense form")
     swap = ctx.flag("dense x*w")
     wk = ctx.weight_kind("dense weights")
@@ -729,7 +868,13 @@ def dense(ctx: Ctx, vals: List[Value], nout: int) -> List[Value]:
     W = [[ctx.weight(len(vals), wk) for _ in vals] for _ in range(nout)]
     out = []
     for row in W:
-        b = ctx.weight() if bias == "param" else ctx.choice(MODERATE, "dense bias const") if bias == "const" else None
+        b = (
+            ctx.weight()
+            if bias == "param"
+            else ctx.choice(MODERATE, "dense bias const")
+            if bias == "const"
+            else None
+        )
         out.append(reduce_terms(ctx, row, vals, b, form, swap))
     return out
 
@@ -754,8 +899,12 @@ def mix(ctx: Ctx, img: Tensor) -> Tensor:
     """A binary op with another tensor of the same shape: an earlier one (a skip connection), the
     same one (duplicated operands), or per-channel weights (broadcast)."""
     same = [t for t in ctx.history if shape(t) == shape(img) and t is not img]
-    other = ctx.choice(["skip", "self", "channel weights", "neighbour"] if same else
-                       ["self", "channel weights", "neighbour"], "mix with")
+    other = ctx.choice(
+        ["skip", "self", "channel weights", "neighbour"]
+        if same
+        else ["self", "channel weights", "neighbour"],
+        "mix with",
+    )
     op = ctx.choice(["+", "-", "*", "max", "gate"], "mix op")
     C, H, W = shape(img)
     if other == "skip":
@@ -783,7 +932,10 @@ def mix(ctx: Ctx, img: Tensor) -> Tensor:
             return a.max(b)
         z = a.sigmoid()  # GRU-like gate
         return (1 - z) * b.tanh() + z * a
-    return [[[f(a, b) for a, b in zip(ra, rb)] for ra, rb in zip(pa, pb)] for pa, pb in zip(img, oth)]
+
+    return [
+        [[f(a, b) for a, b in zip(ra, rb)] for ra, rb in zip(pa, pb)] for pa, pb in zip(img, oth)
+    ]
 
 
 def norm(ctx: Ctx, img: Tensor) -> Tensor:
@@ -804,7 +956,7 @@ def softmax(ctx: Ctx, img: Tensor) -> Tensor:
     return unflat([e / tot for e in ex], shape(img))
 
 
-def recurrent(ctx: Ctx, seq: List[Value]) -> List[Value]:
+def recurrent(ctx: Ctx, seq: list[Value]) -> list[Value]:
     """The same random cell applied T times over steps of the sequence, shared weights; returns
     the last state, or every state."""
     n = len(seq)
@@ -823,18 +975,23 @@ def recurrent(ctx: Ctx, seq: List[Value]) -> List[Value]:
     if gru:
         Uz = [[ctx.weight(fan) for _ in range(hidden)] for _ in range(hidden)]
         bz = [ctx.weight() for _ in range(hidden)]
-    cell_ops = [ctx.choice(["tanh", "sigmoid", "relu", "tanh-square", "exp-tanh", "log1p2", "max0", "none"], "cell op")
-                for _ in range(ctx.int(1, 2, "cell ops"))]
-    h: Optional[List[Any]] = None
+    cell_ops = [
+        ctx.choice(
+            ["tanh", "sigmoid", "relu", "tanh-square", "exp-tanh", "log1p2", "max0", "none"],
+            "cell op",
+        )
+        for _ in range(ctx.int(1, 2, "cell ops"))
+    ]
+    h: list[Any] | None = None
     if first == "zeros":
         h = [0.0] * hidden
     elif first == "h0 param":
         h = [ctx.weight() for _ in range(hidden)]
     elif first == "same":
         h = [Value(0.0) for _ in range(hidden)]  # frozen leaves: every step the same shape
-    states: List[Value] = []
+    states: list[Value] = []
     for t in range(T):
-        xt = seq[t * step:(t + 1) * step]
+        xt = seq[t * step : (t + 1) * step]
         nh = []
         for j in range(hidden):
             if h is None:
@@ -864,11 +1021,23 @@ def recurrent(ctx: Ctx, seq: List[Value]) -> List[Value]:
     return states if ctx.flag("every state") else list(h)
 
 
-STAGES = ["conv", "conv1d", "act", "pool", "mix", "scramble", "norm", "softmax", "tied", "dense", "recurrent"]
+STAGES = [
+    "conv",
+    "conv1d",
+    "act",
+    "pool",
+    "mix",
+    "scramble",
+    "norm",
+    "softmax",
+    "tied",
+    "dense",
+    "recurrent",
+]
 
 
 def pipeline(ctx: Ctx, img: Tensor, nstages: int) -> Tensor:
-    tied_spec: Optional[dict] = None
+    tied_spec: dict | None = None
     for k in range(nstages):
         stage = ctx.choice(STAGES, f"stage {k}")
         C, H, W = shape(img)
@@ -914,16 +1083,24 @@ def samples(ctx: Ctx, n_in: int, nrows: int = 6) -> np.ndarray:
     return X
 
 
-def finish(ctx: Ctx, x: List[Value], X: np.ndarray, final: List[Value], loss_kind: Optional[str] = None,
-           plain: bool = False) -> Case:
+def finish(
+    ctx: Ctx,
+    x: list[Value],
+    X: np.ndarray,
+    final: list[Value],
+    loss_kind: str | None = None,
+    plain: bool = False,
+) -> Case:
     """The loss over the final values, targets and the samples' targets; the outputs (with
     `plain`, the final values and nothing else)."""
-    loss_kind = loss_kind or ctx.choice(["xent", "mse", "hinge", "squares", "mixed", "targets by hand"], "loss")
+    loss_kind = loss_kind or ctx.choice(
+        ["xent", "mse", "hinge", "squares", "mixed", "targets by hand"], "loss"
+    )
     n = len(X)
     r = np.random.default_rng(ctx.rng.randrange(2**32))
     final = [v if isinstance(v, Value) else Value(v) + 0.0 for v in final]
-    y: List[Value] = []
-    Y: Optional[np.ndarray] = None
+    y: list[Value] = []
+    Y: np.ndarray | None = None
     if loss_kind == "xent":
         m = min(len(final), ctx.int(1, 5, "classes"))
         if ctx.flag("a constant class"):  # no targets: the class is a number of the graph
@@ -942,7 +1119,9 @@ def finish(ctx: Ctx, x: List[Value], X: np.ndarray, final: List[Value], loss_kin
         loss = mc.hinge(final, y)
     elif loss_kind == "squares":
         loss = sum(((v - 0.5) ** 2 for v in final), 0.0) * (1.0 / len(final))
-    elif loss_kind == "targets by hand":  # targets read by ordinary ops (a reduction over (o - y)**2)
+    elif (
+        loss_kind == "targets by hand"
+    ):  # targets read by ordinary ops (a reduction over (o - y)**2)
         Y = r.uniform(-1, 1, size=(n, len(final)))
         y = [Value(float(v)) for v in Y[0]]
         loss = sum(((o - t) * (o - t) for o, t in zip(final, y)), 0.0) * (1.0 / len(final))
@@ -952,14 +1131,28 @@ def finish(ctx: Ctx, x: List[Value], X: np.ndarray, final: List[Value], loss_kin
         y = [Value(float(Y[0, 0]))]
         extra = ctx.taps[:4] or final[:1]
         k = min(len(final), len(extra), 2)
-        loss = mc.cross_entropy(final[:m], y[0]) + 0.1 * mc.vsum([e.tanh().square() for e in extra]) + \
-            mc.hinge(final[:1], [1.0]) * 0.5 + mc.mse(final[:k], [e.tanh() for e in extra[::-1][:k]]) * 0.25
+        loss = (
+            mc.cross_entropy(final[:m], y[0])
+            + 0.1 * mc.vsum([e.tanh().square() for e in extra])
+            + mc.hinge(final[:1], [1.0]) * 0.5
+            + mc.mse(final[:k], [e.tanh() for e in extra[::-1][:k]]) * 0.25
+        )
     if plain:
-        return Case(x=x, y=y, params=ctx.params, loss=loss, outputs=list(final), X=X, Y=Y,
-                    structure={"log": ctx.log})
+        return Case(
+            x=x,
+            y=y,
+            params=ctx.params,
+            loss=loss,
+            outputs=list(final),
+            X=X,
+            Y=Y,
+            structure={"log": ctx.log},
+        )
     outs = list(final) if ctx.flag("final values are outputs") else []
     outs += [t for t in ctx.taps[:6] if t not in outs]
-    extra = ctx.draw(st.sets(st.sampled_from(["side", "leaf", "loss", "twice"]), max_size=2), "extra outputs")
+    extra = ctx.draw(
+        st.sets(st.sampled_from(["side", "leaf", "loss", "twice"]), max_size=2), "extra outputs"
+    )
     if "side" in extra:  # computed for the outputs only (not in the loss's cone)
         outs += [(v * 0.5).tanh() for v in (ctx.taps[:2] or final[:2])]
     if "leaf" in extra:
@@ -968,11 +1161,14 @@ def finish(ctx: Ctx, x: List[Value], X: np.ndarray, final: List[Value], loss_kin
         outs.append(loss)
     if "twice" in extra and outs:
         outs.append(outs[0])
-    return Case(x=x, y=y, params=ctx.params, loss=loss, outputs=outs, X=X, Y=Y,
-                structure={"log": ctx.log})
+    return Case(
+        x=x, y=y, params=ctx.params, loss=loss, outputs=outs, X=X, Y=Y, structure={"log": ctx.log}
+    )
 
 
-def input_image(ctx: Ctx, max_c: int = 2, max_h: int = 6, max_w: int = 9) -> Tuple[List[Value], np.ndarray, Tensor]:
+def input_image(
+    ctx: Ctx, max_c: int = 2, max_h: int = 6, max_w: int = 9
+) -> tuple[list[Value], np.ndarray, Tensor]:
     C = ctx.choice([c for c in (1, 1, 2, 3) if c <= max_c], "input channels")
     H = ctx.choice([h for h in (1, 2, 3, 4, 5, 6, 8) if h <= max_h], "input rows")
     W = ctx.choice([w for w in (1, 3, 4, 5, 7, 8, 9, 12) if w <= max_w], "input cols")
@@ -982,6 +1178,7 @@ def input_image(ctx: Ctx, max_c: int = 2, max_h: int = 6, max_w: int = 9) -> Tup
 
 
 # ---- the properties -------------------------------------------------------------------------------
+
 
 @examples(110)
 @given(data=st.data())
@@ -995,7 +1192,7 @@ def test_pipelines(data):
     check_case(case)
 
 
-def operand(ctx: Ctx, pools: Dict[str, List[Value]], cls: str, i: int) -> Any:
+def operand(ctx: Ctx, pools: dict[str, list[Value]], cls: str, i: int) -> Any:
     """Operand i of class `cls`: a parameter, an input, a constant (a number or a frozen leaf),
     or a computed value."""
     pool = pools[cls]
@@ -1007,15 +1204,22 @@ def operand(ctx: Ctx, pools: Dict[str, List[Value]], cls: str, i: int) -> Any:
 LAYOUTS = ["same", "alternate", "blocks", "random", "reversed", "duplicates"]
 
 
-def variadic_rows(ctx: Ctx, pools: Dict[str, List[Value]]) -> List[Value]:
+def variadic_rows(ctx: Ctx, pools: dict[str, list[Value]]) -> list[Value]:
     """Rows of one reduction each, written the same way, each row's operands shifted: vsum, dot,
     affine and sum() over operand lists that mix classes (parameters, inputs, constants,
     computed values) in runs, alternations, blocks, reversed or random orders, duplicates."""
     nrows = ctx.choice([1, 2, 3, 4, 6, 9], "rows")
     length = ctx.choice([1, 2, 3, 5, 8, 9, 12, 17, 20], "length")
     layout = ctx.choice(LAYOUTS, "layout")
-    classes = ctx.draw(st.lists(st.sampled_from(["param", "input", "number", "frozen", "value"]), min_size=1,
-                                max_size=3, unique=True), "classes")
+    classes = ctx.draw(
+        st.lists(
+            st.sampled_from(["param", "input", "number", "frozen", "value"]),
+            min_size=1,
+            max_size=3,
+            unique=True,
+        ),
+        "classes",
+    )
     form = ctx.choice(["vsum", "dot", "affine", "sum", "sum start", "chain"], "variadic form")
     shift = ctx.choice([0, 1, 2, length], "row shift")
 
@@ -1026,7 +1230,11 @@ def variadic_rows(ctx: Ctx, pools: Dict[str, List[Value]]) -> List[Value]:
             return classes[k % len(classes)]
         if layout == "blocks":
             return classes[min(len(classes) - 1, k * len(classes) // length)]
-        return classes[ctx.rng.randrange(len(classes))] if layout == "random" else classes[k % len(classes)]
+        return (
+            classes[ctx.rng.randrange(len(classes))]
+            if layout == "random"
+            else classes[k % len(classes)]
+        )
 
     pattern = [cls_at(k) for k in range(length)]
     perm = list(range(length))
@@ -1037,11 +1245,18 @@ def variadic_rows(ctx: Ctx, pools: Dict[str, List[Value]]) -> List[Value]:
     elif layout == "duplicates":
         perm = [k // 2 for k in range(length)]
     chained = ctx.flag("rows chained")  # each row starts from the one before: one level per row
-    out: List[Value] = []
+    out: list[Value] = []
     for r in range(nrows):
         a = [operand(ctx, pools, pattern[k], r * shift + perm[k]) for k in range(length)]
-        b = [operand(ctx, pools, pattern[(k + 1) % length] if len(classes) > 1 else "param", r * shift + k + 3)
-             for k in range(length)]
+        b = [
+            operand(
+                ctx,
+                pools,
+                pattern[(k + 1) % length] if len(classes) > 1 else "param",
+                r * shift + k + 3,
+            )
+            for k in range(length)
+        ]
         if form == "vsum":
             v = mc.vsum(a)
         elif form == "dot":
@@ -1051,7 +1266,9 @@ def variadic_rows(ctx: Ctx, pools: Dict[str, List[Value]]) -> List[Value]:
         elif form == "sum":
             v = sum(a)
         elif form == "sum start":
-            v = sum(a, out[-1].tanh() if chained and out else operand(ctx, pools, classes[-1], r + 1))
+            v = sum(
+                a, out[-1].tanh() if chained and out else operand(ctx, pools, classes[-1], r + 1)
+            )
         else:
             v = out[-1] if chained and out else operand(ctx, pools, classes[0], r)
             for p_, q_ in zip(a, b):
@@ -1060,10 +1277,13 @@ def variadic_rows(ctx: Ctx, pools: Dict[str, List[Value]]) -> List[Value]:
     return out
 
 
-def pools_for(ctx: Ctx, x: List[Value]) -> Dict[str, List[Value]]:
+def pools_for(ctx: Ctx, x: list[Value]) -> dict[str, list[Value]]:
     n = 64
     params = [ctx.weight(4) for _ in range(n)]
-    values = [(xi * 0.5).tanh() if k % 2 else xi * params[k % n] for k, xi in enumerate(x * (n // len(x) + 1))][:n]
+    values = [
+        (xi * 0.5).tanh() if k % 2 else xi * params[k % n]
+        for k, xi in enumerate(x * (n // len(x) + 1))
+    ][:n]
     frozen = [Value(c) for c in ([0.5, -0.25, 1.0, -0.0, 0.0, 2.0] * 7)[:n]]
     return {"param": params, "input": list(x), "number": [], "frozen": frozen, "value": values}
 
@@ -1082,7 +1302,10 @@ def test_variadic_and_sums(data):
     rows = [r.tanh() for r in rows] if ctx.flag("squash") else rows
     if ctx.flag("dense layer over the same parameters"):  # 8 outputs: packed weights
         P, m, off = pools["param"], len(x), ctx.choice([0, 2, 3, 8, 16], "offset")
-        rows = rows + [sum((P[(off + j * m + i) % len(P)] * x[i] for i in range(m)), 0.0).tanh() for j in range(8)]
+        rows = rows + [
+            sum((P[(off + j * m + i) % len(P)] * x[i] for i in range(m)), 0.0).tanh()
+            for j in range(8)
+        ]
     check_case(finish(ctx, x, X, rows))
 
 
@@ -1090,7 +1313,7 @@ def test_variadic_and_sums(data):
 OPS2 = ["+", "-", "*", "/", "**", "max", "powv"]
 
 
-def binary_rows(ctx: Ctx, a: List[Value], b: List[Any]) -> List[Value]:
+def binary_rows(ctx: Ctx, a: list[Value], b: list[Any]) -> list[Value]:
     op = ctx.choice(OPS2, "binary op")
     how = ctx.int(0, 3, "wrap")
     out = []
@@ -1102,9 +1325,19 @@ def binary_rows(ctx: Ctx, a: List[Value], b: List[Any]) -> List[Value]:
         elif op == "*":
             out.append(u * v)
         elif op == "/":
-            out.append(u / (positive(v, how) if isinstance(v, Value) else (v if 1e-3 <= abs(v) <= 1e3 else 2.0)))
+            out.append(
+                u
+                / (
+                    positive(v, how)
+                    if isinstance(v, Value)
+                    else (v if 1e-3 <= abs(v) <= 1e3 else 2.0)
+                )
+            )
         elif op == "**":
-            out.append(positive(u, how) ** (v if not isinstance(v, Value) else ctx.choice([2, 0.5, -1], "k")))
+            out.append(
+                positive(u, how)
+                ** (v if not isinstance(v, Value) else ctx.choice([2, 0.5, -1], "k"))
+            )
         elif op == "max":
             out.append(u.max(v))
         else:  # a Value exponent: a leaf as it is (a parameter, an input), or bounded
@@ -1125,15 +1358,28 @@ def test_elementwise_ops(data):
     n = ctx.choice([1, 2, 5, 8, 9, 16], "width")
     X = samples(ctx, n)
     x = [Value(float(v)) for v in X[0]]
-    vals: List[Value] = [xi * ctx.weight() + ctx.weight() for xi in x] if ctx.flag("affine first") else list(x)
+    vals: list[Value] = (
+        [xi * ctx.weight() + ctx.weight() for xi in x] if ctx.flag("affine first") else list(x)
+    )
     if all(not isinstance(v, Value) or v in x for v in vals):
         vals = [v + 0.0 for v in vals] if ctx.flag("copy the inputs") else vals
     for k in range(ctx.int(1, 4, "ops")):
         if ctx.flag(f"binary {k}"):
-            other = ctx.choice(["params", "inputs", "number", "shared param", "shared value", "reversed", "same",
-                                "frozen"], f"other {k}")
+            other = ctx.choice(
+                [
+                    "params",
+                    "inputs",
+                    "number",
+                    "shared param",
+                    "shared value",
+                    "reversed",
+                    "same",
+                    "frozen",
+                ],
+                f"other {k}",
+            )
             if other == "params":
-                b: List[Any] = [ctx.weight() for _ in vals]
+                b: list[Any] = [ctx.weight() for _ in vals]
             elif other == "inputs":
                 b = list(x)
             elif other == "number":
@@ -1148,8 +1394,13 @@ def test_elementwise_ops(data):
                 b = vals
             else:
                 b = [Value(ctx.choice([0.5, -0.0, 2.0], "frozen"))] * len(vals)
-            vals = binary_rows(ctx, vals, b) if ctx.flag("vals on the left") else \
-                binary_rows(ctx, [bb if isinstance(bb, Value) else Value(bb) for bb in b], vals)
+            vals = (
+                binary_rows(ctx, vals, b)
+                if ctx.flag("vals on the left")
+                else binary_rows(
+                    ctx, [bb if isinstance(bb, Value) else Value(bb) for bb in b], vals
+                )
+            )
             if max(abs(v.data) for v in vals) > 50:
                 vals = [v.tanh() for v in vals]
         else:
@@ -1167,7 +1418,7 @@ def test_recurrent(data):
     n = ctx.choice([4, 6, 8, 9, 12, 16], "sequence")
     X = samples(ctx, n)
     x = [Value(float(v)) for v in X[0]]
-    seq: List[Value] = list(x)
+    seq: list[Value] = list(x)
     if ctx.flag("embed first"):
         seq = unary(ctx, [xi * ctx.weight() for xi in x], "embed op")
     states = recurrent(ctx, seq)
@@ -1196,6 +1447,7 @@ def test_conv_stacks(data):
 
 # ---- the zoo's model families, small ------------------------------------------------------------
 
+
 def zoo_case(name: str, seed: int = 0) -> Case:
     """A family of benchmarks/zoo.py at a small size, over sample 0 of random data."""
     random.seed(seed)
@@ -1205,7 +1457,9 @@ def zoo_case(name: str, seed: int = 0) -> Case:
     x = [Value(float(v)) for v in X[0]]
     build = {
         "mlp": lambda: zoo.mlp(x, hidden=(9,), nout=3),
-        "mlp-deep": lambda: zoo.mlp(x, hidden=(8, 8, 8), nout=3),  # untied layers of one shape: a loop
+        "mlp-deep": lambda: zoo.mlp(
+            x, hidden=(8, 8, 8), nout=3
+        ),  # untied layers of one shape: a loop
         "elman": lambda: zoo.elman(x, hidden=4, steps=6),
         "gru": lambda: zoo.gru(x, hidden=3, steps=4),
         "attention": lambda: zoo.attention(x, tokens=3, dim=4),
@@ -1217,7 +1471,16 @@ def zoo_case(name: str, seed: int = 0) -> Case:
     Y = r.integers(0, len(logits), size=(6, 1)).astype(np.float64)
     y = [Value(float(Y[0, 0]))]
     loss = mc.cross_entropy(logits, y[0])
-    return Case(x=x, y=y, params=params, loss=loss, outputs=list(logits), X=X, Y=Y, structure={"log": [name]})
+    return Case(
+        x=x,
+        y=y,
+        params=params,
+        loss=loss,
+        outputs=list(logits),
+        X=X,
+        Y=Y,
+        structure={"log": [name]},
+    )
 
 
 ZOO = ["mlp", "mlp-deep", "elman", "gru", "attention", "cnn", "cnn-zeros"]
@@ -1243,8 +1506,15 @@ def test_zoo_families_partly_compiled(name):
     """Only the two hottest nests compiled (max_kernels=2), the rest interpreted: the same bits."""
     case = zoo_case(name)
     tape = compile_case(case)
-    part = mc.compile(case.loss, inputs=case.x, targets=case.y, params=case.params, outputs=case.outputs,
-                      backend="c", max_kernels=2)
+    part = mc.compile(
+        case.loss,
+        inputs=case.x,
+        targets=case.y,
+        params=case.params,
+        outputs=case.outputs,
+        backend="c",
+        max_kernels=2,
+    )
     assert part.describe().count("[compiled]") == 2
     t_out, t_loss, t_grad = run_samples(tape, case, 3)
     p_out, p_loss, p_grad = run_samples(part, case, 3)
@@ -1253,11 +1523,15 @@ def test_zoo_families_partly_compiled(name):
     assert_bitwise(p_grad, t_grad, "partly compiled gradients vs tape")
     p0 = np.array([p.data for p in case.params])
     for batch in (1, 3):
-        assert_bitwise(fit_params(part, case, p0, batch, 2, 0.01)[0], fit_params(tape, case, p0, batch, 1, 0.01)[0],
-                       f"partly compiled fit, batch {batch}")
+        assert_bitwise(
+            fit_params(part, case, p0, batch, 2, 0.01)[0],
+            fit_params(tape, case, p0, batch, 1, 0.01)[0],
+            f"partly compiled fit, batch {batch}",
+        )
 
 
 # ---- compiled C: the generators again, fewer examples (each one compiles) -----------------------
+
 
 @needs_cc
 @examples(15)
@@ -1282,11 +1556,17 @@ def test_compiled_matches_tape(data):
 
 # ---- the rerolling happened -------------------------------------------------------------------
 
-def conv_case(ctx: Ctx, C: int, H: int, W: int, k: int, cout: int, form: str, pad: int, with_zeros: bool) -> Case:
+
+def conv_case(
+    ctx: Ctx, C: int, H: int, W: int, k: int, cout: int, form: str, pad: int, with_zeros: bool
+) -> Case:
     X = samples(ctx, C * H * W, nrows=2)
     x = [Value(float(v)) for v in X[0]]
     img = unflat(x, (C, H, W))
-    w = [[[[ctx.weight(C * k * k) for _ in range(k)] for _ in range(k)] for _ in range(C)] for _ in range(cout)]
+    w = [
+        [[[ctx.weight(C * k * k) for _ in range(k)] for _ in range(k)] for _ in range(C)]
+        for _ in range(cout)
+    ]
     b = [ctx.weight() for _ in range(cout)]
     out = []
     for co in range(cout):
@@ -1318,8 +1598,12 @@ def test_convolutions_are_rerolled(data):
     form, pad = ctx.choice(["chain", "sum"], "form"), ctx.choice([0, 1], "pad")
     zeros = ctx.flag("pad with zeros")
     H, W = ctx.choice([5, 6], "rows"), ctx.choice([6, 7], "cols")
-    small = check_case(conv_case(ctx, C, H, W, k, cout, form, pad, zeros), with_fit=False, nsamples=2)
-    big = check_case(conv_case(ctx, C, H + 2, W + 3, k, cout, form, pad, zeros), with_fit=False, nsamples=2)
+    small = check_case(
+        conv_case(ctx, C, H, W, k, cout, form, pad, zeros), with_fit=False, nsamples=2
+    )
+    big = check_case(
+        conv_case(ctx, C, H + 2, W + 3, k, cout, form, pad, zeros), with_fit=False, nsamples=2
+    )
     for key in ("forward_nests", "backward_nests", "loops"):
         assert small[key] == big[key], (key, small, big)
     assert big["forward_nests"] * 3 < big["statements"], big
@@ -1340,10 +1624,13 @@ def test_recurrences_are_rolled(data):
     b = [ctx.weight() for _ in range(hidden)]
     act = ctx.choice(["tanh", "sigmoid", "relu"], "activation")
     form = ctx.choice(["chain", "sum"], "form")
-    h: List[Any] = [0.0] * hidden
+    h: list[Any] = [0.0] * hidden
     for t in range(T):
-        xt = x[t * n:(t + 1) * n]
-        h = [getattr(reduce_terms(ctx, Wx[j] + Wh[j], xt + h, b[j], form, False), act)() for j in range(hidden)]
+        xt = x[t * n : (t + 1) * n]
+        h = [
+            getattr(reduce_terms(ctx, Wx[j] + Wh[j], xt + h, b[j], form, False), act)()
+            for j in range(hidden)
+        ]
     case = finish(ctx, x, X, h, loss_kind="mse", plain=True)
     info = check_case(case, nsamples=2)
     assert info["loops"] >= 1, info
@@ -1389,8 +1676,16 @@ def test_parameter_slices(data):
     rows = []
     for r in range(K):
         idx = [(start + r * stride + i) % len(P) for i in range(L)]
-        terms = [P[i] if term == "p" else P[i] * x[0] if term == "p*x" else P[i] * P[i] if term == "p*p"
-                 else x[-1] * P[i] for i in idx]
+        terms = [
+            P[i]
+            if term == "p"
+            else P[i] * x[0]
+            if term == "p*x"
+            else P[i] * P[i]
+            if term == "p*p"
+            else x[-1] * P[i]
+            for i in idx
+        ]
         prev = sum(terms, prev.tanh() if ctx.flag("squash the start") else prev)
         rows.append(prev)
     final = list(rows) if ctx.flag("every row") else rows[-1:]
@@ -1398,7 +1693,9 @@ def test_parameter_slices(data):
         final.append(P[ctx.int(0, len(P) - 1, "single")] * x[-1])
     if ctx.flag("layer"):
         off = ctx.choice([0, 3, 6, 9, 12, 16], "layer offset")
-        final += [sum((P[(off + j * m + i) % len(P)] * x[i] for i in range(m)), 0.0) for j in range(8)]
+        final += [
+            sum((P[(off + j * m + i) % len(P)] * x[i] for i in range(m)), 0.0) for j in range(8)
+        ]
     check_case(finish(ctx, x, X, final, loss_kind=ctx.choice(["mse", "squares"], "loss")))
 
 
@@ -1415,21 +1712,47 @@ def test_deep_convolutions(data):
     for layer in range(2):
         cin, h, w = shape(img)
         k, cout = 2, ctx.choice([1, 2], f"channels out {layer}")
-        wt = [[[[ctx.weight(cin * k * k) for _ in range(k)] for _ in range(k)] for _ in range(cin)]
-              for _ in range(cout)]
+        wt = [
+            [[[ctx.weight(cin * k * k) for _ in range(k)] for _ in range(k)] for _ in range(cin)]
+            for _ in range(cout)
+        ]
         form = ctx.choice(["chain", "sum", "dot"], f"form {layer}")
-        img = [[[reduce_terms(ctx, [wt[co][ci][a][b] for ci in range(cin) for a in range(k) for b in range(k)],
-                              [img[ci][i + a][j + b] for ci in range(cin) for a in range(k) for b in range(k)],
-                              None, form, False).tanh()
-                 for j in range(w - k + 1)] for i in range(h - k + 1)] for co in range(cout)]
+        img = [
+            [
+                [
+                    reduce_terms(
+                        ctx,
+                        [wt[co][ci][a][b] for ci in range(cin) for a in range(k) for b in range(k)],
+                        [
+                            img[ci][i + a][j + b]
+                            for ci in range(cin)
+                            for a in range(k)
+                            for b in range(k)
+                        ],
+                        None,
+                        form,
+                        False,
+                    ).tanh()
+                    for j in range(w - k + 1)
+                ]
+                for i in range(h - k + 1)
+            ]
+            for co in range(cout)
+        ]
     check_case(finish(ctx, x, X, flat(img)))
 
 
 # ---- regressions: the smallest graphs of the bugs these properties found -------------------------
 
+
 def _regression(name: str) -> Case:
-    X = np.array([[0.5, -1.5, 0.25, 1.0, -0.5, 0.75, 0.0], [0.25, 1.0, -0.5, 0.0, 0.5, -1.0, 2.0],
-                  [-0.5, 0.5, 1.5, -1.0, 0.25, 0.5, -0.25]])
+    X = np.array(
+        [
+            [0.5, -1.5, 0.25, 1.0, -0.5, 0.75, 0.0],
+            [0.25, 1.0, -0.5, 0.0, 0.5, -1.0, 2.0],
+            [-0.5, 0.5, 1.5, -1.0, 0.25, 0.5, -0.25],
+        ]
+    )
     if name == "vsum mixing classes":  # a table over inputs and parameters, an input first
         x = [Value(float(v)) for v in X[0, :5]]
         p = [Value(0.1 * (i + 1)) for i in range(5)]
@@ -1444,14 +1767,18 @@ def _regression(name: str) -> Case:
         p = [Value(0.1), Value(0.2), Value(0.3)]
         u = [q.tanh() for q in p]
         out = [sum([x[2 * i], x[2 * i + 1]], u[j]) for i, j in enumerate([0, 2, 1])]
-        return Case(x=x, y=[], params=p, loss=mc.vsum([o * o for o in out]), outputs=out, X=X[:, :6], Y=None)
+        return Case(
+            x=x, y=[], params=p, loss=mc.vsum([o * o for o in out]), outputs=out, X=X[:, :6], Y=None
+        )
     if name == "fused step and a loop":  # a loop writes p[1]'s gradient at t = 1; p[1]'s other use
         x = [Value(float(v)) for v in X[0, :2]]
         p = [Value(0.1 * (k + 1)) for k in range(6)]
         v = x[0] * 0.5
         s1 = v + p[3] + p[4] + p[5]
         s2 = v.tanh() + p[0] + p[1] + p[2]
-        return Case(x=x, y=[], params=p, loss=mc.vsum([s1, s2, p[1] * x[1]]), outputs=[], X=X[:, :2], Y=None)
+        return Case(
+            x=x, y=[], params=p, loss=mc.vsum([s1, s2, p[1] * x[1]]), outputs=[], X=X[:, :2], Y=None
+        )
     # "packed and a loop": a loop reads packed parameters at t = 1
     x = [Value(float(v)) for v in X[0, :3]]
     q = [Value(0.1 * (k + 1)) for k in range(3)]
@@ -1461,10 +1788,26 @@ def _regression(name: str) -> Case:
     s2 = v.tanh() + W[1][0] + W[1][1] + W[1][2]
     dense = [sum((W[j][i] * x[i] for i in range(3)), 0.0) for j in range(8)]
     params = q + [w for row in W for w in row]
-    return Case(x=x, y=[], params=params, loss=mc.vsum([s1, s2]) + mc.vsum(dense), outputs=[], X=X[:, :3], Y=None)
+    return Case(
+        x=x,
+        y=[],
+        params=params,
+        loss=mc.vsum([s1, s2]) + mc.vsum(dense),
+        outputs=[],
+        X=X[:, :3],
+        Y=None,
+    )
 
 
-@pytest.mark.parametrize("name", ["vsum mixing classes", "start through a table", "computed start through a table",
-                                  "fused step and a loop", "packed and a loop"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "vsum mixing classes",
+        "start through a table",
+        "computed start through a table",
+        "fused step and a loop",
+        "packed and a loop",
+    ],
+)
 def test_regressions(name):
     check_case(_regression(name), with_c=HAVE_CC)

@@ -18,6 +18,7 @@ again (``dlopen`` returns the library already loaded under the same name).
 from __future__ import annotations
 
 import atexit
+import concurrent.futures
 import ctypes
 import hashlib
 import itertools
@@ -201,7 +202,13 @@ def build_library(
         cmd = tc.command + list(flags) + ["-fPIC", "-shared", "-o", tmp_lib, tmp_src, "-lm"]
         t0 = time.perf_counter()
         try:
-            r = run_command(cmd, timeout)
+            nparts = _parts(source, tc)
+            r = (
+                run_command(cmd, timeout)
+                if nparts == 1
+                else _build_in_parts(tc, flags, tmp_src, tmp_lib, nparts, timeout)
+            )
+            cmd = list(r.args)
         except subprocess.TimeoutExpired as e:
             _remove(tmp_lib)
             out = "".join(
@@ -229,6 +236,44 @@ def build_library(
                 f"could not store the compiled library in {root}: {e}", cmd
             ) from None
         return {"path": lib, "cached": False, "compile_seconds": seconds, "command": cmd}
+
+
+def _parts(source: str, tc: Toolchain) -> int:
+    """How many files to compile ``source`` as, in parallel: generated training code can be
+    split (``MG_PART``, see emit.c) and gcc and clang link the parts; one part per core, at
+    least two nest functions each, at most four parts."""
+    if "#ifdef MG_PART" not in source or tc.name.startswith("tcc") or "tcc" in tc.version.lower():
+        return 1
+    kernels = source.count("\nMG_KFN void mg_k") // 2  # each has a definition and a prototype
+    return max(1, min(os.cpu_count() or 1, 4, kernels // 2))
+
+
+def _build_in_parts(
+    tc: Toolchain, flags: Sequence[str], src: str, lib: str, nparts: int, timeout: float
+) -> subprocess.CompletedProcess[str]:
+    """Compile ``src`` as ``nparts`` objects at once, then link them into ``lib``; returns the
+    first failing command's result, or the link's (whose ``args`` list every command run)."""
+    objs = [f"{lib}.{p}.o" for p in range(nparts)]
+    cmds = [
+        tc.command
+        + list(flags)
+        + ["-fPIC", f"-DMG_PART={p}", f"-DMG_NPARTS={nparts}", "-c", "-o", o, src]
+        for p, o in enumerate(objs)
+    ]
+    deadline = time.monotonic() + timeout
+    try:
+        with concurrent.futures.ThreadPoolExecutor(nparts) as pool:
+            results = list(pool.map(lambda c: run_command(c, timeout), cmds))
+        for r in results:
+            if r.returncode != 0:
+                return r
+        link = tc.command + list(flags) + ["-fPIC", "-shared", "-o", lib, *objs, "-lm"]
+        r = run_command(link, max(1.0, deadline - time.monotonic()))
+        every = [" ".join(c) for c in cmds] + [" ".join(link)]
+        return subprocess.CompletedProcess(every, r.returncode, r.stdout, r.stderr)
+    finally:
+        for o in objs:
+            _remove(o)
 
 
 def _remove(path: str) -> None:

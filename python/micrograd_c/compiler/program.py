@@ -1,11 +1,13 @@
 """Frozen programs: freeze a graph once, then train it in C with no Python in the loop."""
+
 from __future__ import annotations
 
 import ctypes
 import time
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -13,6 +15,7 @@ from .. import _core
 from ..engine import Value
 from .codecache import CompiledProgram, _remove, build_library, load_library
 from .toolchain import CompileError, default_flags, find_compiler
+
 
 def _count(name: str, value: Any, least: int) -> int:
     """An integer argument of at least ``least``, or a one-line ``TypeError``/``ValueError``."""
@@ -23,7 +26,7 @@ def _count(name: str, value: Any, least: int) -> int:
     return int(value)
 
 
-def inputs(n: int, value: float = 0.0) -> List[Value]:
+def inputs(n: int, value: float = 0.0) -> list[Value]:
     """Return ``n`` placeholder Values (leaves) to build a graph over, for :func:`compile`."""
     if n < 0:
         raise ValueError("n must be non-negative")
@@ -32,13 +35,14 @@ def inputs(n: int, value: float = 0.0) -> List[Value]:
 
 # ---- programs -------------------------------------------------------------------------------
 
+
 @dataclass
 class Program:
     """A frozen, possibly compiled, training program. See :func:`compile`."""
 
     tape: Any
     backend: str
-    info: Dict[str, Any] = field(default_factory=dict)
+    info: dict[str, Any] = field(default_factory=dict)
     _lib: Any = None
 
     @property
@@ -68,8 +72,18 @@ class Program:
         """SGD: ``param -= lr / count * grad``, then parameter gradients restart at zero."""
         self.tape.step(float(lr), _count("count", count, 1))
 
-    def fit(self, X: Any, Y: Any = None, epochs: int = 1, lr: float = 0.1, batch_size: int = 1,
-            shuffle: bool = True, seed: int = 0, progress: bool = False, threads: int = 1) -> List[float]:
+    def fit(
+        self,
+        X: Any,
+        Y: Any = None,
+        epochs: int = 1,
+        lr: float = 0.1,
+        batch_size: int = 1,
+        shuffle: bool = True,
+        seed: int = 0,
+        progress: bool = False,
+        threads: int = 1,
+    ) -> list[float]:
         """Train for ``epochs`` epochs, one C call per epoch; returns each epoch's mean loss.
 
         ``X`` has shape (n, ninputs) and ``Y`` (n, ntargets) (or (n,) for one target);
@@ -93,12 +107,17 @@ class Program:
         if progress:
             try:
                 from tqdm.auto import tqdm
+
                 bar = tqdm(bar, desc="epochs", unit="epoch")
             except ImportError:
-                warnings.warn("progress=True needs tqdm (pip install 'micrograd-c[progress]')", stacklevel=2)
-        losses: List[float] = []
+                warnings.warn(
+                    "progress=True needs tqdm (pip install 'micrograd-c[progress]')", stacklevel=2
+                )
+        losses: list[float] = []
         for epoch in bar:
-            losses.append(self.tape.fit_epoch(X, Y, batch_size, lr, bool(shuffle), seed, epoch, threads))
+            losses.append(
+                self.tape.fit_epoch(X, Y, batch_size, lr, bool(shuffle), seed, epoch, threads)
+            )
             if progress and hasattr(bar, "set_postfix"):
                 bar.set_postfix(loss=f"{losses[-1]:.4g}")
         return losses
@@ -122,11 +141,23 @@ class Program:
         return self.tape.emit_c(prefix, inference_only)
 
 
-def compile(loss: Optional[Value], inputs: Sequence[Value], targets: Sequence[Value] = (),
-            params: Sequence[Value] = (), outputs: Sequence[Value] = (), backend: str = "auto", *,
-            cc: Optional[str] = None, flags: Optional[Sequence[str]] = None, cache: Optional[str] = None,
-            timeout: float = 600.0, raise_loops: bool = True, fast_math: bool = False,
-            float32: bool = False, max_kernels: int = 0) -> Program:
+def compile(
+    loss: Value | None,
+    inputs: Sequence[Value],
+    targets: Sequence[Value] = (),
+    params: Sequence[Value] = (),
+    outputs: Sequence[Value] = (),
+    backend: str = "auto",
+    *,
+    cc: str | None = None,
+    flags: Sequence[str] | None = None,
+    cache: str | None = None,
+    timeout: float = 600.0,
+    raise_loops: bool = True,
+    fast_math: bool = False,
+    float32: bool = False,
+    max_kernels: int = 0,
+) -> Program:
     """Freeze the graph of ``loss`` (and ``outputs``) into a program; see the module docstring.
 
     ``inputs`` and ``targets`` are placeholder leaves (:func:`inputs`) loaded from each sample;
@@ -148,12 +179,18 @@ def compile(loss: Optional[Value], inputs: Sequence[Value], targets: Sequence[Va
     if float32 and backend != "c":
         raise ValueError("float32 storage is a property of compiled code: use backend='c'")
     if float32:
-        raise NotImplementedError("float32 storage is being rebuilt on libmg's one training driver "
-                                  "(issue #13); compile without float32 for now")
+        raise NotImplementedError(
+            "float32 storage is being rebuilt on libmg's one training driver "
+            "(issue #13); compile without float32 for now"
+        )
     t0 = time.perf_counter()
     tape = _core.Tape(loss, list(inputs), list(targets), list(params), list(outputs), raise_loops)
-    info: Dict[str, Any] = {"freeze_seconds": time.perf_counter() - t0, "nslots": tape.nslots,
-                            "ninstr": tape.ninstr, **tape.stats()}
+    info: dict[str, Any] = {
+        "freeze_seconds": time.perf_counter() - t0,
+        "nslots": tape.nslots,
+        "ninstr": tape.ninstr,
+        **tape.stats(),
+    }
     if backend == "tape":
         return Program(tape, "tape", info)
     try:
@@ -161,12 +198,24 @@ def compile(loss: Optional[Value], inputs: Sequence[Value], targets: Sequence[Va
     except CompileError as e:
         if backend == "c":
             raise
-        warnings.warn(f"compiling failed, falling back to the tape interpreter: {e}", RuntimeWarning, stacklevel=2)
+        warnings.warn(
+            f"compiling failed, falling back to the tape interpreter: {e}",
+            RuntimeWarning,
+            stacklevel=2,
+        )
         return Program(tape, "tape", info)
 
 
-def _compile_c(tape: Any, info: Dict[str, Any], cc: Optional[str], flags: Optional[Sequence[str]],
-               cache: Optional[str], timeout: float, fast_math: bool = False, max_kernels: int = 0) -> Program:
+def _compile_c(
+    tape: Any,
+    info: dict[str, Any],
+    cc: str | None,
+    flags: Sequence[str] | None,
+    cache: str | None,
+    timeout: float,
+    fast_math: bool = False,
+    max_kernels: int = 0,
+) -> Program:
     tc = find_compiler(cc)
     fl = list(default_flags(tc) if flags is None else flags)
     if fast_math:
@@ -185,10 +234,19 @@ def _compile_c(tape: Any, info: Dict[str, Any], cc: Optional[str], flags: Option
             break
         except OSError:
             if attempt:  # a library we just built does not load: report, do not loop
-                raise CompileError(f"the compiled library {built['path']} does not load", built["command"])
+                raise CompileError(
+                    f"the compiled library {built['path']} does not load", built["command"]
+                )
             _remove(built["path"])  # a corrupt or foreign cache entry: rebuild it once
-    info.update(compiler=tc.name, compiler_version=tc.version, flags=fl, cached=built["cached"],
-                compile_seconds=built["compile_seconds"], library=built["path"], float32=False)
+    info.update(
+        compiler=tc.name,
+        compiler_version=tc.version,
+        flags=fl,
+        cached=built["cached"],
+        compile_seconds=built["compile_seconds"],
+        library=built["path"],
+        float32=False,
+    )
     program = CompiledProgram.in_dll(lib, prefix + "program")
     tape.attach(ctypes.addressof(program), lib)
     return Program(tape, "c", info, lib)
