@@ -177,7 +177,8 @@ def main() -> None:
     ref_steps = 100 if args.full else args.ref_steps
     rows: list[tuple[str, float, float]] = []
     print(
-        f"micrograd {getattr(micrograd, '__version__', '0.1.0')} vs micrograd_c {micrograd_c.__version__}; "
+        f"micrograd {getattr(micrograd, '__version__', '0.1.0')} "
+        f"vs micrograd_c {micrograd_c.__version__}; "
         f"python {sys.version.split()[0]}; pid {os.getpid()}"
     )
 

@@ -1,6 +1,7 @@
 """Model families written op by op, compiled by micrograd_c, against PyTorch and hand-written C.
 
-    python benchmarks/models.py [--families mlp,cnn,...] [--samples 2000] [--repeat 5] [--batch 1,32]
+    python benchmarks/models.py [--families mlp,cnn,...] [--samples 2000] [--repeat 5]
+                                [--batch 1,32]
 
 For every family of ``zoo.py`` (MLP, CNNs, Elman RNN, GRU, self-attention), written as a
 micrograd user writes them (lists of Values, Python loops), it prints in one run:
@@ -97,7 +98,7 @@ def torch_model(name: str, params: np.ndarray) -> Any:
     elif kind == "cnn":
         layers: list[Any] = []
         cin, size = 1, 28
-        for li, (c, k, s, p) in enumerate(spec["convs"]):
+        for c, k, s, p in spec["convs"]:
             layers += [nn.Conv2d(cin, c, k, stride=s, padding=p), nn.ReLU()]
             cin, size = c, (size + 2 * p - k) // s + 1
         if spec["pool"] == "max":
@@ -204,6 +205,56 @@ def build_hand(name: str, tc: Any, flags: list[str], work: str) -> Any:
     return lib, fn, getattr(lib, f"{stem}_nparams")()
 
 
+# ---- the systems: one epoch at a given batch size, from the same starting parameters ----------
+
+
+def fit_runner(
+    prog: Any, init: np.ndarray, X: np.ndarray, Y: np.ndarray, lr: float
+) -> Callable[[int], float]:
+    """A micrograd_c program (tape or compiled): reset to ``init``, one epoch of ``fit``."""
+
+    def run(batch: int) -> float:
+        prog.parameters[:] = init
+        return prog.fit(X, Y, epochs=1, lr=lr, batch_size=batch, shuffle=False)[0]
+
+    return run
+
+
+def torch_runner(
+    net: Any, prep: Any, state: dict[str, Any], Xt: Any, Yt: Any, lr: float
+) -> Callable[[int], float]:
+    """The PyTorch model: reset to ``state``, one epoch of SGD."""
+
+    def run(batch: int) -> float:
+        net.load_state_dict(state)
+        return torch_epoch(net, prep, Xt, Yt, lr, batch)
+
+    return run
+
+
+def hand_runner(
+    fn: Any, init: np.ndarray, X: np.ndarray, Y: np.ndarray, lr: float
+) -> Callable[[int], float]:
+    """The hand-written C (batch 1 only, NaN otherwise): reset to ``init``, one epoch."""
+    hp = np.empty_like(init)
+    order = np.arange(len(X), dtype=np.uintp)
+
+    def run(batch: int) -> float:
+        if batch != 1:
+            return float("nan")
+        hp[:] = init
+        return fn(
+            hp.ctypes.data,
+            X.ctypes.data,
+            Y.ctypes.data,
+            order.ctypes.data,
+            len(X),
+            lr,
+        )
+
+    return run
+
+
 # ---- the benchmark -----------------------------------------------------------------------------
 
 
@@ -275,66 +326,40 @@ def main() -> None:
             info = comp.info
             init = tape.parameters.copy()
             systems: dict[str, Callable[[int], float]] = {}
-
-            def ours(prog: Any) -> Callable[[int], float]:
-                def run(batch: int) -> float:
-                    prog.parameters[:] = init
-                    return prog.fit(X, Y, epochs=1, lr=args.lr, batch_size=batch, shuffle=False)[0]
-
-                return run
-
-            systems["tape"] = ours(tape)
-            systems["compiled"] = ours(comp)
+            systems["tape"] = fit_runner(tape, init, X, Y, args.lr)
+            systems["compiled"] = fit_runner(comp, init, X, Y, args.lr)
             if torch is not None:
                 net, prep = torch_model(name, init)
                 state = {k: v.clone() for k, v in net.state_dict().items()}
                 Xt, Yt = torch.from_numpy(X), torch.from_numpy(Y).long()
-
-                def run_torch(batch: int) -> float:
-                    net.load_state_dict(state)
-                    return torch_epoch(net, prep, Xt, Yt, args.lr, batch)
-
-                systems["PyTorch"] = run_torch
+                systems["PyTorch"] = torch_runner(net, prep, state, Xt, Yt, args.lr)
             if name in HAND:
                 lib, fn, nph = build_hand(name, tc, flags, work)
                 if nph != len(init):
                     raise SystemExit(
                         f"{name}: the hand-written C has {nph} parameters, the model {len(init)}"
                     )
-                hp = np.empty_like(init)
-                order = np.arange(len(X), dtype=np.uintp)
-
-                def run_hand(batch: int) -> float:
-                    if batch != 1:
-                        return float("nan")
-                    hp[:] = init
-                    return fn(
-                        hp.ctypes.data,
-                        X.ctypes.data,
-                        Y.ctypes.data,
-                        order.ctypes.data,
-                        len(X),
-                        args.lr,
-                    )
-
-                systems["hand C"] = run_hand
+                systems["hand C"] = hand_runner(fn, init, X, Y, args.lr)
             print(f"{name}: {fam.description}")
             print(
-                f"  {values:,} values (built in {build_s:.2f} s) -> {info['statements']:,} statements -> "
+                f"  {values:,} values (built in {build_s:.2f} s) -> "
+                f"{info['statements']:,} statements -> "
                 f"{info['forward_nests']} forward + {info['backward_nests']} backward loop nests, "
                 f"{info['loops']} sequential loop(s), {info['packed']:,} packed parameters"
             )
             print(
-                f"  freeze {freeze_s * 1e3:.0f} ms; freeze + emit + {tc.name} compile {total_s:.2f} s "
-                f"(compile {info['compile_seconds']:.2f} s); C source {info['source_bytes'] / 1024:.1f} KB"
+                f"  freeze {freeze_s * 1e3:.0f} ms; "
+                f"freeze + emit + {tc.name} compile {total_s:.2f} s "
+                f"(compile {info['compile_seconds']:.2f} s); "
+                f"C source {info['source_bytes'] / 1024:.1f} KB"
             )
             for batch in batches:
                 rates: dict[str, list[float]] = {k: [] for k in systems}
                 losses: dict[str, float] = {}
                 for _ in range(args.repeat):
-                    for k, run in systems.items():
+                    for k, system in systems.items():
                         t1 = time.perf_counter()
-                        lv = run(batch)
+                        lv = system(batch)
                         dt = time.perf_counter() - t1
                         if not math.isnan(lv):
                             rates[k].append(len(X) / dt)
@@ -366,15 +391,19 @@ def main() -> None:
             del tape, comp, loss, logits, params, x, y
         print("summary (images/s; compile = freeze + emit + cc):")
         print(
-            f"{'family':10s} {'batch':>5s} {'values':>9s} {'C KB':>6s} {'compile':>8s} {'tape':>9s} "
-            f"{'compiled':>9s} {'PyTorch':>9s} {'hand C':>8s} {'c/torch':>8s} {'c/hand':>7s}"
+            f"{'family':10s} {'batch':>5s} {'values':>9s} {'C KB':>6s} {'compile':>8s} "
+            f"{'tape':>9s} {'compiled':>9s} {'PyTorch':>9s} {'hand C':>8s} "
+            f"{'c/torch':>8s} {'c/hand':>7s}"
         )
         for r in summary:
             pt, hc = r.get("PyTorch"), r.get("hand C")
+            nan = float("nan")
             print(
-                f"{r['family']:10s} {r['batch']:5d} {r['values']:9,d} {r['source_kb']:6.1f} {r['total_s']:7.2f}s "
-                f"{r['tape']:9,.0f} {r['compiled']:9,.0f} {pt or float('nan'):9,.0f} {hc or float('nan'):8,.0f} "
-                f"{(r['compiled'] / pt) if pt else float('nan'):7.1f}x {(r['compiled'] / hc) if hc else float('nan'):6.2f}x"
+                f"{r['family']:10s} {r['batch']:5d} {r['values']:9,d} {r['source_kb']:6.1f} "
+                f"{r['total_s']:7.2f}s {r['tape']:9,.0f} {r['compiled']:9,.0f} "
+                f"{pt or nan:9,.0f} {hc or nan:8,.0f} "
+                f"{(r['compiled'] / pt) if pt else nan:7.1f}x "
+                f"{(r['compiled'] / hc) if hc else nan:6.2f}x"
             )
     finally:
         shutil.rmtree(work, ignore_errors=True)

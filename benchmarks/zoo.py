@@ -130,7 +130,8 @@ def cnn(
     pool: str = "max",
     pad_with_zeros: bool = False,
 ) -> tuple[list[Value], Params]:
-    """conv (channels, kernel, stride, padding) + relu [+ 2x2 pool after the last conv] + dense 10."""
+    """conv (channels, kernel, stride, padding) + relu [+ 2x2 pool after the last conv]
+    + dense 10."""
     params: Params = []
     img: list[list[list[Any]]] = [[list(x[i * 28 : (i + 1) * 28]) for i in range(28)]]
     for li, (c, k, s, p) in enumerate(convs):

@@ -505,17 +505,10 @@ static int plan_zeroing(mg_tape *t) {
                 const mg_instr *b = &t->bwd[i + q];
                 if (b->kind != MG_I_NEST) continue;
                 mgk_nest *N = &t->nests[b->a];
-                for (mgk_i64 it = 0; it < (mgk_i64)in->b; it++) {
-                    mgk_ref X = N->out;
-                    X.base += it * X.ts;
-                    if (X.arr == MGK_G) mark_elems(t, N, &X, written, zero);
-                    for (int j = 0; j < 4; j++)
-                        if (N->x[j].arr == MGK_G && x_used(N, j)) {
-                            mgk_ref Y = N->x[j];
-                            Y.base += it * Y.ts;
-                            mark_elems(t, N, &Y, written, zero);
-                        }
-                }
+                /* mark_elems walks every iteration of the loop itself */
+                if (N->out.arr == MGK_G) mark_elems(t, N, &N->out, written, zero);
+                for (int j = 0; j < 4; j++)
+                    if (N->x[j].arr == MGK_G && x_used(N, j)) mark_elems(t, N, &N->x[j], written, zero);
             }
             i += in->a;
             continue;

@@ -341,7 +341,8 @@ def test_compiler_timeout(tmp_path):
     cc = failing_compiler(
         tmp_path,
         f"""
-        for a in "$@"; do case "$a" in *.c) if grep -q mgc_program "$a"; then sleep 30; fi;; esac; done
+        for a in "$@"; do case "$a" in *.c) if grep -q mgc_program "$a"; then
+            sleep 30; fi;; esac; done
         exec {real} "$@"
     """,
     )
@@ -492,7 +493,7 @@ def test_gil_is_released_during_fit():
 
 def opbyop_mlp(model, x):
     """micrograd's Neuron.__call__, op by op, over the model's own parameters."""
-    for li, layer in enumerate(model.layers):
+    for layer in model.layers:
         out = []
         for n in layer.neurons:
             act = sum((wi * xi for wi, xi in zip(n.w, x)), n.b)

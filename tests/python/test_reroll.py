@@ -471,20 +471,23 @@ def graph_code(case: Case, nsamples: int = 3) -> str:
 
 REPRO_TAIL = """
 if __name__ == "__main__":
-    progs = {r: mc.compile(loss, inputs=x, targets=y, params=p, outputs=outputs, backend="tape", raise_loops=r)
+    progs = {r: mc.compile(loss, inputs=x, targets=y, params=p, outputs=outputs, backend="tape",
+                           raise_loops=r)
              for r in (True, False)}
     for r, prog in progs.items():
         for i in range(len(X)):
             out = prog.forward(X[i], None if Y is None else Y[i])
             prog.backward()
-            print("rerolled" if r else "scalar  ", "sample", i, "loss", repr(prog.loss), "outputs", list(out))
+            print("rerolled" if r else "scalar  ", "sample", i, "loss", repr(prog.loss),
+                  "outputs", list(out))
         print("   gradients", list(prog.grad))
     p0 = np.array([q.data for q in p])
     for batch in (1, 4):
         for r, prog in progs.items():
             prog.parameters[:] = p0
             prog.fit(X, Y, epochs=2, lr=0.03, batch_size=batch, shuffle=True, seed=7)
-            print("rerolled" if r else "scalar  ", "fit batch", batch, "parameters", list(prog.parameters))
+            print("rerolled" if r else "scalar  ", "fit batch", batch,
+                  "parameters", list(prog.parameters))
     print(progs[True].describe())
 """
 
@@ -1177,7 +1180,7 @@ def input_image(
     return x, X, unflat(x, (C, H, W))
 
 
-# ---- the properties -------------------------------------------------------------------------------
+# ---- the properties ---------------------------------------------------------------------------
 
 
 @examples(110)

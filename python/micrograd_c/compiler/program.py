@@ -232,11 +232,11 @@ def _compile_c(
             lib = load_library(built["path"], tape, prefix)
             info["load_seconds"] = time.perf_counter() - t1
             break
-        except OSError:
+        except OSError as err:
             if attempt:  # a library we just built does not load: report, do not loop
                 raise CompileError(
                     f"the compiled library {built['path']} does not load", built["command"]
-                )
+                ) from err
             _remove(built["path"])  # a corrupt or foreign cache entry: rebuild it once
     info.update(
         compiler=tc.name,
