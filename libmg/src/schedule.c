@@ -508,7 +508,8 @@ static int plan_zeroing(mg_tape *t) {
                 /* mark_elems walks every iteration of the loop itself */
                 if (N->out.arr == MGK_G) mark_elems(t, N, &N->out, written, zero);
                 for (int j = 0; j < 4; j++)
-                    if (N->x[j].arr == MGK_G && x_used(N, j)) mark_elems(t, N, &N->x[j], written, zero);
+                    if (N->x[j].arr == MGK_G && x_used(N, j))
+                        mark_elems(t, N, &N->x[j], written, zero);
             }
             i += in->a;
             continue;
