@@ -20,7 +20,8 @@ typedef struct params {
 
 size_t cnn_nparams(void) { return sizeof(params) / sizeof(double); }
 
-double cnn_train_epoch(double *pp, const double *X, const double *Y, const size_t *order, size_t n, double lr) {
+double cnn_train_epoch(double *pp, const double *X, const double *Y, const size_t *order, size_t n,
+                       double lr) {
     params *p = (params *)pp;
     static double act[CH][CO][CO], pool[NF], gpool[NF], gw[CH][KS][KS], gb[CH];
     static int arg[NF];

@@ -18,7 +18,8 @@ typedef struct params {
 
 size_t elman_nparams(void) { return sizeof(params) / sizeof(double); }
 
-double elman_train_epoch(double *pp, const double *X, const double *Y, const size_t *order, size_t n, double lr) {
+double elman_train_epoch(double *pp, const double *X, const double *Y, const size_t *order,
+                         size_t n, double lr) {
     params *p = (params *)pp;
     static params g;
     static double h[T][NH], gh[NH], ga[NH];

@@ -69,10 +69,13 @@ int main(int argc, char **argv) {
         loss = mg_value_data(l);
         mg_graph_restore(g, cp);
     }
-    printf("MLP(784,[637,10]) built op by op: %zu values per graph (plus %zu parameters), loss %.6f\n",
-           nodes, mg_mlp_param_count(m), loss);
-    printf("build    median %.1f ms  (%.1f ns per value)\n", median(tb, reps) * 1e3, median(tb, reps) * 1e9 / (double)nodes);
-    printf("backward median %.1f ms  (%.1f ns per value)\n", median(tw, reps) * 1e3, median(tw, reps) * 1e9 / (double)nodes);
+    printf(
+        "MLP(784,[637,10]) built op by op: %zu values per graph (plus %zu parameters), loss %.6f\n",
+        nodes, mg_mlp_param_count(m), loss);
+    printf("build    median %.1f ms  (%.1f ns per value)\n", median(tb, reps) * 1e3,
+           median(tb, reps) * 1e9 / (double)nodes);
+    printf("backward median %.1f ms  (%.1f ns per value)\n", median(tw, reps) * 1e3,
+           median(tw, reps) * 1e9 / (double)nodes);
     printf("medians of %d runs; each run restores the checkpoint taken after the model\n", reps);
     mg_mlp_free(m);
     free(p);

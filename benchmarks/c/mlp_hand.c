@@ -96,8 +96,8 @@ static void sgd(double *params, const double *g, double lr) {
     for (size_t q = 0; q < NP; q++) params[q] -= lr * g[q];
 }
 
-double mlp_train_epoch(double *params, const double *X, const double *Y, const size_t *order, size_t n,
-                       double lr) {
+double mlp_train_epoch(double *params, const double *X, const double *Y, const size_t *order,
+                       size_t n, double lr) {
     static double g[NP];
     double h[NH], p[NO], total = 0.0;
     for (size_t k = 0; k < n; k++) {
@@ -110,8 +110,8 @@ double mlp_train_epoch(double *params, const double *X, const double *Y, const s
     return n ? total / (double)n : 0.0;
 }
 
-double mlp_train_epoch_batched(double *params, const double *X, const double *Y, const size_t *order, size_t n,
-                               double lr, size_t batch) {
+double mlp_train_epoch_batched(double *params, const double *X, const double *Y,
+                               const size_t *order, size_t n, double lr, size_t batch) {
     double *g = malloc(NP * sizeof *g);
     if (!g) return -1.0;
     double h[NH], p[NO], total = 0.0;

@@ -24,25 +24,42 @@ static double now(void) {
 }
 
 #define STEP(x) x = x * m + a
-#define STEPS                                                                                   \
-    STEP(x0); STEP(x1); STEP(x2); STEP(x3); STEP(x4); STEP(x5);                                 \
-    STEP(x6); STEP(x7); STEP(x8); STEP(x9); STEP(x10); STEP(x11)
+#define STEPS                                                                                      \
+    STEP(x0);                                                                                      \
+    STEP(x1);                                                                                      \
+    STEP(x2);                                                                                      \
+    STEP(x3);                                                                                      \
+    STEP(x4);                                                                                      \
+    STEP(x5);                                                                                      \
+    STEP(x6);                                                                                      \
+    STEP(x7);                                                                                      \
+    STEP(x8);                                                                                      \
+    STEP(x9);                                                                                      \
+    STEP(x10);                                                                                     \
+    STEP(x11)
 
 /* One kernel per vector type T of L lanes: `iters` rounds of 12 chains x 8 steps. */
-#define KERNEL(NAME, T, L)                                                                      \
-    static __attribute__((noinline)) double NAME(long iters, double mm, double aa) {                                      \
-        T zero = {0};                                                                           \
-        T m = zero + mm, a = zero + aa;                                                         \
-        T x0 = zero + 1.0, x1 = zero + 2.0, x2 = zero + 3.0, x3 = zero + 4.0;                   \
-        T x4 = zero + 5.0, x5 = zero + 6.0, x6 = zero + 7.0, x7 = zero + 8.0;                   \
-        T x8 = zero + 9.0, x9 = zero + 10.0, x10 = zero + 11.0, x11 = zero + 12.0;              \
-        for (long it = 0; it < iters; it++) {                                                   \
-            STEPS; STEPS; STEPS; STEPS; STEPS; STEPS; STEPS; STEPS;                             \
-        }                                                                                       \
-        T s = x0 + x1 + x2 + x3 + x4 + x5 + x6 + x7 + x8 + x9 + x10 + x11;                     \
-        double r = 0.0;                                                                         \
-        for (int l = 0; l < (L); l++) r += s[l];                                                \
-        return r;                                                                               \
+#define KERNEL(NAME, T, L)                                                                         \
+    static __attribute__((noinline)) double NAME(long iters, double mm, double aa) {               \
+        T zero = {0};                                                                              \
+        T m = zero + mm, a = zero + aa;                                                            \
+        T x0 = zero + 1.0, x1 = zero + 2.0, x2 = zero + 3.0, x3 = zero + 4.0;                      \
+        T x4 = zero + 5.0, x5 = zero + 6.0, x6 = zero + 7.0, x7 = zero + 8.0;                      \
+        T x8 = zero + 9.0, x9 = zero + 10.0, x10 = zero + 11.0, x11 = zero + 12.0;                 \
+        for (long it = 0; it < iters; it++) {                                                      \
+            STEPS;                                                                                 \
+            STEPS;                                                                                 \
+            STEPS;                                                                                 \
+            STEPS;                                                                                 \
+            STEPS;                                                                                 \
+            STEPS;                                                                                 \
+            STEPS;                                                                                 \
+            STEPS;                                                                                 \
+        }                                                                                          \
+        T s = x0 + x1 + x2 + x3 + x4 + x5 + x6 + x7 + x8 + x9 + x10 + x11;                         \
+        double r = 0.0;                                                                            \
+        for (int l = 0; l < (L); l++) r += s[l];                                                   \
+        return r;                                                                                  \
     }
 
 typedef double v1 __attribute__((vector_size(8)));
@@ -93,7 +110,8 @@ double peak_madds(int width, double seconds) {
 #ifdef PEAK_MAIN
 #include <stdio.h>
 int main(void) {
-    for (int w = 1; w <= 8; w *= 2) printf("width %d: %.2f G multiply-adds/s\n", w, peak_madds(w, 0.3) / 1e9);
+    for (int w = 1; w <= 8; w *= 2)
+        printf("width %d: %.2f G multiply-adds/s\n", w, peak_madds(w, 0.3) / 1e9);
     return 0;
 }
 #endif
