@@ -17,7 +17,7 @@ Files are untrusted input. :func:`read` checks the metadata first, then every ar
 header and its size in the archive against the shapes the metadata declares, and refuses a
 compressed member that claims more than deflate can expand, all before reading any array; so
 whatever the bytes, reading costs no more memory than the file's size allows, and at most
-:data:`MAX_PARAMS` parameters (see ``docs/SECURITY-files.md``).
+:data:`MAX_PARAMS` parameters (see ``docs/SECURITY.md``).
 """
 
 from __future__ import annotations
