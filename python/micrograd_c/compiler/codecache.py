@@ -18,7 +18,6 @@ again (``dlopen`` returns the library already loaded under the same name).
 from __future__ import annotations
 
 import atexit
-import concurrent.futures
 import ctypes
 import hashlib
 import itertools
@@ -37,7 +36,7 @@ from typing import Any
 
 from .. import _core
 from .._fs import user_cache_dir
-from .toolchain import CompileError, Toolchain, resolved_target, run_command
+from .toolchain import CompileError, Toolchain, resolved_target, run_command, run_commands
 
 
 class LibraryLoadError(OSError):
@@ -262,8 +261,7 @@ def _build_in_parts(
     ]
     deadline = time.monotonic() + timeout
     try:
-        with concurrent.futures.ThreadPoolExecutor(nparts) as pool:
-            results = list(pool.map(lambda c: run_command(c, timeout), cmds))
+        results = run_commands(cmds, timeout)  # Ctrl-C or a timeout kills every part's compiler
         for r in results:
             if r.returncode != 0:
                 return r

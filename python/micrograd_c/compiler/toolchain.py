@@ -10,6 +10,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -66,6 +67,46 @@ def run_command(cmd: Sequence[str], timeout: float) -> subprocess.CompletedProce
             _kill_group(p, posix)
             raise
     return subprocess.CompletedProcess(list(cmd), p.returncode, out, err)
+
+
+def run_commands(
+    cmds: Sequence[Sequence[str]], timeout: float
+) -> list[subprocess.CompletedProcess[str]]:
+    """Run ``cmds`` at once, each as :func:`run_command` does (output captured, a process group
+    of its own), and wait for all of them. When ``timeout`` seconds pass, or the caller is
+    interrupted (Ctrl-C), every group still running is killed; :class:`subprocess.TimeoutExpired`
+    is raised on timeout. Raises :class:`OSError` when a command cannot be started."""
+    posix = os.name == "posix"
+    kw: dict[str, Any] = {"start_new_session": True} if posix else {}
+    procs: list[tuple[subprocess.Popen[str], Any]] = []
+    deadline = time.monotonic() + timeout
+    try:
+        for cmd in cmds:
+            out = tempfile.TemporaryFile("w+", errors="replace")  # no pipes: nothing to drain
+            try:
+                p = subprocess.Popen(
+                    list(cmd), stdout=out, stderr=subprocess.STDOUT, text=True, **kw
+                )
+            except BaseException:
+                out.close()
+                raise
+            procs.append((p, out))
+        for p, _ in procs:
+            try:
+                p.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                raise subprocess.TimeoutExpired(p.args, timeout) from None
+        results = []
+        for (p, out), cmd in zip(procs, cmds):
+            out.seek(0)
+            results.append(subprocess.CompletedProcess(list(cmd), p.returncode, out.read(), ""))
+        return results
+    finally:
+        for p, out in procs:
+            if p.poll() is None:
+                _kill_group(p, posix)
+                p.wait()
+            out.close()
 
 
 def _kill_group(p: subprocess.Popen[str], posix: bool) -> None:
