@@ -49,13 +49,16 @@ static void load(const mg_tape *t, double *d, const double *x, const double *y) 
 /* Backward of the run's samples: fresh gradients for every computed value, each loss seeded. */
 static void backward(const mg_tape *t, mg_exec *E) {
     const mgk_run *R = &E->R;
+    const size_t in0 = t->input0;
     for (mgk_i64 s = 0; s < R->nb; s++) {
-        double *g = R->a[MGK_BG] + s * R->ss - t->input0; /* indexed by slot from input0 on */
+        double *bg = R->a[MGK_BG] + s * R->ss; /* slot k of this sample at bg[k - input0] */
         if (t->rerolled) /* only what is not written first by a nest (schedule.c) */
             for (size_t i = 0; i < t->nzero; i += 2)
-                memset(g + t->zero[i], 0, (t->zero[i + 1] - t->zero[i]) * sizeof(double));
-        else memset(g + t->first_op, 0, (t->nslots - t->first_op) * sizeof(double));
-        g[t->loss] = 1.0;
+                memset(bg + (t->zero[i] - in0), 0, (t->zero[i + 1] - t->zero[i]) * sizeof(double));
+        else memset(bg + (t->first_op - in0), 0, (t->nslots - t->first_op) * sizeof(double));
+        if (t->loss >= in0) bg[t->loss - in0] = 1.0;
+        else if (t->loss < t->nparams && !(t->packed && t->packed[t->loss]))
+            R->a[MGK_G][t->loss] += 1.0; /* the loss is a parameter itself: d loss/d p = 1 */
     }
     mg_ir__run(t, t->bwd, t->nbwd, E, 0);
 }
@@ -276,7 +279,9 @@ static void run_chunk(fit_run *F, fit_chunk *c) {
         }
         R->nb = (mgk_i64)nb;
         mg_ir__run(t, t->fwd, t->nfwd, &E, MG_FZ_LOSS_CONE);
-        for (size_t q = 0; q < nb; q++) c->loss += c->bd[q * ss + (t->loss - t->input0)];
+        for (size_t q = 0; q < nb; q++) /* a loss below the inputs is a shared leaf */
+            c->loss +=
+                t->loss >= t->input0 ? c->bd[q * ss + (t->loss - t->input0)] : t->data[t->loss];
         backward(t, &E);
     }
 }
