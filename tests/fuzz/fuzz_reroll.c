@@ -521,8 +521,6 @@ static void run_cmd(builder *B, unsigned cmd) {
     }
 }
 
-static int has_nest(builder *B);
-
 /* Builds the graph the bytes describe over leaves holding sample (x, y). */
 static void build(builder *B, const uint8_t *data, size_t size, const double *x, const double *y) {
     B->data = data;
@@ -597,8 +595,6 @@ static void build(builder *B, const uint8_t *data, size_t size, const double *x,
         B->outputs[B->noutputs++] = B->extra[i];
     if (B->noutputs < MAXOUT && (lk & 16) && B->np) B->outputs[B->noutputs++] = B->p[0];
     if (B->noutputs < MAXOUT && (lk & 32)) B->outputs[B->noutputs++] = B->x[B->nx - 1];
-    if (!has_nest(B)) /* TO REMOVE once roll.c takes a program without nests (see has_nest) */
-        B->loss = chk(B, mg_add(B->g, B->loss, konst(B, 0)), "add");
 }
 
 /* ---- the condition of each parameter's gradient ------------------------------------------ */
@@ -663,27 +659,6 @@ static size_t collect(mg_value *const *roots, size_t nroots, mg_value ***out, pm
     for (size_t i = 0; i < n; i++) pm_put(m, nodes[i], i);
     *out = nodes;
     return n;
-}
-
-/* Whether the program has a loop nest: a value other than a leaf and the losses (MSE, HINGE,
- * XENT stay variadic instructions). A program without one trips UBSan in mg_roll (roll.c:
- * memcpy to a NULL t->nests with length 0; found by ./dev fuzz api, issue #10 item 18). TO
- * REMOVE with that fix: until then such a graph gets a nest (loss + 0.0), so that this harness
- * keeps looking for other bugs. */
-static int has_nest(builder *B) {
-    mg_value *roots[1 + MAXOUT], **nodes;
-    roots[0] = B->loss;
-    memcpy(roots + 1, B->outputs, B->noutputs * sizeof roots[0]);
-    pmap m;
-    size_t n = collect(roots, 1 + B->noutputs, &nodes, &m), found = 0;
-    for (size_t i = 0; i < n; i++) {
-        int op = mg_value_op(nodes[i]);
-        found += op_arity[op] > 0 || op == MG_OP_SUM || op == MG_OP_DOT;
-    }
-    free(nodes);
-    free(m.keys);
-    free(m.vals);
-    return found > 0;
 }
 
 /* Adds to mag[j] the sum over the paths from the loss to parameter j of the absolute product of
