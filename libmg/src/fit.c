@@ -66,24 +66,36 @@ static void backward(const mg_tape *t, mg_exec *E) {
 /* ---- targets ----------------------------------------------------------------------------------
  */
 
-/* Cross-entropy targets read from Y must be class indices: checks rows [0, n) before anything
- * trains, naming the first bad row. */
+/* Targets read from Y that a loss gives a meaning: cross-entropy's must be class indices, and
+ * hinge's labels -1 or +1 (its sign convention: a 0/1 dataset would train class 0 to nothing).
+ * Checks rows [0, n) before anything trains, naming the first bad row. Labels that a graph
+ * computes, or eager code passes, are not data: the ops take any real there. */
 static int check_targets(mg_tape *t, const double *Y, size_t n, const char *what) {
     if (!Y || !t->ntargets) return MG_OK;
     for (size_t i = 0; i < t->nfwd; i++) {
         const mg_instr *in = &t->fwd[i];
-        if (in->kind != MG_I_NARY || in->op != MG_OP_XENT) continue;
-        mgk_idx ts = t->ix[in->a + in->n];
-        if (ts < t->target0 || ts >= t->target0 + t->ntargets) continue;
-        size_t col = ts - t->target0;
-        for (size_t r = 0; r < n; r++) {
-            double y = Y[r * t->ntargets + col];
-            if (!(y >= 0.0 && y < (double)in->n && y == floor(y)))
-                return mg_tape__fail(
-                    t, MG_EINVAL,
-                    "%s: the target of row %zu is %g, not a class index in [0, %u) "
-                    "(cross-entropy over %u classes)",
-                    what, r, y, in->n, in->n);
+        if (in->kind != MG_I_NARY || (in->op != MG_OP_XENT && in->op != MG_OP_HINGE)) continue;
+        int xent = in->op == MG_OP_XENT;
+        size_t first = in->n,
+               count = xent ? 1 : in->n; /* the target operands follow the n scores */
+        for (size_t k = 0; k < count; k++) {
+            mgk_idx ts = t->ix[in->a + first + k];
+            if (ts < t->target0 || ts >= t->target0 + t->ntargets) continue;
+            size_t col = ts - t->target0;
+            for (size_t r = 0; r < n; r++) {
+                double y = Y[r * t->ntargets + col];
+                if (xent && !(y >= 0.0 && y < (double)in->n && y == floor(y)))
+                    return mg_tape__fail(
+                        t, MG_EINVAL,
+                        "%s: the target of row %zu is %g, not a class index in [0, %u) "
+                        "(cross-entropy over %u classes)",
+                        what, r, y, in->n, in->n);
+                if (!xent && y != 1.0 && y != -1.0)
+                    return mg_tape__fail(t, MG_EINVAL,
+                                         "%s: the label in row %zu, column %zu is %g: hinge labels "
+                                         "are -1 or +1",
+                                         what, r, col, y);
+            }
         }
     }
     return MG_OK;

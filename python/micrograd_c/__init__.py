@@ -1,8 +1,9 @@
 """micrograd_c: a fast drop-in replacement for micrograd, on a scalar autograd engine in C.
 
 Change ``from micrograd.engine import Value`` to ``from micrograd_c.engine import Value`` (and
-``micrograd.nn`` to ``micrograd_c.nn``): the same program computes the same numbers, faster and
-without micrograd's recursion and memory limits.
+``micrograd.nn`` to ``micrograd_c.nn``): the same program computes the same forward values, and
+gradients equal to micrograd's or to rounding (docs/ARCHITECTURE.md states the exact contract),
+faster and without micrograd's recursion and memory limits.
 
 Importing the package (or ``micrograd_c.engine``) loads the C core and the engine only. The
 modules with heavier dependencies load when first used: ``micrograd_c.nn`` (numpy),

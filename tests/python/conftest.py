@@ -43,6 +43,24 @@ def fd_matches(
     return False
 
 
+def _find_cc() -> object | None:
+    """The C compiler compiled programs would use, or None (tests that need one skip)."""
+    from micrograd_c import compiler
+
+    try:
+        return compiler.find_compiler()
+    except compiler.CompileError:
+        return None
+
+
+CC = _find_cc()
+HAVE_CC = CC is not None
+needs_cc = pytest.mark.skipif(not HAVE_CC, reason="no C compiler")
+# the backends a frozen program runs on here: the tape interpreter, and compiled C when there is
+# a compiler
+BACKENDS = ["tape", pytest.param("c", marks=needs_cc)]
+
+
 @pytest.fixture
 def mnist_dir() -> str:
     """The real MNIST test set from ../shared/data/mnist, or skip."""

@@ -14,6 +14,8 @@ from micrograd_c import compiler
 from micrograd_c.app import commands
 from micrograd_c.nn import MLP
 
+from conftest import HAVE_CC
+
 HAVE_MPL = True
 try:
     import matplotlib  # noqa: F401
@@ -71,7 +73,7 @@ def test_xor_on_other_backends(tmp_path, backend):
 
 def test_backends_train_to_the_same_model(tmp_path):
     outs = {}
-    for backend in ["tape"] + (["c"] if _have_cc() else []):
+    for backend in ["tape"] + (["c"] if HAVE_CC else []):
         path = tmp_path / f"{backend}.npz"
         r = run(
             "train",
@@ -93,14 +95,6 @@ def test_backends_train_to_the_same_model(tmp_path):
     if "c" in outs:
         for k in outs["tape"]:
             assert np.array_equal(outs["tape"][k], outs["c"][k])
-
-
-def _have_cc():
-    try:
-        compiler.find_compiler()
-        return True
-    except Exception:
-        return False
 
 
 def test_digits_or_a_clear_message(tmp_path):
@@ -161,7 +155,7 @@ def test_mnist_train_eval_export(tmp_path, mnist_dir):
 
 
 def test_export_c_matches_python_predictions(tmp_path):
-    if not _have_cc():
+    if not HAVE_CC:
         pytest.skip("no C compiler")
     model = tmp_path / "m.npz"
     r = run(
@@ -540,7 +534,7 @@ def test_one_epoch_still_draws_a_curve(tmp_path, monkeypatch, backend):
 
 def test_chunked_epochs_train_the_same_model_on_every_backend(tmp_path):
     outs = {}
-    for backend in ["tape", "eager"] + (["c"] if _have_cc() else []):
+    for backend in ["tape", "eager"] + (["c"] if HAVE_CC else []):
         path = tmp_path / f"{backend}.npz"
         r = run(
             "train",
@@ -758,12 +752,25 @@ def test_bad_numbers_are_refused_before_training(tmp_path, args, message):
     assert len(lines) == 1 and message in lines[0], r.stderr
 
 
+@pytest.mark.parametrize("option", ["--save", "--plot"])
 @pytest.mark.parametrize("where", ["missing-dir/m.npz", "."])
-def test_save_path_is_checked_before_training(tmp_path, where):
-    r = run("train", "--epochs", "5", "--no-plot", "--save", where, cwd=tmp_path)
+def test_output_paths_are_checked_before_training(tmp_path, where, option):
+    extra = ["--no-plot"] if option == "--save" else []
+    r = run("train", "--epochs", "5", *extra, option, where, cwd=tmp_path)
     assert r.returncode == 2
     assert "ready in" not in r.stderr and "final loss" not in r.stdout  # refused before training
-    assert r.stderr.strip().splitlines()[-1].startswith(f"micrograd-c: error: --save {where}: ")
+    assert r.stderr.strip().splitlines()[-1].startswith(f"micrograd-c: error: {option} {where}: ")
+
+
+def test_limit_on_mnist_says_how_many_images_it_uses(tmp_path):
+    cache = write_small_mnist(tmp_path / "mnist", n=200)
+    r = run(
+        "train", "--dataset", "mnist", "--data-dir", str(cache), "--limit", "100",
+        "--epochs", "1", "--no-plot", cwd=tmp_path,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "training on the first 100 test images, evaluating on 25 of the last 2,000" in r.stderr
+    assert "100 training samples" in r.stderr
 
 
 def test_a_failed_save_leaves_no_temporary_file(tmp_path, monkeypatch):

@@ -24,11 +24,8 @@ from micrograd_c import compiler
 from micrograd_c.compiler import codecache
 from micrograd_c.nn import MLP
 
-try:
-    CC = compiler.find_compiler()
-except mc.CompileError:
-    CC = None
-needs_cc = pytest.mark.skipif(CC is None, reason="no C compiler")
+from conftest import CC, needs_cc
+
 posix_only = pytest.mark.skipif(os.name != "posix", reason="POSIX permissions and process groups")
 
 
@@ -338,6 +335,64 @@ def test_compiler_timeout_kills_the_whole_process_group(tmp_path):
             os.kill(pid, 9)
         except OSError:
             pass
+
+
+@posix_only
+def test_ctrl_c_during_parallel_part_builds_kills_every_part(tmp_path):
+    """The parts of a model compile at once (run_commands); Ctrl-C while they run kills every
+    part's process group, grandchildren included, and the KeyboardInterrupt reaches the caller."""
+    import _thread
+    import threading
+
+    from micrograd_c.compiler.toolchain import run_commands
+
+    pidfiles = [tmp_path / f"part{i}.pid" for i in range(3)]
+    cmds = [["sh", "-c", f"sleep 1000 & echo $! > {f}; wait"] for f in pidfiles]
+
+    def interrupt_when_started() -> None:
+        deadline = time.monotonic() + 30
+        while not all(f.exists() and f.read_text().strip() for f in pidfiles):
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.02)
+        _thread.interrupt_main()  # what Ctrl-C does to the main thread
+
+    t = threading.Thread(target=interrupt_when_started)
+    t.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run_commands(cmds, timeout=600)
+    finally:
+        t.join()
+    pids = [int(f.read_text()) for f in pidfiles]
+    try:
+        deadline = time.monotonic() + 30  # SIGKILL is asynchronous
+        while not all(pid_gone(p) for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert all(pid_gone(p) for p in pids), "a part's compiler survived Ctrl-C"
+    finally:
+        for p in pids:
+            try:
+                os.kill(p, 9)
+            except OSError:
+                pass
+
+
+@posix_only
+def test_parallel_part_builds_time_out_as_one(tmp_path):
+    from micrograd_c.compiler.toolchain import run_commands
+
+    pidfile = tmp_path / "slow.pid"
+    cmds = [["true"], ["sh", "-c", f"sleep 1000 & echo $! > {pidfile}; wait"]]
+    with pytest.raises(subprocess.TimeoutExpired):
+        run_commands(cmds, timeout=1.0)
+    pid = int(pidfile.read_text())
+    deadline = time.monotonic() + 30
+    while not pid_gone(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert pid_gone(pid)
+    ok = run_commands([["sh", "-c", "echo one"], ["sh", "-c", "echo two >&2; exit 3"]], 60)
+    assert [(r.returncode, r.stdout) for r in ok] == [(0, "one\n"), (3, "two\n")]
 
 
 @needs_cc

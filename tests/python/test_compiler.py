@@ -19,14 +19,7 @@ from micrograd_c import compiler
 from micrograd_c.engine import Value
 from micrograd_c.nn import MLP
 
-from conftest import close
-
-HAVE_CC = True
-try:
-    compiler.find_compiler()
-except mc.CompileError:
-    HAVE_CC = False
-needs_cc = pytest.mark.skipif(not HAVE_CC, reason="no C compiler")
+from conftest import BACKENDS, HAVE_CC, close, needs_cc
 
 
 @pytest.fixture(autouse=True)
@@ -56,9 +49,6 @@ def eager_loss_and_grads(model, xs, target, loss_kind="xent"):
     model.zero_grad()
     loss.backward()
     return loss.data, [o.data for o in out], [p.grad for p in model.parameters()]
-
-
-BACKENDS = ["tape", pytest.param("c", marks=needs_cc)]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

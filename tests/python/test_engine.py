@@ -448,6 +448,28 @@ def test_powers_at_zero_have_pytorchs_gradients():
         assert (va.grad, vb.grad) == (ta.grad.item(), tb.grad.item()), (x, e)
 
 
+@pytest.mark.parametrize(
+    "build, grad",
+    [
+        (lambda a: a**0, 0.0),
+        (lambda a: a.relu() ** 0, 0.0),
+        (lambda a: a**0.5, math.inf),
+        (lambda a: a**0.25 * 2, math.inf),
+    ],
+)
+def test_where_micrograds_backward_raises_ours_follows_ieee(build, grad):
+    """The documented contract (ARCHITECTURE, failure guarantees): micrograd's backward of
+    ``0 ** k`` with ``k < 1`` raises ZeroDivisionError; ours gives PyTorch's 0 or IEEE's inf, and
+    forward values are micrograd's."""
+    ref_a, a = RefValue(0.0), Value(0.0)
+    ref_y, y = build(ref_a), build(a)
+    assert y.data == ref_y.data
+    with pytest.raises(ZeroDivisionError):
+        ref_y.backward()
+    y.backward()
+    assert a.grad == grad
+
+
 # ---- wrong arguments are one-line errors (issue #10, item 17) --------------------------------
 
 

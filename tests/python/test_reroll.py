@@ -53,21 +53,13 @@ from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
 import micrograd_c as mc
-from micrograd_c import compiler
 from micrograd_c.engine import Value
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 import zoo  # noqa: E402  (model families written op by op)
 
-import conftest  # noqa: E402,F401  (registers the hypothesis profiles)
-
-HAVE_CC = True
-try:
-    compiler.find_compiler()
-except mc.CompileError:
-    HAVE_CC = False
-needs_cc = pytest.mark.skipif(not HAVE_CC, reason="no C compiler")
+from conftest import HAVE_CC, needs_cc  # noqa: E402  (also registers the hypothesis profiles)
 
 PROFILE = os.environ.get("MG_REROLL_PROFILE", "reroll-ci")
 SCALE = float(os.environ.get("MG_REROLL_SCALE", "1"))

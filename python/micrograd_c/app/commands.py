@@ -67,17 +67,18 @@ def _logger(quiet: bool) -> Callable[[str], None]:
 # ---- model files ---------------------------------------------------------------------------------
 
 
-def check_save_path(path: str) -> None:
-    """Refuse a ``--save`` path that cannot be written, before any training happens."""
+def check_save_path(path: str, option: str = "--save") -> None:
+    """Refuse an output path (``--save``, ``--plot``) that cannot be written, before any training
+    happens."""
     if os.path.isdir(path):
-        raise UsageError(f"--save {path}: is a directory")
+        raise UsageError(f"{option} {path}: is a directory")
     d = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(d):
-        raise UsageError(f"--save {path}: the directory {d} does not exist")
+        raise UsageError(f"{option} {path}: the directory {d} does not exist")
     try:
         fd, probe = tempfile.mkstemp(dir=d, prefix=".micrograd-c-", suffix=".tmp")
     except OSError as e:
-        raise UsageError(f"--save {path}: cannot write in {d} ({e.strerror})") from None
+        raise UsageError(f"{option} {path}: cannot write in {d} ({e.strerror})") from None
     os.close(fd)
     os.remove(probe)
 
@@ -158,6 +159,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     log = _logger(args.quiet)
     if args.save:
         check_save_path(args.save)  # before training: a bad path must not cost the trained model
+    if args.plot and not args.no_plot:
+        check_save_path(args.plot, "--plot")
     d = DEFAULTS[args.dataset]
     hidden = parse_hidden(args.hidden) if args.hidden is not None else d.hidden
     cfg = TrainConfig(

@@ -141,10 +141,14 @@ def load_data(
             Xtr, ytr = ds.load_mnist(d, "train")
         else:
             # only the test set is present: train on its first 8,000 images, evaluate on the rest
+            ntrain = min(8000, limit) if limit else 8000
+            held = "the last 2,000"
+            if limit:
+                held = f"{min(2000, max(1, limit // 4)):,} of {held}"
             if purpose == "train":
                 log(
-                    f"{d}: no training files; training on the first 8,000 test images, "
-                    "evaluating on the last 2,000"
+                    f"{d}: no training files; training on the first {ntrain:,} test images, "
+                    f"evaluating on {held}"
                 )
             else:
                 log(

@@ -16,13 +16,17 @@ from ..engine import Value
 from .codecache import CompiledProgram, _remove, build_library, load_library
 from .toolchain import CompileError, default_flags, find_compiler
 
+_SIZE_MAX = 2**64 - 1  # the largest count libmg takes (size_t, uint64_t)
 
-def _count(name: str, value: Any, least: int) -> int:
-    """An integer argument of at least ``least``, or a one-line ``TypeError``/``ValueError``."""
+
+def _count(name: str, value: Any, least: int, most: int = _SIZE_MAX) -> int:
+    """An integer argument in ``[least, most]``, or a one-line ``TypeError``/``ValueError``."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"{name} must be an integer, not {type(value).__name__} ({value!r})")
     if value < least:
         raise ValueError(f"{name} must be at least {least}, got {value}")
+    if value > most:
+        raise ValueError(f"{name} must be at most {most}, got {value}")
     return int(value)
 
 
@@ -98,8 +102,6 @@ class Program:
         batch_size = _count("batch_size", batch_size, 1)
         threads = _count("threads", threads, 1)
         seed = _count("seed", seed, 0)
-        if seed >= 2**64:
-            raise ValueError(f"seed must be below 2**64, got {seed}")
         lr = float(lr)
         X = np.ascontiguousarray(X, dtype=np.float64)
         Y = None if Y is None else np.ascontiguousarray(Y, dtype=np.float64)
@@ -176,6 +178,11 @@ def compile(
     """
     if backend not in ("auto", "tape", "c"):
         raise ValueError(f"backend must be 'auto', 'tape' or 'c', not {backend!r}")
+    max_kernels = _count("max_kernels", max_kernels, 0)
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise TypeError(f"timeout must be a number of seconds, not {type(timeout).__name__}")
+    if not timeout > 0:  # NaN included
+        raise ValueError(f"timeout must be a positive number of seconds, got {timeout}")
     if float32 and backend != "c":
         raise ValueError("float32 storage is a property of compiled code: use backend='c'")
     if float32:
