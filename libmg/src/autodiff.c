@@ -41,29 +41,51 @@ int mg_ref__injective(const mgk_ref *X, const mgk_i64 *n, const mgk_idx *ix) {
     return 1;
 }
 
+int mg_ref__each(const mg_tape *t, size_t nest, const mgk_ref *X,
+                 int (*visit)(void *ctx, mgk_i64 pos), void *ctx) {
+    const mgk_nest *N = &t->nests[nest];
+    int dims[MGK_MAXD], nd = 0;
+    for (int d = 0; d < MGK_MAXD; d++)
+        if (N->n[d] > 1 && X->s[d] != 0) dims[nd++] = d;
+    mgk_i64 iters = X->ts != 0 && t->info[nest].seq > 1 ? (mgk_i64)t->info[nest].seq : 1;
+    for (mgk_i64 it = 0; it < iters; it++) {
+        mgk_i64 idx[MGK_MAXD] = {0};
+        for (;;) {
+            mgk_i64 pos = X->base + it * X->ts;
+            for (int q = 0; q < nd; q++) pos += idx[q] * X->s[dims[q]];
+            int r = visit(ctx, pos);
+            if (r) return r;
+            int q = nd - 1; /* odometer over the dims X moves along */
+            while (q >= 0 && ++idx[q] == N->n[dims[q]]) idx[q--] = 0;
+            if (q < 0) break;
+        }
+    }
+    return 0;
+}
+
+typedef struct class_probe {
+    const mg_tape *t;
+    int param;
+} class_probe;
+
+/* A slot that is a parameter or (with `param` 0) a computed value: it needs a gradient. */
+static int in_class(const mg_tape *t, mgk_i64 slot, int param) {
+    return slot < (mgk_i64)t->nparams || (!param && slot >= (mgk_i64)t->first_op);
+}
+
+static int entry_in_class(void *ctx, mgk_i64 pos) {
+    const class_probe *c = ctx;
+    return in_class(c->t, (mgk_i64)c->t->ix[pos], c->param);
+}
+
 /* Whether any element operand X of nest f reads satisfies `param` (a parameter) or, with
  * `param` 0, needs a gradient (a parameter or a computed value). A direct ref reads one slot
  * class (grouping keeps classes apart); a gathered one reads whatever its table names, so every
  * position it reaches is checked: each point of the nest's dims in each iteration of its loop. */
 static int reads_class(const mg_tape *t, size_t f, const mgk_ref *X, int param) {
-    if (!X->gather) {
-        mgk_i64 slot = X->base;
-        return slot < (mgk_i64)t->nparams || (!param && slot >= (mgk_i64)t->first_op);
-    }
-    const mgk_nest *F = &t->nests[f];
-    mgk_i64 i[MGK_MAXD] = {0};
-    mgk_i64 iters = X->ts != 0 && t->info[f].seq > 1 ? (mgk_i64)t->info[f].seq : 1;
-    for (mgk_i64 it = 0; it < iters; it++)
-        for (;;) {
-            mgk_i64 pos = X->base + it * X->ts;
-            for (int d = 0; d < MGK_MAXD; d++) pos += X->s[d] * i[d];
-            mgk_i64 slot = (mgk_i64)t->ix[pos];
-            if (slot < (mgk_i64)t->nparams || (!param && slot >= (mgk_i64)t->first_op)) return 1;
-            int d = MGK_MAXD - 1; /* odometer over the dims X moves along */
-            while (d >= 0 && (X->s[d] == 0 || ++i[d] >= F->n[d])) i[d--] = 0;
-            if (d < 0) break;
-        }
-    return 0;
+    if (!X->gather) return in_class(t, X->base, param);
+    class_probe c = {t, param};
+    return mg_ref__each(t, f, X, entry_in_class, &c);
 }
 
 static int needs_grad(const mg_tape *t, size_t f, const mgk_ref *X) {

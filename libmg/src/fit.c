@@ -66,35 +66,43 @@ static void backward(const mg_tape *t, mg_exec *E) {
 /* ---- targets ----------------------------------------------------------------------------------
  */
 
-/* Targets read from Y that a loss gives a meaning: cross-entropy's must be class indices, and
- * hinge's labels -1 or +1 (its sign convention: a 0/1 dataset would train class 0 to nothing).
- * Checks rows [0, n) before anything trains, naming the first bad row. Labels that a graph
- * computes, or eager code passes, are not data: the ops take any real there. */
-static int check_targets(mg_tape *t, const double *Y, size_t n, const char *what) {
-    if (!Y || !t->ntargets) return MG_OK;
+/* Targets read from the data that a loss gives a meaning: cross-entropy's (from Y, or from X when
+ * a graph uses an input as the class) must be class indices, anything else is a NaN loss; hinge's
+ * labels in Y must be -1 or +1 (its sign convention: a 0/1 dataset would train class 0 to
+ * nothing). Checks rows [0, n) before anything trains, naming the first bad row and its column.
+ * Labels that a graph computes, eager code passes, or inputs give hinge are not checked: the
+ * ops take any real there (hinge is then the margin loss of real-valued labels). */
+static int check_targets(mg_tape *t, const double *X, const double *Y, size_t n, const char *what) {
     for (size_t i = 0; i < t->nfwd; i++) {
         const mg_instr *in = &t->fwd[i];
         if (in->kind != MG_I_NARY || (in->op != MG_OP_XENT && in->op != MG_OP_HINGE)) continue;
         int xent = in->op == MG_OP_XENT;
-        size_t first = in->n,
-               count = xent ? 1 : in->n; /* the target operands follow the n scores */
+        size_t count = xent ? 1 : in->n; /* the target operands follow the n scores */
         for (size_t k = 0; k < count; k++) {
-            mgk_idx ts = t->ix[in->a + first + k];
-            if (ts < t->target0 || ts >= t->target0 + t->ntargets) continue;
-            size_t col = ts - t->target0;
+            mgk_idx ts = t->ix[in->a + in->n + k];
+            const double *data;
+            size_t col, width;
+            const char *name;
+            if (Y && ts >= t->target0 && ts < t->target0 + t->ntargets) {
+                data = Y, col = ts - t->target0, width = t->ntargets, name = "Y";
+            } else if (xent && X && ts >= t->input0 && ts < t->input0 + t->ninputs) {
+                data = X, col = ts - t->input0, width = t->ninputs, name = "X";
+            } else {
+                continue;
+            }
             for (size_t r = 0; r < n; r++) {
-                double y = Y[r * t->ntargets + col];
+                double y = data[r * width + col];
                 if (xent && !(y >= 0.0 && y < (double)in->n && y == floor(y)))
-                    return mg_tape__fail(
-                        t, MG_EINVAL,
-                        "%s: the target of row %zu is %g, not a class index in [0, %u) "
-                        "(cross-entropy over %u classes)",
-                        what, r, y, in->n, in->n);
+                    return mg_tape__fail(t, MG_EINVAL,
+                                         "%s: the target in row %zu, column %zu of %s is %.17g, "
+                                         "not a class index in [0, %u) (cross-entropy over %u "
+                                         "classes)",
+                                         what, r, col, name, y, in->n, in->n);
                 if (!xent && y != 1.0 && y != -1.0)
                     return mg_tape__fail(t, MG_EINVAL,
-                                         "%s: the label in row %zu, column %zu is %g: hinge labels "
-                                         "are -1 or +1",
-                                         what, r, col, y);
+                                         "%s: the label in row %zu, column %zu of %s is %.17g: "
+                                         "hinge labels are -1 or +1",
+                                         what, r, col, name, y);
             }
         }
     }
@@ -107,7 +115,7 @@ static int check_targets(mg_tape *t, const double *Y, size_t n, const char *what
 int mg_tape_forward(mg_tape *t, const double *x, const double *y) {
     if (!t) return MG_EINVAL;
     t->err[0] = '\0';
-    if (check_targets(t, y, 1, "forward") != MG_OK) return MG_EINVAL;
+    if (check_targets(t, x, y, 1, "forward") != MG_OK) return MG_EINVAL;
     load(t, t->data, x, y);
     mg_tape__pack(t);
     mg_exec E;
@@ -369,7 +377,7 @@ static int check_fit_args(mg_tape *t, const double *X, const double *Y, size_t n
     if (t->ninputs && n > SIZE_MAX / t->ninputs / sizeof(double))
         return mg_tape__fail(t, MG_EINVAL, "fit: %zu rows of %zu inputs overflow the address space",
                              n, t->ninputs);
-    return check_targets(t, Y, n, "fit");
+    return check_targets(t, X, Y, n, "fit");
 }
 
 static void free_chunks(mg_tape *t, fit_run *F) {

@@ -473,8 +473,8 @@ mg_value *mg_cross_entropy(mg_graph *g, mg_value *const *logits, size_t n, mg_va
     if (!target) return NULL;
     double t = target->data;
     if (!(t >= 0.0 && t < (double)n && t == floor(t))) {
-        mg_graph__fail(g, MG_EINVAL, "mg_cross_entropy: target %g is not a class index in [0, %zu)",
-                       t, n);
+        mg_graph__fail(g, MG_EINVAL,
+                       "mg_cross_entropy: target %.17g is not a class index in [0, %zu)", t, n);
         return NULL;
     }
     mg_value *const *parts[2] = {logits, &target};

@@ -193,5 +193,12 @@ void mg_tape__unpack_grad(mg_tape *t);
 void mg_nest__canon(mgk_nest *N, int no, int nr);
 /* Whether ref X is injective over dims with nonzero stride (1), or may repeat elements (0). */
 int mg_ref__injective(const mgk_ref *X, const mgk_i64 *n, const mgk_idx *ix);
+/* Calls visit(ctx, pos) for each position ref X of nest `nest` reaches: every point of the dims
+ * it moves along, in every iteration of the nest's sequential loop when X steps with it. `pos` is
+ * a slot for a direct ref and an index-table entry (t->ix) for a gathered one; positions repeat
+ * when the ref does. Stops at the first visit that returns nonzero and returns its value; 0 when
+ * every position was visited. The one walk over a ref's elements (scheduling, autodiff). */
+int mg_ref__each(const mg_tape *t, size_t nest, const mgk_ref *X,
+                 int (*visit)(void *ctx, mgk_i64 pos), void *ctx);
 
 #endif /* MG_IR_H */

@@ -88,42 +88,23 @@ static void choose_vector_dim(const mg_tape *t, mgk_nest *N, const mg_nest_info 
 /* ---- 2. packed parameters
  * ------------------------------------------------------------------------ */
 
-/* Calls fn(slot) for every element a ref touches over the nest's dims (moving dims only). */
+/* Whether a ref reaches a marked parameter (mg_ref__each over its elements). */
 typedef struct walker {
     const mg_tape *t;
     const uint8_t *mark;
-    int hit;
+    int gather;
 } walker;
 
-/* Iterations of the sequential loop nest N runs in that ref X sees apart (1 when X does not move
- * with the loop). */
-static mgk_i64 seq_iters(const mg_tape *t, const mgk_nest *N, const mgk_ref *X) {
-    if (X->ts == 0) return 1;
-    uint32_t seq = t->info[N - t->nests].seq;
-    return seq > 1 ? (mgk_i64)seq : 1;
+static int marked_param(void *ctx, mgk_i64 pos) {
+    const walker *w = ctx;
+    mgk_i64 slot = w->gather ? (mgk_i64)w->t->ix[pos] : pos;
+    return slot >= 0 && slot < (mgk_i64)w->t->nparams && w->mark[slot];
 }
 
 /* Whether ref X of nest N (every point, every iteration of its loop) reads a marked parameter. */
-static void walk(const mg_tape *t, const mgk_nest *N, const mgk_ref *X, walker *w) {
-    int dims[MGK_MAXD], nd = 0;
-    for (int d = 0; d < MGK_MAXD; d++)
-        if (N->n[d] > 1 && (X->gather || X->s[d] != 0)) dims[nd++] = d;
-    mgk_i64 iters = seq_iters(t, N, X);
-    for (mgk_i64 it = 0; it < iters; it++) {
-        mgk_i64 idx[MGK_MAXD] = {0};
-        for (;;) {
-            mgk_i64 pos = X->base + it * X->ts;
-            for (int k = 0; k < nd; k++) pos += idx[k] * X->s[dims[k]];
-            mgk_i64 slot = X->gather ? (mgk_i64)t->ix[pos] : pos;
-            if (slot >= 0 && slot < (mgk_i64)t->nparams && w->mark[slot]) {
-                w->hit = 1;
-                return;
-            }
-            int k = nd - 1;
-            while (k >= 0 && ++idx[k] == N->n[dims[k]]) idx[k--] = 0;
-            if (k < 0) break;
-        }
-    }
+static int walk(const mg_tape *t, const mgk_nest *N, const mgk_ref *X, const uint8_t *mark) {
+    walker w = {t, mark, X->gather};
+    return mg_ref__each(t, (size_t)(N - t->nests), X, marked_param, &w);
 }
 
 typedef struct pack_dims {
@@ -252,9 +233,7 @@ static int plan_packs(mg_tape *t) {
                 int nrs = active_refs(M, rs);
                 for (int q = 0; q < nrs && ok; q++) {
                     if (rs[q]->arr == MGK_PW || rs[q]->arr == MGK_PG) continue;
-                    walker w = {t, cand, 0};
-                    walk(t, M, rs[q], &w);
-                    if (w.hit && !same_view(M, rs[q], &P)) ok = 0;
+                    if (walk(t, M, rs[q], cand) && !same_view(M, rs[q], &P)) ok = 0;
                 }
             }
             for (size_t i = 0; i < t->nfwd && ok; i++) /* the losses read their operands directly */
@@ -274,9 +253,7 @@ static int plan_packs(mg_tape *t) {
                     int nrs = active_refs(M, rs);
                     for (int q = 0; q < nrs; q++) {
                         if (rs[q]->arr == MGK_PW || rs[q]->arr == MGK_PG) continue;
-                        walker w = {t, cand, 0};
-                        walk(t, M, rs[q], &w);
-                        if (w.hit) rewrite(M, rs[q], &P);
+                        if (walk(t, M, rs[q], cand)) rewrite(M, rs[q], &P);
                     }
                 }
             }
@@ -342,48 +319,35 @@ static void merge_range(mgk_nest *N, int lo, int hi) {
  */
 
 static int touches(const mg_tape *t, const mgk_nest *N, const mgk_ref *X, const uint8_t *mark) {
-    walker w = {t, mark, 0};
-    mgk_ref Y = *X;
-    if (Y.arr == MGK_PW || Y.arr == MGK_PG) return 0; /* packed refs are compared by pack below */
-    walk(t, N, &Y, &w);
-    return w.hit;
+    if (X->arr == MGK_PW || X->arr == MGK_PG) return 0; /* packed refs are compared by pack below */
+    return walk(t, N, X, mark);
 }
 
-/* Elements of the packed arrays a ref touches, as a mark over [0, npacked). */
+static int marked(void *mark, mgk_i64 pos) { return ((const uint8_t *)mark)[pos]; }
+
+/* Whether a ref touches an element marked in `pmark`, a mark over [0, npacked). */
 static int touches_packed(const mg_tape *t, const mgk_nest *N, const mgk_ref *X,
                           const uint8_t *pmark) {
     if (X->arr != MGK_PW && X->arr != MGK_PG) return 0;
-    int dims[MGK_MAXD], nd = 0;
-    for (int d = 0; d < MGK_MAXD; d++)
-        if (N->n[d] > 1 && X->s[d] != 0) dims[nd++] = d;
-    mgk_i64 iters = seq_iters(t, N, X);
-    for (mgk_i64 it = 0; it < iters; it++) {
-        mgk_i64 idx[MGK_MAXD] = {0};
-        for (;;) {
-            mgk_i64 pos = X->base + it * X->ts;
-            for (int k = 0; k < nd; k++) pos += idx[k] * X->s[dims[k]];
-            if (pmark[pos]) return 1;
-            int k = nd - 1;
-            while (k >= 0 && ++idx[k] == N->n[dims[k]]) idx[k--] = 0;
-            if (k < 0) break;
-        }
-    }
+    return mg_ref__each(t, (size_t)(N - t->nests), X, marked, (void *)pmark);
+}
+
+typedef struct marker {
+    uint8_t *mark;
+    uint8_t v;
+} marker;
+
+static int set_mark(void *ctx, mgk_i64 pos) {
+    marker *m = ctx;
+    m->mark[pos] = m->v;
     return 0;
 }
 
-static void mark_ref(const mgk_nest *N, const mgk_ref *X, uint8_t *mark, uint8_t v) {
-    int dims[MGK_MAXD], nd = 0;
-    for (int d = 0; d < MGK_MAXD; d++)
-        if (N->n[d] > 1 && X->s[d] != 0) dims[nd++] = d;
-    mgk_i64 idx[MGK_MAXD] = {0};
-    for (;;) {
-        mgk_i64 pos = X->base;
-        for (int k = 0; k < nd; k++) pos += idx[k] * X->s[dims[k]];
-        mark[pos] = v;
-        int k = nd - 1;
-        while (k >= 0 && ++idx[k] == N->n[dims[k]]) idx[k--] = 0;
-        if (k < 0) return;
-    }
+/* Sets mark[pos] = v at every position ref X of nest N reaches. */
+static void mark_ref(const mg_tape *t, const mgk_nest *N, const mgk_ref *X, uint8_t *mark,
+                     uint8_t v) {
+    marker m = {mark, v};
+    mg_ref__each(t, (size_t)(N - t->nests), X, set_mark, &m);
 }
 
 static int fuse_steps(mg_tape *t) {
@@ -415,7 +379,7 @@ static int fuse_steps(mg_tape *t) {
         /* the elements it writes */
         memset(pm, 0, t->nparams ? t->nparams : 1);
         memset(qm, 0, t->npacked ? t->npacked : 1);
-        mark_ref(N, O, packed ? qm : pm, 1);
+        mark_ref(t, N, O, packed ? qm : pm, 1);
         int ok = 1;
         /* no other nest writes them; nothing after this one reads them */
         for (size_t j = 0; j < t->nbwd && ok; j++) {
@@ -443,7 +407,7 @@ static int fuse_steps(mg_tape *t) {
         N->flags |= MGK_F_STEP;
         N->init = *O;
         N->init.arr = packed ? MGK_PW : MGK_D;
-        mark_ref(N, O, packed ? fused_p : fused, 1);
+        mark_ref(t, N, O, packed ? fused_p : fused, 1);
     }
     t->fused = fused;
     t->fused_p = fused_p;
@@ -463,29 +427,28 @@ done:;
  * gradients written otherwise are zeroed, as ranges. Parameters' gradients accumulate across
  * samples and are never reset here. */
 
+typedef struct elem_marker {
+    const mg_tape *t;
+    int gather;
+    uint8_t *mark, *zero;
+} elem_marker;
+
+static int mark_elem(void *ctx, mgk_i64 pos) {
+    elem_marker *m = ctx;
+    mgk_i64 slot = m->gather ? (mgk_i64)m->t->ix[pos] : pos;
+    if (slot >= (mgk_i64)m->t->first_op && slot < (mgk_i64)m->t->nslots) {
+        if (!m->mark[slot] && m->zero) m->zero[slot] = 1;
+        m->mark[slot] = 1;
+    }
+    return 0;
+}
+
 /* Marks the computed-value gradients a ref touches as written; those not written before get
  * zeroed (when `zero` is given). */
 static void mark_elems(const mg_tape *t, const mgk_nest *N, const mgk_ref *X, uint8_t *mark,
                        uint8_t *zero) {
-    int dims[MGK_MAXD], nd = 0;
-    for (int d = 0; d < MGK_MAXD; d++)
-        if (N->n[d] > 1 && (X->gather || X->s[d] != 0)) dims[nd++] = d;
-    mgk_i64 iters = seq_iters(t, N, X);
-    for (mgk_i64 it = 0; it < iters; it++) {
-        mgk_i64 idx[MGK_MAXD] = {0};
-        for (;;) {
-            mgk_i64 pos = X->base + it * X->ts;
-            for (int k = 0; k < nd; k++) pos += idx[k] * X->s[dims[k]];
-            mgk_i64 slot = X->gather ? (mgk_i64)t->ix[pos] : pos;
-            if (slot >= (mgk_i64)t->first_op && slot < (mgk_i64)t->nslots) {
-                if (!mark[slot] && zero) zero[slot] = 1;
-                mark[slot] = 1;
-            }
-            int k = nd - 1;
-            while (k >= 0 && ++idx[k] == N->n[dims[k]]) idx[k--] = 0;
-            if (k < 0) break;
-        }
-    }
+    elem_marker m = {t, X->gather, mark, zero};
+    mg_ref__each(t, (size_t)(N - t->nests), X, mark_elem, &m);
 }
 
 static int plan_zeroing(mg_tape *t) {
@@ -627,6 +590,21 @@ static void tile_flag(const mg_tape *t, mgk_nest *N, const mg_nest_info *I) {
     }
 }
 
+typedef struct entry_converter {
+    mg_tape *t;
+    uint8_t *done; /* per index-table entry: converted already */
+} entry_converter;
+
+static int to_sample_entry(void *ctx, mgk_i64 pos) {
+    entry_converter *c = ctx;
+    mg_tape *t = c->t;
+    if (!c->done[pos]) {
+        if (per_sample(t, t->ix[pos])) t->ix[pos] = (t->ix[pos] - (mgk_idx)t->input0) | MGK_IX_PS;
+        c->done[pos] = 1;
+    }
+    return 0;
+}
+
 /* Per-sample operands read the per-sample arrays: positions relative to the first input slot
  * (index tables' entries converted once: a table may serve a nest and its gradient nest). */
 static int to_sample_arrays(mg_tape *t) {
@@ -652,25 +630,8 @@ static int to_sample_arrays(mg_tape *t) {
             }
             /* a table: each entry it reaches (every point, every iteration of its loop) names its
              * own array; the ref keeps D or G (nest_kernels.h's mgk_gat) */
-            int dims[MGK_MAXD], nd = 0;
-            for (int d = 0; d < MGK_MAXD; d++)
-                if (N->n[d] > 1 && X->s[d] != 0) dims[nd++] = d;
-            mgk_i64 iters = X->ts != 0 && t->info[k].seq > 1 ? (mgk_i64)t->info[k].seq : 1;
-            for (mgk_i64 it = 0; it < iters; it++) {
-                mgk_i64 idx[MGK_MAXD] = {0};
-                for (;;) {
-                    mgk_i64 pos = X->base + it * X->ts;
-                    for (int q = 0; q < nd; q++) pos += idx[q] * X->s[dims[q]];
-                    if (!done[pos]) {
-                        if (per_sample(t, t->ix[pos]))
-                            t->ix[pos] = (t->ix[pos] - (mgk_idx)t->input0) | MGK_IX_PS;
-                        done[pos] = 1;
-                    }
-                    int q = nd - 1;
-                    while (q >= 0 && ++idx[q] == N->n[dims[q]]) idx[q--] = 0;
-                    if (q < 0) break;
-                }
-            }
+            entry_converter c = {t, done};
+            mg_ref__each(t, k, X, to_sample_entry, &c);
         }
     }
     t->alloc.free_fn(done, t->alloc.ctx);

@@ -33,7 +33,10 @@ def mse(pred: Sequence[Scalar], target: Sequence[Scalar]) -> Value:
 def hinge(scores: Sequence[Scalar], labels: Sequence[Scalar]) -> Value:
     """Mean max-margin loss of micrograd's moons demo: ``sum(relu(1 - y*s)) * (1/n)``.
 
-    Labels are -1 or +1. Computed in the same order as the demo's Python, so results agree.
+    Labels are -1 or +1. Computed in the same order as the demo's Python, so results agree. The
+    op itself takes any real label (the margin loss of real-valued labels, differentiable in the
+    labels too); a compiled program's ``fit``/``forward`` refuse labels in ``Y`` other than -1
+    and +1, where a 0/1 dataset would otherwise train silently to nothing.
     """
     return _core.hinge(scores, labels)
 

@@ -421,10 +421,11 @@ def test_eval_finds_mnist_where_train_does_and_says_what_it_does(tmp_path):
         cwd=tmp_path,
     )
     assert r.returncode == 0, r.stderr
-    assert "training on the first 8,000 test images" in r.stderr
+    # 40 images: 32 train, the last 8 held out (the two never overlap)
+    assert "training on the first 32 test images, evaluating on the last 8" in r.stderr
     r = run("eval", "m.npz", env=env, cwd=tmp_path)  # the dataset comes from the model file
     assert r.returncode == 0, r.stderr
-    assert "training on" not in r.stderr and "evaluating on the last 2,000 test images" in r.stderr
+    assert "training on" not in r.stderr and "evaluating on the last 8 test images" in r.stderr
     assert r.stdout.startswith("mnist: accuracy ")
     r = run(
         "eval", "m.npz", "--dataset", "mnist", "--data-dir", str(cache), cwd=tmp_path
@@ -769,8 +770,51 @@ def test_limit_on_mnist_says_how_many_images_it_uses(tmp_path):
         "--epochs", "1", "--no-plot", cwd=tmp_path,
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
-    assert "training on the first 100 test images, evaluating on 25 of the last 2,000" in r.stderr
-    assert "100 training samples" in r.stderr
+    msg = "training on the first 100 test images, evaluating on the first 25 of the last 40"
+    assert msg in r.stderr and "100 training samples" in r.stderr
+
+
+def test_mnist_test_set_alone_is_split_without_overlap(tmp_path):
+    from micrograd_c.app.data import load_data
+
+    d = load_data("mnist", data_dir=str(write_small_mnist(tmp_path / "m", n=100)))
+    assert (len(d.Xtr), len(d.Xte)) == (80, 20)
+    rows = {r.tobytes() for r in d.Xtr}
+    assert not any(r.tobytes() in rows for r in d.Xte)
+    with pytest.raises(Exception, match="too few to hold some out"):
+        load_data("mnist", data_dir=str(write_small_mnist(tmp_path / "one", n=1)))
+
+
+def test_save_and_plot_to_one_file_is_refused_before_training(tmp_path):
+    for args in (["--save", "same.png", "--plot", "same.png"], ["--save", "moons.png"]):
+        r = run("train", "--epochs", "1", *args, cwd=tmp_path)
+        assert r.returncode == 2 and "would be written over the model" in r.stderr, r.stderr
+        assert "ready in" not in r.stderr
+    r = run("train", "--epochs", "1", "--save", "", "--no-plot", cwd=tmp_path)
+    assert r.returncode == 2 and "--save: the path is empty" in r.stderr
+    (tmp_path / "file").write_text("x")
+    r = run("train", "--epochs", "1", "--save", "file/m.npz", "--no-plot", cwd=tmp_path)
+    assert r.returncode == 2 and "file is not a directory" in r.stderr
+    assert os.listdir(tmp_path) == ["file"]
+
+
+def test_plot_format_is_checked_before_training_and_png_is_the_default(tmp_path):
+    pytest.importorskip("matplotlib")
+    r = run("train", "--epochs", "1", "--plot", "p.txt", cwd=tmp_path)
+    assert r.returncode == 2 and "matplotlib cannot write .txt files" in r.stderr
+    assert "ready in" not in r.stderr
+    r = run("train", "--epochs", "1", "--plot", "p", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "p.png").exists() and f"plot written to {tmp_path / 'p.png'}" in r.stdout
+
+
+def test_export_c_refuses_to_overwrite_its_model(tmp_path):
+    MLP(2, [2, 1]).save(tmp_path / "m")
+    model = next(p for p in tmp_path.iterdir())
+    before = model.read_bytes()
+    r = run("export-c", str(model), "-o", str(model))
+    assert r.returncode == 2 and "is the model file itself" in r.stderr
+    assert model.read_bytes() == before
 
 
 def test_a_failed_save_leaves_no_temporary_file(tmp_path, monkeypatch):

@@ -44,10 +44,12 @@ def test_fit_without_targets_is_refused_by_libmg():
 def test_a_target_that_is_not_a_class_index_names_its_row():
     tape = _classifier()
     before = tape.data().copy()
-    with pytest.raises(ValueError, match=r"^fit: the target of row 1 is 2, not a class index"):
+    with pytest.raises(
+        ValueError, match=r"^fit: the target in row 1, column 0 of Y is 2, not a class index"
+    ):
         tape.fit_epoch(X, np.array([0.0, 2.0]), 1, 0.1, False, 0, 0)
     assert np.array_equal(tape.data(), before)  # nothing trained
-    with pytest.raises(ValueError, match=r"^forward: the target of row 0 is -1"):
+    with pytest.raises(ValueError, match=r"^forward: the target in row 0, column 0 of Y is -1"):
         tape.forward(X[0], np.array([-1.0]))
 
 
@@ -99,9 +101,22 @@ def _program(backend: str) -> mc.Program:
         (lambda p: p.step(0.1, count=-1), ValueError, "count must be at least 1"),
         (lambda p: p.step(0.1, count=2**64), ValueError, "count must be at most"),
         (lambda p: p.step(0.1, count=2.0), TypeError, "count must be an integer"),
-        (lambda p: p.fit(X, np.array([0.0, 2.0])), ValueError, "target of row 1 is 2"),
-        (lambda p: p.fit(X, np.array([0.5, 1.0])), ValueError, "target of row 0 is 0.5"),
-        (lambda p: p.forward(X[0], [3.0]), ValueError, "target of row 0 is 3"),
+        (
+            lambda p: p.fit(X, np.array([0.0, 2.0])),
+            ValueError,
+            "target in row 1, column 0 of Y is 2,",
+        ),
+        (
+            lambda p: p.fit(X, np.array([0.5, 1.0])),
+            ValueError,
+            "target in row 0, column 0 of Y is 0.5,",
+        ),
+        (lambda p: p.forward(X[0], [3.0]), ValueError, "target in row 0, column 0 of Y is 3,"),
+        (
+            lambda p: p.fit(X, np.array([0.0, 1.0000000001])),
+            ValueError,
+            "target in row 1, column 0 of Y is 1.0000000001,",
+        ),
     ],
 )
 def test_program_arguments_are_one_line_errors(backend, call, exc, words):
@@ -163,13 +178,13 @@ def test_hinge_labels_from_data_are_minus_one_or_one(backend):
     before = p.parameters.copy()
     good = np.array([[1.0, -1.0], [-1.0, 1.0]])
     for bad, where in (
-        ([[1.0, -1.0], [0.0, 1.0]], "row 1, column 0 is 0"),
-        ([[1, 2], [1, 1]], "row 0, column 1 is 2"),
+        ([[1.0, -1.0], [0.0, 1.0]], "row 1, column 0 of Y is 0:"),
+        ([[1, 2], [1, 1]], "row 0, column 1 of Y is 2:"),
     ):
         with pytest.raises(ValueError, match="hinge labels are -1 or \\+1") as e:
             p.fit(X, np.array(bad, dtype=float))
         assert where in str(e.value)
-    with pytest.raises(ValueError, match="forward: the label in row 0, column 0 is 0.5"):
+    with pytest.raises(ValueError, match="forward: the label in row 0, column 0 of Y is 0.5"):
         p.forward(X[0], [0.5, 1.0])
     assert np.array_equal(p.parameters, before)
     assert math.isfinite(p.fit(X, good)[0])
@@ -223,3 +238,72 @@ def test_gradients_left_by_backward_do_not_reach_fit(backend):
         results[raise_loops] = clean.parameters.copy()
     # and the rerolled and scalar programs train to the same parameters (sums in another order)
     assert np.allclose(results[True], results[False], rtol=0, atol=1e-12)
+
+
+def test_an_input_used_as_the_class_is_checked_as_a_target():
+    x = mc.inputs(3)
+    w = [mc.Value(0.1 * (i + 1) - 0.3) for i in range(6)]
+    logits = [mc.affine(w[3 * k : 3 * k + 2], x[:2], w[3 * k + 2]) for k in range(2)]
+    p = mc.compile(mc.cross_entropy(logits, x[2]), x, params=w, backend="tape")
+    with pytest.raises(ValueError, match=r"^fit: the target in row 1, column 2 of X is 0.5,"):
+        p.fit(np.array([[0.1, 0.2, 1.0], [0.3, 0.4, 0.5]]))
+    assert math.isfinite(p.fit(np.array([[0.1, 0.2, 1.0], [0.3, 0.4, 0.0]]))[0])
+
+
+@pytest.mark.parametrize(
+    "call, exc, words",
+    [
+        (lambda p: p.fit(X, Y, shuffle="no"), TypeError, "shuffle must be True or False"),
+        (lambda p: p.fit(X, Y, progress=1), TypeError, "progress must be True or False"),
+        (lambda p: p.fit(X, Y, lr=True), TypeError, "lr must be a number"),
+        (lambda p: p.fit(X, Y, lr="0.1"), TypeError, "lr must be a number"),
+        (lambda p: p.step("0.1"), TypeError, "lr must be a number"),
+        (lambda p: p.fit(np.zeros((0, 2)), np.zeros(0)), ValueError, "X has no rows"),
+        (lambda p: p.c_source(None), TypeError, "prefix must be a string"),
+        (lambda p: p.c_source(5), TypeError, "prefix must be a string"),
+        (lambda p: p.c_source("m_", "yes"), TypeError, "inference_only must be True or False"),
+        (lambda p: p.c_source("mgc_\x00z"), ValueError, "NUL"),
+    ],
+)
+def test_program_flags_and_numbers_are_checked(call, exc, words):
+    p = _program("tape")
+    with pytest.raises(exc) as e:
+        call(p)
+    assert words in str(e.value) and "\n" not in str(e.value)
+
+
+def test_y_for_a_program_without_targets_is_refused():
+    x = mc.inputs(2)
+    w = [mc.Value(0.5), mc.Value(-0.25)]
+    p = mc.compile(mc.dot(w, x) ** 2, x, params=w, backend="tape")
+    with pytest.raises(ValueError, match="this program has no targets: pass Y=None"):
+        p.fit(X, np.zeros(5))
+    assert math.isfinite(p.fit(X)[0])
+
+
+@pytest.mark.parametrize(
+    "kw, exc, words",
+    [
+        (dict(raise_loops="no"), TypeError, "raise_loops must be True or False"),
+        (dict(fast_math="no"), TypeError, "fast_math must be True or False"),
+        (dict(cc=5), TypeError, "cc must be a command string"),
+        (dict(cc=["gcc"]), TypeError, "cc must be a command string"),
+        (dict(flags="-O2"), TypeError, "flags must be a list of strings"),
+        (dict(cc="gcc '", backend="c"), mc.CompileError, "is not a command line"),
+    ],
+)
+def test_compile_flags_and_toolchain_arguments_are_checked(kw, exc, words):
+    x = mc.inputs(1)
+    w = mc.Value(0.5)
+    with pytest.raises(exc) as e:
+        mc.compile((w * x[0] - 1.0) ** 2, x, params=[w], **kw)
+    assert words in str(e.value).splitlines()[0]
+
+
+def test_a_cc_that_is_not_a_command_line_falls_back_under_auto(monkeypatch):
+    monkeypatch.setenv("CC", "gcc '")
+    x = mc.inputs(1)
+    w = mc.Value(0.5)
+    with pytest.warns(RuntimeWarning, match="is not a command line"):
+        p = mc.compile((w * x[0] - 1.0) ** 2, x, params=[w], timeout=np.int64(5))
+    assert p.backend == "tape"

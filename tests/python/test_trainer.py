@@ -105,3 +105,10 @@ def test_a_loss_that_does_not_fit_the_data_is_refused_before_training():
         Trainer(_moons_model(), data, _moons_config(loss="xent"))
     with pytest.raises(ValueError, match="unknown backend"):
         Trainer(_moons_model(), data, _moons_config(backend="gpu"))
+    from micrograd_c.app.trainer import check_loss
+
+    with pytest.raises(ValueError, match="mse needs a dataset with one output"):
+        check_loss("mse", 10)
+    with pytest.raises(ValueError, match="hinge needs a two-class dataset"):
+        check_loss("hinge", 10)
+    check_loss("mse", 0)

@@ -70,9 +70,13 @@ def _logger(quiet: bool) -> Callable[[str], None]:
 def check_save_path(path: str, option: str = "--save") -> None:
     """Refuse an output path (``--save``, ``--plot``) that cannot be written, before any training
     happens."""
+    if not path:
+        raise UsageError(f"{option}: the path is empty")
     if os.path.isdir(path):
         raise UsageError(f"{option} {path}: is a directory")
     d = os.path.dirname(os.path.abspath(path))
+    if os.path.exists(d) and not os.path.isdir(d):
+        raise UsageError(f"{option} {path}: {d} is not a directory")
     if not os.path.isdir(d):
         raise UsageError(f"{option} {path}: the directory {d} does not exist")
     try:
@@ -81,6 +85,22 @@ def check_save_path(path: str, option: str = "--save") -> None:
         raise UsageError(f"{option} {path}: cannot write in {d} ({e.strerror})") from None
     os.close(fd)
     os.remove(probe)
+
+
+def check_plot_format(path: str) -> None:
+    """Refuse a ``--plot`` path whose format matplotlib cannot write (or no matplotlib), before
+    any training happens. A path without an extension gets ``.png``."""
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise UsageError("--plot needs matplotlib: pip install 'micrograd-c[plot]'") from None
+    ext = os.path.splitext(path)[1][1:].lower()
+    formats = Figure().canvas.get_supported_filetypes()
+    if ext and ext not in formats:
+        raise UsageError(
+            f"--plot {path}: matplotlib cannot write .{ext} files (it writes "
+            f"{', '.join('.' + f for f in sorted(formats))})"
+        )
 
 
 def save_model(path: str, model: MLP, meta: dict[str, Any]) -> None:
@@ -157,10 +177,12 @@ class _Progress:
 
 def cmd_train(args: argparse.Namespace) -> int:
     log = _logger(args.quiet)
-    if args.save:
+    if args.save is not None:
         check_save_path(args.save)  # before training: a bad path must not cost the trained model
-    if args.plot and not args.no_plot:
-        check_save_path(args.plot, "--plot")
+    plot_path = None if args.no_plot else args.plot
+    if plot_path is not None:
+        check_save_path(plot_path, "--plot")
+        check_plot_format(plot_path)
     d = DEFAULTS[args.dataset]
     hidden = parse_hidden(args.hidden) if args.hidden is not None else d.hidden
     cfg = TrainConfig(
@@ -174,6 +196,13 @@ def cmd_train(args: argparse.Namespace) -> int:
         backend=args.backend,
     )
     data = load_data(args.dataset, args.seed, args.data_dir, args.download, args.limit, log)
+    if args.save and not args.no_plot:
+        plot_to = plot_path or f"{data.name}.png"
+        if os.path.abspath(plot_to) == os.path.abspath(args.save):
+            raise UsageError(
+                f"--save {args.save}: the plot would be written over the model "
+                f"({'--plot' if plot_path else 'the default plot'} is the same file)"
+            )
     try:
         check_loss(cfg.loss, data.classes)
     except ValueError as e:
@@ -222,7 +251,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.save:
         say(f"model saved to {args.save}")
     if not args.no_plot:
-        path = args.plot or f"{data.name}.png"
+        path = plot_path or f"{data.name}.png"
         try:
             written = plot(path, data, trainer.predict, result.history, result.curve)
         except ImportError:
@@ -305,6 +334,8 @@ def cmd_export_c(args: argparse.Namespace) -> int:
             f"--prefix {args.prefix[:40]!r}: must be a C identifier (letters, digits, _), "
             f"at most 64 characters"
         )
+    if os.path.exists(args.output) and os.path.samefile(args.output, args.model):
+        raise UsageError(f"-o {args.output}: is the model file itself (it would be overwritten)")
     model, meta = load_model(args.model)
     src = _inference_program(model).c_source(prefix=args.prefix, inference_only=True)
     # Nothing read from the model file or a path reaches the source except numbers and names

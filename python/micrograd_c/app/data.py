@@ -110,9 +110,9 @@ def load_data(
 
     moons and xor are generated (micrograd's demo measures on its training set); digits is
     shuffled with ``seed`` and cut 80/20; MNIST is read from ``data_dir`` (see
-    :func:`locate_mnist`), and with only the test set present, training uses its first 8,000
-    images and evaluation its last 2,000. ``limit`` caps the training samples (and MNIST's
-    held-out ones at a quarter of it). ``purpose`` ("train" or "eval") only changes what is
+    :func:`locate_mnist`), and with only the test set present, training uses its first 80%
+    (8,000 of 10,000 images) and evaluation the rest. ``limit`` caps the training samples (and
+    MNIST's held-out ones at a quarter of it). ``purpose`` ("train" or "eval") only changes what is
     logged. Raises ``ValueError`` for an unknown name and
     :class:`~micrograd_c.datasets.DatasetError` for missing or malformed data.
     """
@@ -140,22 +140,32 @@ def load_data(
         if has_mnist(d, "train"):
             Xtr, ytr = ds.load_mnist(d, "train")
         else:
-            # only the test set is present: train on its first 8,000 images, evaluate on the rest
-            ntrain = min(8000, limit) if limit else 8000
-            held = "the last 2,000"
+            # only the test set is present: train on its first 80% (8,000 of MNIST's 10,000),
+            # evaluate on the rest; the two never overlap, whatever the file holds
+            n = len(Xte)
+            cut = n * 4 // 5
+            if cut == 0 or cut == n:
+                raise ds.DatasetError(
+                    f"{d}: {n} test image(s) and no training files: too few to hold some out"
+                )
+            Xtr, ytr, Xte, yte = Xte[:cut], yte[:cut], Xte[cut:], yte[cut:]
             if limit:
-                held = f"{min(2000, max(1, limit // 4)):,} of {held}"
+                Xtr, ytr = Xtr[:limit], ytr[:limit]
+                Xte, yte = Xte[: max(1, limit // 4)], yte[: max(1, limit // 4)]
+            held = f"the last {n - cut:,}"
+            if len(Xte) < n - cut:
+                held = f"the first {len(Xte):,} of {held}"
             if purpose == "train":
                 log(
-                    f"{d}: no training files; training on the first {ntrain:,} test images, "
+                    f"{d}: no training files; training on the first {len(Xtr):,} test images, "
                     f"evaluating on {held}"
                 )
             else:
                 log(
-                    f"{d}: no training files; evaluating on the last 2,000 test images "
+                    f"{d}: no training files; evaluating on {held} test images "
                     "(train held them out)"
                 )
-            Xtr, ytr, Xte, yte = Xte[:8000], yte[:8000], Xte[-2000:], yte[-2000:]
+            return Data(name, Xtr, ytr, Xte, yte, 10)
         if limit:
             Xtr, ytr = Xtr[:limit], ytr[:limit]
             Xte, yte = Xte[: max(1, limit // 4)], yte[: max(1, limit // 4)]

@@ -57,6 +57,8 @@ def plot(
         ax2.set_ylabel("held-out accuracy (after each epoch)")
         ax.set_title(f"{data.name}: training")
     fig.tight_layout()
+    if not os.path.splitext(path)[1]:
+        path += ".png"  # what savefig does without an extension: say the file it writes
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return os.path.abspath(path)

@@ -53,6 +53,8 @@ def check_loss(kind: str, classes: int) -> None:
         raise ValueError("xent needs a classification dataset (digits, mnist)")
     if kind == "hinge" and classes:
         raise ValueError("hinge needs a two-class dataset (moons, xor)")
+    if kind == "mse" and classes:
+        raise ValueError("mse needs a dataset with one output (moons, xor)")
 
 
 def build_loss(kind: str, out: Sequence[Value], y: Any, classes: int) -> Value:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ctypes
+import numbers
+import os
 import time
 import warnings
 from collections.abc import Sequence
@@ -28,6 +30,20 @@ def _count(name: str, value: Any, least: int, most: int = _SIZE_MAX) -> int:
     if value > most:
         raise ValueError(f"{name} must be at most {most}, got {value}")
     return int(value)
+
+
+def _flag(name: str, value: Any) -> bool:
+    """A bool argument (numpy's included), or a one-line ``TypeError``: ``"no"`` is not False."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be True or False, not {type(value).__name__} ({value!r})")
+    return bool(value)
+
+
+def _real(name: str, value: Any) -> float:
+    """A real-number argument (int, float, numpy scalars; not bool or str) as a float."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a number, not {type(value).__name__} ({value!r})")
+    return float(value)
 
 
 def inputs(n: int, value: float = 0.0) -> list[Value]:
@@ -74,7 +90,7 @@ class Program:
 
     def step(self, lr: float, count: int = 1) -> None:
         """SGD: ``param -= lr / count * grad``, then parameter gradients restart at zero."""
-        self.tape.step(float(lr), _count("count", count, 1))
+        self.tape.step(_real("lr", lr), _count("count", count, 1))
 
     def fit(
         self,
@@ -96,15 +112,23 @@ class Program:
         :meth:`backward` are discarded). ``batch_size`` larger than the data means one batch;
         ``threads`` spreads each batch's samples over threads, and the result does not depend on
         it (bitwise), since batches are cut into the same chunks, summed in the same order.
-        Cross-entropy targets must be class indices; a bad row raises ``ValueError`` naming it.
+        Cross-entropy targets must be class indices and hinge labels in ``Y`` -1 or +1; a bad row
+        raises ``ValueError`` naming it and its column (targets a graph computes are not checked:
+        a bad one gives a NaN loss, as IEEE arithmetic does).
         """
         epochs = _count("epochs", epochs, 0)
         batch_size = _count("batch_size", batch_size, 1)
         threads = _count("threads", threads, 1)
         seed = _count("seed", seed, 0)
-        lr = float(lr)
+        lr = _real("lr", lr)
+        shuffle = _flag("shuffle", shuffle)
+        progress = _flag("progress", progress)
         X = np.ascontiguousarray(X, dtype=np.float64)
         Y = None if Y is None else np.ascontiguousarray(Y, dtype=np.float64)
+        if Y is not None and not self.tape.ntargets:
+            raise ValueError("fit: this program has no targets: pass Y=None")
+        if X.ndim >= 1 and X.shape[0] == 0:
+            raise ValueError("fit: X has no rows (a mean loss over no samples is undefined)")
         bar: Any = range(epochs)
         if progress:
             try:
@@ -140,7 +164,11 @@ class Program:
 
     def c_source(self, prefix: str = "mgc_", inference_only: bool = False) -> str:
         """The program as self-contained C (inference-only: parameters inlined as constants)."""
-        return self.tape.emit_c(prefix, inference_only)
+        if not isinstance(prefix, str):
+            raise TypeError(f"prefix must be a string, not {type(prefix).__name__}")
+        if "\0" in prefix:
+            raise ValueError("prefix must be a C identifier: it contains a NUL character")
+        return self.tape.emit_c(prefix, _flag("inference_only", inference_only))
 
 
 def compile(
@@ -179,10 +207,18 @@ def compile(
     if backend not in ("auto", "tape", "c"):
         raise ValueError(f"backend must be 'auto', 'tape' or 'c', not {backend!r}")
     max_kernels = _count("max_kernels", max_kernels, 0)
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
-        raise TypeError(f"timeout must be a number of seconds, not {type(timeout).__name__}")
+    timeout = _real("timeout", timeout)
     if not timeout > 0:  # NaN included
         raise ValueError(f"timeout must be a positive number of seconds, got {timeout}")
+    raise_loops = _flag("raise_loops", raise_loops)
+    fast_math = _flag("fast_math", fast_math)
+    float32 = _flag("float32", float32)
+    if cc is not None and not isinstance(cc, str):
+        raise TypeError(f"cc must be a command string such as 'gcc', not {type(cc).__name__}")
+    if flags is not None and (isinstance(flags, str) or not all(isinstance(f, str) for f in flags)):
+        raise TypeError("flags must be a list of strings such as ['-O2'], not a string")
+    if cache is not None and not isinstance(cache, (str, os.PathLike)):
+        raise TypeError(f"cache must be a directory path, not {type(cache).__name__}")
     if float32 and backend != "c":
         raise ValueError("float32 storage is a property of compiled code: use backend='c'")
     if float32:

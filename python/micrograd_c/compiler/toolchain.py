@@ -179,7 +179,15 @@ def find_compiler(cc: str | None = None) -> Toolchain:
     that builds a shared library. Raises :class:`CompileError` when none works."""
     explicit = cc or os.environ.get("CC")
     if explicit:
-        cmd = shlex.split(explicit)
+        try:
+            cmd = shlex.split(explicit)
+        except ValueError as e:  # an unbalanced quote
+            raise CompileError(
+                f"the C compiler {explicit!r} (from {'cc=' if cc else '$CC'}) is not a command "
+                f"line: {e}"
+            ) from None
+        if not cmd:
+            raise CompileError(f"the C compiler {'cc=' if cc else '$CC'} is an empty command")
         tc = _probe(cmd)
         if tc is None:
             raise CompileError(
