@@ -172,7 +172,9 @@ def load_mnist(data_dir: str, split: str = "test") -> Arrays:
     labels = read_idx(_find(data_dir, MNIST_FILES[split][1]))
     if images.ndim != 3 or images.shape[1:] != (28, 28):
         raise DatasetError(f"{data_dir}: images have shape {images.shape}, expected (n, 28, 28)")
-    if labels.ndim != 1 or labels.shape[0] != images.shape[0]:
+    if labels.ndim != 1:
+        raise DatasetError(f"{data_dir}: labels have shape {labels.shape}, expected (n,)")
+    if labels.shape[0] != images.shape[0]:
         raise DatasetError(f"{data_dir}: {images.shape[0]} images but {labels.shape[0]} labels")
     if labels.size and labels.max() > 9:
         raise DatasetError(f"{data_dir}: labels outside 0-9")

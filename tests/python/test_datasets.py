@@ -76,6 +76,14 @@ def test_idx_validation(tmp_path):
     img.write_bytes(idx_bytes(np.zeros((11, 28, 28))))  # counts disagree
     with pytest.raises(ds.DatasetError, match="11 images but 12 labels"):
         ds.load_mnist(str(tmp_path))
+    img.write_bytes(idx_bytes(np.zeros((12, 28, 28))))
+    lab = tmp_path / "t10k-labels-idx1-ubyte"
+    good_labels = lab.read_bytes()
+    lab.write_bytes(idx_bytes(np.zeros((12, 1))))  # labels of two dimensions
+    with pytest.raises(ds.DatasetError, match=r"labels have shape \(12, 1\), expected \(n,\)"):
+        ds.load_mnist(str(tmp_path))
+    img.write_bytes(good)
+    lab.write_bytes(good_labels)
     corrupt = bytearray(gzip.compress(good))
     corrupt[20:30] = (
         b"\xff" * 10
