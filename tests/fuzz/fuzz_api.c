@@ -200,7 +200,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                 size_t bs = 1 + byte(&in) % 5, th = 1 + byte(&in) % 2;
                 mg_fit_options fo = {bs, 0.01, 1, 7, 0, th};
                 st = mg_tape_fit(t, X, NULL, nin <= 8 ? 16 : 0, &fo, NULL);
-                CHECK(st == MG_OK || st == MG_ENOMEM);
+                /* MG_EINVAL only for data a loss gives a meaning: an input used as a class */
+                CHECK(st == MG_OK || st == MG_ENOMEM ||
+                      (st == MG_EINVAL && strstr(mg_tape_last_error(t), "not a class index")));
                 CHECK_TAPE_STATUS(t, st);
                 if (nin <= 8) {
                     st = mg_tape_predict(t, X, 16, out);
