@@ -385,7 +385,7 @@ def test_parallel_part_builds_time_out_as_one(tmp_path):
     pidfile = tmp_path / "slow.pid"
     cmds = [["true"], ["sh", "-c", f"sleep 1000 & echo $! > {pidfile}; wait"]]
     with pytest.raises(subprocess.TimeoutExpired):
-        run_commands(cmds, timeout=1.0)
+        run_commands(cmds, timeout=3.0)  # room for sh to start and write its pidfile
     pid = int(pidfile.read_text())
     deadline = time.monotonic() + 30
     while not pid_gone(pid) and time.monotonic() < deadline:
