@@ -15,7 +15,7 @@
 #include <string.h>
 
 /* Raised whenever the generated code changes; part of compiled-code cache keys. */
-#define MG_EMITTER_VERSION 6
+#define MG_EMITTER_VERSION 7
 #define MG_DEFAULT_KERNELS 32
 
 int mg_tape_emitter_version(void) { return MG_EMITTER_VERSION; }
@@ -247,7 +247,7 @@ static void emit_kernels(sbuf *b, const mg_tape *t, const uint8_t *hot, size_t *
             putf(b,
                  "#if MG_HAS(%zu)\n"
                  "MG_KFN void mg_k%zu(const void *r) {\n"
-                 "    mgk_nest_run_k(&mg_nests[%zu], (const mgk_run *)r, %d, %d, %d, %d, "
+                 "    mgk_nest_path(&mg_nests[%zu], (const mgk_run *)r, %d, %d, 0, %d, %d, "
                  "%d);\n}\n#endif\n",
                  map[k], k, map[k], t->nests[k].term, t->nests[k].op,
                  MGK_PS(&t->nests[k].out) ? 1 : 0, (int)MGK_TILE_KIND(&t->nests[k]),

@@ -2,7 +2,7 @@
  *
  * This text is compiled into libmg's interpreter (descriptors read at run time, one instance per
  * term kind and op) and pasted verbatim into generated C (each hot nest a function calling
- * mgk_nest_run with a `static const` descriptor, which the C compiler folds into loops with
+ * mgk_nest_path with a `static const` descriptor, which the C compiler folds into loops with
  * constant bounds and strides). Both run the same statements in the same order, so they compute
  * the same bits. The includer defines mgk_real (kernels.h) and the op table's formulas,
  * mgk_op_fwd/mgk_op_da/mgk_op_db, first.
@@ -263,20 +263,6 @@ MGK_HOT void mgk_point1(const mgk_nest *N, const mgk_run *R, const int term, con
     }
 }
 
-/* One output point. A gathered output whose entry at this point is a per-sample element is not a
- * sum over the batch: each sample's point runs on its own. */
-MGK_HOT void mgk_point(const mgk_nest *N, const mgk_run *R, const int term, const int op,
-                       const int step, const int small, const mgk_i64 nbr, mgk_i64 po, mgk_i64 pi,
-                       mgk_i64 p0, mgk_i64 p1, mgk_i64 p2, mgk_i64 p3) {
-    if (N->out.gather && nbr > 1 && !(N->flags & MGK_F_SCATTER) && (R->ix[po] & MGK_IX_PS)) {
-        mgk_i64 sm;
-        for (sm = 0; sm < nbr; sm++)
-            mgk_point1(N, R, term, op, step, small, 1, sm * R->ss, po, pi, p0, p1, p2, p3);
-        return;
-    }
-    mgk_point1(N, R, term, op, step, small, nbr, 0, po, pi, p0, p1, p2, p3);
-}
-
 /* MGK_LANES consecutive points along the vector dim (no gather refs), `nl` of them valid: lane l
  * of operand j is at p_j + l * s_j. The lanes are what the C compiler vectorises; each lane's
  * terms are added in the order the scalar path adds them. */
@@ -444,106 +430,26 @@ MGK_HOT void mgk_tile(const mgk_nest *N, const mgk_run *R, const int small, cons
      : !MGK_PS(&(N)->x[0]) && MGK_PS(&(N)->x[1]) && !((N)->flags & MGK_F_STEP) ? 2                 \
                                                                                : 0)
 
-/* The outer loops of a nest over the run's arrays, `nbr` samples summed over per output. */
-MGK_HOT void mgk_nest_body(const mgk_nest *N, const mgk_run *R, const int term, const int op,
-                           const int small, const mgk_i64 nbr, const int tile2, const int block) {
-    const mgk_i64 *n = N->n;
-    const mgk_ref *O = &N->out, *I = &N->init, *X = N->x;
-    const mgk_i64 t = R->t;
-    const int step = (N->flags & MGK_F_STEP) && R->lr != 0.0 && R->nb <= 1;
-    const mgk_i64 n0 = small ? 1 : n[0], n1 = small ? 1 : n[1];
-    const mgk_i64 so = O->s[3], si = I->s[3], s0 = X[0].s[3], s1 = X[1].s[3], s2 = X[2].s[3],
-                  s3 = X[3].s[3];
-    mgk_i64 i0, i1, i2, i3;
-    (void)tile2;
-    for (i0 = 0; i0 < n0; i0++)
-        for (i1 = 0; i1 < n1; i1++) {
-#if MGK_VECTOR
-            if (tile2 && term == MGK_T_MUL && !step) {
-                /* rows along dim 2 in tiles: x0 is the same for every row (stride 0) */
-                for (i2 = 0; i2 < n[2]; i2 += MGK_TS) {
-                    const int nt = n[2] - i2 < MGK_TS ? (int)(n[2] - i2) : MGK_TS;
-                    for (i3 = 0; i3 + MGK_LANES <= n[3]; i3 += MGK_LANES) {
-                        if (nt == MGK_TS)
-                            mgk_tile(N, R, small, nbr, MGK_TS,
-                                     R->a[O->arr] + MGK_OPOS(O, t, i0, i1, i2, i3),
-                                     R->a[I->arr] + MGK_OPOS(I, t, i0, i1, i2, i3),
-                                     R->a[X[0].arr] + MGK_OPOS(&X[0], t, i0, i1, i2, i3),
-                                     R->a[X[1].arr] + MGK_OPOS(&X[1], t, i0, i1, i2, i3), O->s[2],
-                                     I->s[2], X[1].s[2]);
-                        else
-                            mgk_tile(N, R, small, nbr, nt,
-                                     R->a[O->arr] + MGK_OPOS(O, t, i0, i1, i2, i3),
-                                     R->a[I->arr] + MGK_OPOS(I, t, i0, i1, i2, i3),
-                                     R->a[X[0].arr] + MGK_OPOS(&X[0], t, i0, i1, i2, i3),
-                                     R->a[X[1].arr] + MGK_OPOS(&X[1], t, i0, i1, i2, i3), O->s[2],
-                                     I->s[2], X[1].s[2]);
-                    }
-                    if (i3 < n[3]) /* the partial lane block of each row */
-                        for (int q = 0; q < nt; q++)
-                            mgk_block(N, R, term, op, step, small, nbr, (int)(n[3] - i3),
-                                      MGK_OPOS(O, t, i0, i1, i2 + q, i3),
-                                      MGK_OPOS(I, t, i0, i1, i2 + q, i3),
-                                      MGK_OPOS(&X[0], t, i0, i1, i2 + q, i3),
-                                      MGK_OPOS(&X[1], t, i0, i1, i2 + q, i3),
-                                      MGK_OPOS(&X[2], t, i0, i1, i2 + q, i3),
-                                      MGK_OPOS(&X[3], t, i0, i1, i2 + q, i3));
-                }
-                continue;
-            }
-#endif
-            for (i2 = 0; i2 < n[2]; i2++) {
-                /* positions at (i0, i1, i2, 0), advanced along the vector dim */
-                mgk_i64 po = MGK_OPOS(O, t, i0, i1, i2, 0), pi = MGK_OPOS(I, t, i0, i1, i2, 0);
-                mgk_i64 q0 = MGK_OPOS(&X[0], t, i0, i1, i2, 0),
-                        q1 = MGK_OPOS(&X[1], t, i0, i1, i2, 0);
-                mgk_i64 q2 = MGK_OPOS(&X[2], t, i0, i1, i2, 0),
-                        q3 = MGK_OPOS(&X[3], t, i0, i1, i2, 0);
-                if (block) {
-                    for (i3 = 0; i3 < n[3]; i3 += MGK_LANES) {
-                        const int nl = n[3] - i3 < MGK_LANES ? (int)(n[3] - i3) : MGK_LANES;
-                        if (nl == MGK_LANES)
-                            mgk_block(N, R, term, op, step, small, nbr, MGK_LANES, po, pi, q0, q1,
-                                      q2, q3);
-                        else /* the partial last block */
-                            mgk_block(N, R, term, op, step, small, nbr, nl, po, pi, q0, q1, q2, q3);
-                        po += MGK_LANES * so;
-                        pi += MGK_LANES * si;
-                        q0 += MGK_LANES * s0;
-                        q1 += MGK_LANES * s1;
-                        q2 += MGK_LANES * s2;
-                        q3 += MGK_LANES * s3;
-                    }
-                } else {
-                    for (i3 = 0; i3 < n[3]; i3++) {
-                        mgk_point(N, R, term, op, step, small, nbr, po, pi, q0, q1, q2, q3);
-                        po += so;
-                        pi += si;
-                        q0 += s0;
-                        q1 += s1;
-                        q2 += s2;
-                        q3 += s3;
-                    }
-                }
-            }
-        }
-}
-
-/* Runs a nest with `small` given: 1 when dims 0, 1, 4 and 5 have size 1 (a nest with at most two
- * outer and two reduction dims, which is nearly every nest once contiguous dims are merged): the
- * interpreter's instances for such nests skip those loops. A nest writing per-sample values runs
- * once per sample (or, tiled, several samples at a time); one writing a shared array (a
- * parameter's gradient) sums over the samples inside each output. */
+/* Runs a nest. `term` and `op` repeat N->term and N->op as constants, so that each call site (an
+ * interpreter instance, or a generated function) keeps only its own term's code. `small`: dims 0,
+ * 1, 4 and 5 have size 1 (a nest with at most two outer and two reduction dims, which is nearly
+ * every nest once contiguous dims are merged), so the interpreter's instances for such nests skip
+ * those loops. The paths: `ps`, the output is per-sample; `tile`, MGK_TILE_KIND; `block`,
+ * MGK_F_BLOCK. Generated functions give them as constants, so the C compiler never keeps the
+ * others. A nest writing per-sample values runs once per sample (or, tiled, several samples at a
+ * time); one writing a shared array (a parameter's gradient) sums over the samples inside each
+ * output.
+ *
+ * This is one function over mgk_point1, mgk_block and mgk_tile, not a chain of inline functions:
+ * the C compiler optimises each function of such a chain on its own, with every inner one inlined,
+ * before it copies the outermost into a nest's function; a chain five deep was most of the time
+ * gcc spent on generated code. */
 MGK_HOT void mgk_nest_path(const mgk_nest *N, const mgk_run *R, const int term, const int op,
                            const int small, const int ps, const int tile, const int block) {
     const mgk_i64 nb = R->nb > 1 ? R->nb : 1;
     mgk_i64 sm;
-    if (!ps) { /* shared output: the samples are a reduction */
-        mgk_nest_body(N, R, term, op, small, nb, tile == 1, block);
-        return;
-    }
 #if MGK_VECTOR
-    if (tile == 2 && nb > 1) {
+    if (ps && tile == 2 && nb > 1) {
         /* samples in tiles: x0 (a shared weight) loaded once for several samples */
         const mgk_i64 *n = N->n, t = R->t, ss = R->ss;
         const mgk_ref *O = &N->out, *I = &N->init, *X = N->x;
@@ -588,11 +494,104 @@ MGK_HOT void mgk_nest_path(const mgk_nest *N, const mgk_run *R, const int term, 
         return;
     }
 #endif
-    for (sm = 0; sm < nb; sm++) {
+    /* A shared output sums over the samples inside each output point (one pass, nb samples);
+     * a per-sample output makes one pass per sample. */
+    for (sm = 0; sm < (ps ? nb : 1); sm++) {
         mgk_run Rs = *R;
-        Rs.a[MGK_BD] += sm * R->ss;
-        Rs.a[MGK_BG] += sm * R->ss;
-        mgk_nest_body(N, &Rs, term, op, small, 1, 0, block);
+        const mgk_run *const Rb = &Rs;
+        const mgk_i64 nbr = ps ? 1 : nb;
+        const int tile2 = !ps && tile == 1;
+        if (ps) {
+            Rs.a[MGK_BD] += sm * R->ss;
+            Rs.a[MGK_BG] += sm * R->ss;
+        }
+        const mgk_i64 *n = N->n;
+        const mgk_ref *O = &N->out, *I = &N->init, *X = N->x;
+        const mgk_i64 t = Rb->t;
+        const int step = (N->flags & MGK_F_STEP) && Rb->lr != 0.0 && Rb->nb <= 1;
+        const mgk_i64 n0 = small ? 1 : n[0], n1 = small ? 1 : n[1];
+        const mgk_i64 so = O->s[3], si = I->s[3], s0 = X[0].s[3], s1 = X[1].s[3], s2 = X[2].s[3],
+                      s3 = X[3].s[3];
+        mgk_i64 i0, i1, i2, i3;
+        for (i0 = 0; i0 < n0; i0++)
+            for (i1 = 0; i1 < n1; i1++) {
+#if MGK_VECTOR
+                if (tile2 && term == MGK_T_MUL && !step) {
+                    /* rows along dim 2 in tiles: x0 is the same for every row (stride 0) */
+                    for (i2 = 0; i2 < n[2]; i2 += MGK_TS) {
+                        const int nt = n[2] - i2 < MGK_TS ? (int)(n[2] - i2) : MGK_TS;
+                        for (i3 = 0; i3 + MGK_LANES <= n[3]; i3 += MGK_LANES) {
+                            if (nt == MGK_TS)
+                                mgk_tile(N, Rb, small, nbr, MGK_TS,
+                                         Rb->a[O->arr] + MGK_OPOS(O, t, i0, i1, i2, i3),
+                                         Rb->a[I->arr] + MGK_OPOS(I, t, i0, i1, i2, i3),
+                                         Rb->a[X[0].arr] + MGK_OPOS(&X[0], t, i0, i1, i2, i3),
+                                         Rb->a[X[1].arr] + MGK_OPOS(&X[1], t, i0, i1, i2, i3),
+                                         O->s[2], I->s[2], X[1].s[2]);
+                            else
+                                mgk_tile(N, Rb, small, nbr, nt,
+                                         Rb->a[O->arr] + MGK_OPOS(O, t, i0, i1, i2, i3),
+                                         Rb->a[I->arr] + MGK_OPOS(I, t, i0, i1, i2, i3),
+                                         Rb->a[X[0].arr] + MGK_OPOS(&X[0], t, i0, i1, i2, i3),
+                                         Rb->a[X[1].arr] + MGK_OPOS(&X[1], t, i0, i1, i2, i3),
+                                         O->s[2], I->s[2], X[1].s[2]);
+                        }
+                        if (i3 < n[3]) /* the partial lane block of each row */
+                            for (int q = 0; q < nt; q++)
+                                mgk_block(N, Rb, term, op, step, small, nbr, (int)(n[3] - i3),
+                                          MGK_OPOS(O, t, i0, i1, i2 + q, i3),
+                                          MGK_OPOS(I, t, i0, i1, i2 + q, i3),
+                                          MGK_OPOS(&X[0], t, i0, i1, i2 + q, i3),
+                                          MGK_OPOS(&X[1], t, i0, i1, i2 + q, i3),
+                                          MGK_OPOS(&X[2], t, i0, i1, i2 + q, i3),
+                                          MGK_OPOS(&X[3], t, i0, i1, i2 + q, i3));
+                    }
+                    continue;
+                }
+#endif
+                for (i2 = 0; i2 < n[2]; i2++) {
+                    /* positions at (i0, i1, i2, 0), advanced along the vector dim */
+                    mgk_i64 po = MGK_OPOS(O, t, i0, i1, i2, 0), pi = MGK_OPOS(I, t, i0, i1, i2, 0);
+                    mgk_i64 q0 = MGK_OPOS(&X[0], t, i0, i1, i2, 0),
+                            q1 = MGK_OPOS(&X[1], t, i0, i1, i2, 0);
+                    mgk_i64 q2 = MGK_OPOS(&X[2], t, i0, i1, i2, 0),
+                            q3 = MGK_OPOS(&X[3], t, i0, i1, i2, 0);
+                    if (block) {
+                        for (i3 = 0; i3 < n[3]; i3 += MGK_LANES) {
+                            const int nl = n[3] - i3 < MGK_LANES ? (int)(n[3] - i3) : MGK_LANES;
+                            if (nl == MGK_LANES)
+                                mgk_block(N, Rb, term, op, step, small, nbr, MGK_LANES, po, pi, q0,
+                                          q1, q2, q3);
+                            else /* the partial last block */
+                                mgk_block(N, Rb, term, op, step, small, nbr, nl, po, pi, q0, q1, q2,
+                                          q3);
+                            po += MGK_LANES * so;
+                            pi += MGK_LANES * si;
+                            q0 += MGK_LANES * s0;
+                            q1 += MGK_LANES * s1;
+                            q2 += MGK_LANES * s2;
+                            q3 += MGK_LANES * s3;
+                        }
+                    } else {
+                        for (i3 = 0; i3 < n[3]; i3++) {
+                            /* a gathered output whose entry here is a per-sample element is no sum
+                             * over the batch: each sample's point runs on its own */
+                            const int each = O->gather && nbr > 1 && !(N->flags & MGK_F_SCATTER) &&
+                                             (Rb->ix[po] & MGK_IX_PS);
+                            mgk_i64 sp;
+                            for (sp = 0; sp < (each ? nbr : 1); sp++)
+                                mgk_point1(N, Rb, term, op, step, small, each ? 1 : nbr,
+                                           each ? sp * Rb->ss : 0, po, pi, q0, q1, q2, q3);
+                            po += so;
+                            pi += si;
+                            q0 += s0;
+                            q1 += s1;
+                            q2 += s2;
+                            q3 += s3;
+                        }
+                    }
+                }
+            }
     }
 }
 
@@ -601,18 +600,6 @@ MGK_HOT void mgk_nest_shape(const mgk_nest *N, const mgk_run *R, const int term,
                             const int small) {
     mgk_nest_path(N, R, term, op, small, MGK_PS(&N->out), MGK_TILE_KIND(N),
                   (N->flags & MGK_F_BLOCK) != 0);
-}
-
-/* Runs a nest. `term` and `op` repeat N->term and N->op as constants, so that each call site
- * (an interpreter instance, or a generated function) keeps only its own term's code; generated
- * functions also give the paths (`ps`: the output is per-sample, `tile`: MGK_TILE_KIND, `block`:
- * MGK_F_BLOCK) as constants, so the C compiler never sees the others. */
-MGK_HOT void mgk_nest_run(const mgk_nest *N, const mgk_run *R, const int term, const int op) {
-    mgk_nest_shape(N, R, term, op, 0);
-}
-MGK_HOT void mgk_nest_run_k(const mgk_nest *N, const mgk_run *R, const int term, const int op,
-                            const int ps, const int tile, const int block) {
-    mgk_nest_path(N, R, term, op, 0, ps, tile, block);
 }
 
 #endif /* MGK_NEST_KERNELS_H */
