@@ -287,6 +287,35 @@ def test_resolved_target_describes_this_machine():
     assert compiler.toolchain.resolved_target(CC, ["-O2", "-ffp-contract=off"]) == ""
 
 
+@needs_cc
+@posix_only
+@pytest.mark.parametrize("answer", ["refuses", "warns", "takes"])
+def test_default_flags_add_an_optional_flag_only_where_the_compiler_takes_it(tmp_path, answer):
+    """clang refuses gcc's -fvect-cost-model; a compiler that only warns about a flag does not get
+    it either; one that takes it silently does."""
+    flag = "-fvect-cost-model=cheap"
+    cc = tmp_path / f"cc-that-{answer}"
+    real = " ".join(CC.command)
+    cc.write_text(
+        "#!/bin/sh\n"
+        'for a in "$@"; do\n'
+        f'  if [ "$a" = "{flag}" ]; then\n'
+        + {
+            "refuses": "    echo 'error: unknown argument' >&2; exit 1\n",
+            "warns": "    echo 'warning: argument unused' >&2\n",
+            "takes": "    :\n",
+        }[answer]
+        + "  fi\n"
+        "done\n"
+        f'exec {real} "$@"\n'
+    )
+    cc.chmod(0o755)
+    flags = compiler.default_flags(compiler.find_compiler(str(cc)))
+    assert flags[: len(compiler.DEFAULT_FLAGS)] == compiler.DEFAULT_FLAGS
+    assert set(flags[len(compiler.DEFAULT_FLAGS) :]) <= set(compiler.OPTIONAL_FLAGS)
+    assert (flag in flags) == (answer == "takes")
+
+
 # ---- item 8: hanging compilers and fallback directories --------------------------------------
 
 

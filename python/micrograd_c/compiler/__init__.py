@@ -22,6 +22,7 @@ from .program import Program, compile, inputs
 from .toolchain import (
     CANDIDATES,
     DEFAULT_FLAGS,
+    OPTIONAL_FLAGS,
     CompileError,
     Toolchain,
     default_flags,
@@ -39,6 +40,7 @@ __all__ = [
     "build_library",
     "load_library",
     "DEFAULT_FLAGS",
+    "OPTIONAL_FLAGS",
     "CANDIDATES",
     "default_flags",
 ]
