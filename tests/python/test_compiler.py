@@ -212,6 +212,47 @@ def test_one_epoch_gives_the_same_parameters_on_every_backend(batch_size):
         assert np.array_equal(results["c"], results["tape"])  # same kernels, same order: bitwise
 
 
+def test_a_batch_too_large_for_the_cache_is_still_the_mean_of_its_samples():
+    """~48k per-sample values: more than the cache budget of the samples a chunk keeps in flight
+    (fit.c's MG_FIT_SUB_BYTES), so a batch's samples go through the nests one or two at a time.
+    The parameters still equal the definition (the mean of per-sample gradients, in sample order)
+    to 1e-12, bitwise for 1, 2 and 3 threads, and bitwise between the tape and compiled code."""
+    random.seed(5)
+    r = np.random.default_rng(5)
+    x, y = mc.inputs(4), mc.inputs(1)
+    w = [Value(random.uniform(-0.5, 0.5)) for _ in range(12000)]
+    v = [Value(random.uniform(-0.01, 0.01)) for _ in range(12000)]
+    b = Value(0.1)
+    h = [(x[k % 4] * w[k] + b).tanh() for k in range(12000)]
+    out = sum((hk * vk for hk, vk in zip(h, v)), Value(0.0))
+    loss = (out - y[0]) ** 2
+    params = w + v + [b]
+    X, Y = r.uniform(-1, 1, size=(8, 4)), r.uniform(-1, 1, size=(8, 1))
+    progs = {
+        be: mc.compile(loss, inputs=x, targets=y, params=params, backend=be)
+        for be in ["tape"] + (["c"] if HAVE_CC else [])
+    }
+    ref = progs["tape"]
+    p0 = ref.parameters.copy()
+    got = {}
+    for be, prog in progs.items():
+        for threads in (1, 2, 3):
+            prog.parameters[:] = p0
+            prog.fit(X, Y, epochs=1, lr=0.05, batch_size=8, shuffle=False, threads=threads)
+            got[be, threads] = prog.parameters.copy()
+    # the definition: per-sample gradients accumulated in sample order, one step of their mean
+    ref.parameters[:] = p0
+    for s in range(8):
+        ref.forward(X[s], Y[s])
+        ref.backward()
+    ref.step(0.05, 8)
+    want = ref.parameters.copy()
+    assert not np.array_equal(want, p0)
+    for key, params_after in got.items():
+        assert np.allclose(params_after, want, rtol=1e-12, atol=1e-15), key
+        assert np.array_equal(params_after, got["tape", 1]), key
+
+
 def _shuffled_order(prog, X, Y, batch_size):
     """The visiting order of epoch 0, seed 11: the documented Fisher-Yates over the kernels'
     generator (xoshiro256** seeded by splitmix64), reimplemented here independently."""
