@@ -109,10 +109,14 @@ typedef struct mgk_run {
 #define MGK_VW (MGK_VBYTES / MGK_REAL_BYTES) /* lanes per native vector */
 #define MGK_NV (MGK_LANES / MGK_VW)          /* native vectors per block */
 typedef mgk_real mgk_vec __attribute__((vector_size(MGK_VBYTES)));
+/* the same, at any element's address, and allowed to alias the slot arrays */
+typedef mgk_real mgk_vec_u
+    __attribute__((vector_size(MGK_VBYTES), aligned(MGK_REAL_BYTES), may_alias));
 /* unaligned loads and stores; macros, since a function passing such vectors by value would
- * change the ABI on targets without registers that wide */
-#define MGK_VLOAD(v, p) __builtin_memcpy(&(v), (p), sizeof(mgk_vec))
-#define MGK_VSTORE(p, v) __builtin_memcpy((p), &(v), sizeof(mgk_vec))
+ * change the ABI on targets without registers that wide. Plain assignments, not memcpy: taking a
+ * vector's address would keep a tile's accumulators in memory (gcc then spills all of them). */
+#define MGK_VLOAD(v, p) ((v) = *(const mgk_vec_u *)(const void *)(p))
+#define MGK_VSTORE(p, v) (*(mgk_vec_u *)(void *)(p) = (v))
 /* every lane x (not {0} + x: adding zero turns -0.0 into +0.0) */
 #if MGK_VW == 2
 #define MGK_VSPLAT(x) ((mgk_vec){(x), (x)})
@@ -123,6 +127,10 @@ typedef mgk_real mgk_vec __attribute__((vector_size(MGK_VBYTES)));
 #else
 #error "unexpected vector width"
 #endif
+/* Unrolls the loop that follows completely: the loops over a block's vectors and a tile's rows,
+ * whose accumulators must live in registers (gcc -O2 leaves an 8-row loop rolled, with every
+ * accumulator in memory: a load, an add and a store per row and term). */
+#define MGK_UNROLL _Pragma("GCC unroll 16")
 #else
 #define MGK_VECTOR 0
 #endif
@@ -218,10 +226,12 @@ MGK_HOT void mgk_point1(const mgk_nest *N, const mgk_run *R, const int term, con
                             const mgk_real *y0 = MGK_ATS(R, &X[0], q0, so),
                                            *y1 = MGK_ATS(R, &X[1], q1, so);
                             int k;
+                            MGK_UNROLL
                             for (k = 0; k < MGK_NV; k++) v[k] = MGK_VSPLAT((mgk_real)0);
                             if (!X[0].s[7]) a = MGK_VSPLAT(*y0);
                             if (term == MGK_T_MUL && !X[1].s[7]) b = MGK_VSPLAT(*y1);
-                            for (; r7 + MGK_LANES <= n[7]; r7 += MGK_LANES)
+                            for (; r7 + MGK_LANES <= n[7]; r7 += MGK_LANES) {
+                                MGK_UNROLL
                                 for (k = 0; k < MGK_NV; k++) {
                                     if (X[0].s[7]) MGK_VLOAD(a, y0 + r7 + k * MGK_VW);
                                     if (term == MGK_T_ONE) {
@@ -231,6 +241,8 @@ MGK_HOT void mgk_point1(const mgk_nest *N, const mgk_run *R, const int term, con
                                         v[k] += a * b;
                                     }
                                 }
+                            }
+                            MGK_UNROLL
                             for (k = 0; k < MGK_NV; k++) MGK_VSTORE(part + k * MGK_VW, v[k]);
                         }
 #endif
@@ -288,6 +300,7 @@ MGK_HOT void mgk_block(const mgk_nest *N, const mgk_run *R, const int term, cons
         (!step || N->init.s[3] == 1) && N->mode != MGK_SET && N->init.s[3] >= 0) {
         mgk_vec v[MGK_NV], a = MGK_VSPLAT((mgk_real)0), b = a;
         int k;
+        MGK_UNROLL
         for (k = 0; k < MGK_NV; k++) {
             if (N->mode == MGK_SUM0 || step) v[k] = MGK_VSPLAT((mgk_real)0);
             else if (N->mode == MGK_SUMI && N->init.s[3] == 0)
@@ -304,6 +317,7 @@ MGK_HOT void mgk_block(const mgk_nest *N, const mgk_run *R, const int term, cons
                             const mgk_real *y1 = x1 + sm * ps1 + MGK_RPOS(&X[1], r4, r5, r6, r7);
                             if (!s0) a = MGK_VSPLAT(*y0);
                             if (term == MGK_T_MUL && !s1) b = MGK_VSPLAT(*y1);
+                            MGK_UNROLL
                             for (k = 0; k < MGK_NV; k++) {
                                 if (s0) MGK_VLOAD(a, y0 + k * MGK_VW);
                                 if (term == MGK_T_ONE) {
@@ -317,6 +331,7 @@ MGK_HOT void mgk_block(const mgk_nest *N, const mgk_run *R, const int term, cons
         if (step) {
             mgk_real *w = R->a[N->init.arr] + pi;
             const mgk_vec lr = MGK_VSPLAT((mgk_real)R->lr);
+            MGK_UNROLL
             for (k = 0; k < MGK_NV; k++) {
                 MGK_VLOAD(a, w + k * MGK_VW);
                 v[k] = a - lr * v[k];
@@ -324,8 +339,10 @@ MGK_HOT void mgk_block(const mgk_nest *N, const mgk_run *R, const int term, cons
             o = w;
         }
         if (nl == MGK_LANES) {
+            MGK_UNROLL
             for (k = 0; k < MGK_NV; k++) MGK_VSTORE(o + k * MGK_VW, v[k]);
         } else {
+            MGK_UNROLL
             for (k = 0; k < MGK_NV; k++) MGK_VSTORE(acc + k * MGK_VW, v[k]);
             for (l = 0; l < nl; l++) o[l] = acc[l];
         }
@@ -375,24 +392,37 @@ MGK_HOT void mgk_block(const mgk_nest *N, const mgk_run *R, const int term, cons
  * (init) and `rb` (operand b) elements apart, for sums of products x0 * x1 where x0 is the same
  * for every row and unit-stride along the lanes, and x1 is one value per row (broadcast along the
  * lanes): each x0 vector is loaded once for the tile (the micro-kernel of a matrix product). Rows
- * are samples of a batch, or outer points. `nbr` samples are summed over, outermost, as ever. */
+ * are samples of a batch, or outer points. `nbr` samples are summed over, outermost, as ever.
+ * `nl` lanes are valid: the last block of a row computes every lane (reading at most
+ * MGK_LANES - 1 elements past the row, which the padding allows) and stores the valid ones.
+ * With `ra` nonzero, x0 moves by `ra` elements from row to row and x1 by `rb` (0: the same
+ * value for every row): the rows are then consecutive blocks along the vector dim, so that a
+ * matrix-vector product (batch size 1) keeps several independent sums in flight instead of one
+ * chain of dependent additions per block. */
 #define MGK_TS (16 / MGK_NV > 8 ? 8 : 16 / MGK_NV)
+#if MGK_LANES != 8
+#error "mgk_tile stores a partial block lane by lane, written out for 8 lanes"
+#endif
 MGK_HOT void mgk_tile(const mgk_nest *N, const mgk_run *R, const int small, const mgk_i64 nbr,
-                      const int nt, mgk_real *o, const mgk_real *in, const mgk_real *a0,
-                      const mgk_real *b0, const mgk_i64 ro, const mgk_i64 ri, const mgk_i64 rb) {
+                      const int nt, const int nl, mgk_real *o, const mgk_real *in,
+                      const mgk_real *a0, const mgk_real *b0, const mgk_i64 ro, const mgk_i64 ri,
+                      const mgk_i64 ra, const mgk_i64 rb) {
     MGK_SIZES(n, N->n, small);
     const mgk_ref *X = N->x;
     const mgk_i64 psa = MGK_PS(&X[0]) ? R->ss : 0, psb = MGK_PS(&X[1]) ? R->ss : 0;
-    mgk_vec v[MGK_TS][MGK_NV], a[MGK_NV], b;
+    mgk_vec v[MGK_TS][MGK_NV] = {{MGK_VSPLAT((mgk_real)0)}}, a[MGK_NV], b;
     mgk_i64 r4, r5, r6, r7, sm;
     int k, q;
-    for (q = 0; q < nt; q++)
+    MGK_UNROLL
+    for (q = 0; q < nt; q++) {
+        MGK_UNROLL
         for (k = 0; k < MGK_NV; k++) {
             if (N->mode == MGK_SUM0) v[q][k] = MGK_VSPLAT((mgk_real)0);
             else if (N->mode == MGK_SUMI && N->init.s[3] == 0) v[q][k] = MGK_VSPLAT(in[q * ri]);
             else if (N->mode == MGK_SUMI) MGK_VLOAD(v[q][k], in + q * ri + k * MGK_VW);
             else MGK_VLOAD(v[q][k], o + q * ro + k * MGK_VW);
         }
+    }
     for (sm = 0; sm < nbr; sm++)
         for (r4 = 0; r4 < n[4]; r4++)
             for (r5 = 0; r5 < n[5]; r5++)
@@ -400,14 +430,42 @@ MGK_HOT void mgk_tile(const mgk_nest *N, const mgk_run *R, const int small, cons
                     for (r7 = 0; r7 < n[7]; r7++) {
                         const mgk_real *y0 = a0 + sm * psa + MGK_RPOS(&X[0], r4, r5, r6, r7);
                         const mgk_real *y1 = b0 + sm * psb + MGK_RPOS(&X[1], r4, r5, r6, r7);
+                        MGK_UNROLL
                         for (k = 0; k < MGK_NV; k++) MGK_VLOAD(a[k], y0 + k * MGK_VW);
+                        MGK_UNROLL
                         for (q = 0; q < nt; q++) {
                             b = MGK_VSPLAT(y1[q * rb]);
-                            for (k = 0; k < MGK_NV; k++) v[q][k] += a[k] * b;
+                            MGK_UNROLL
+                            for (k = 0; k < MGK_NV; k++) {
+                                if (ra) MGK_VLOAD(a[k], y0 + q * ra + k * MGK_VW);
+                                v[q][k] += a[k] * b;
+                            }
                         }
                     }
-    for (q = 0; q < nt; q++)
-        for (k = 0; k < MGK_NV; k++) MGK_VSTORE(o + q * ro + k * MGK_VW, v[q][k]);
+    if (nl == MGK_LANES) {
+        MGK_UNROLL
+        for (q = 0; q < nt; q++) {
+            MGK_UNROLL
+            for (k = 0; k < MGK_NV; k++) MGK_VSTORE(o + q * ro + k * MGK_VW, v[q][k]);
+        }
+    } else { /* the last block of a row: every lane computed, the valid ones stored (lane by
+              * lane, at constant lane indices: storing the vectors into an array first would
+              * make gcc keep every accumulator of the tile in memory) */
+        MGK_UNROLL
+        for (q = 0; q < nt; q++) {
+            mgk_real *const p = o + q * ro;
+#define MGK_LANE_OUT(l)                                                                            \
+    if ((l) < nl) p[l] = v[q][(l) / MGK_VW][(l) % MGK_VW]
+            MGK_LANE_OUT(0);
+            MGK_LANE_OUT(1);
+            MGK_LANE_OUT(2);
+            MGK_LANE_OUT(3);
+            MGK_LANE_OUT(4);
+            MGK_LANE_OUT(5);
+            MGK_LANE_OUT(6);
+#undef MGK_LANE_OUT
+        }
+    }
 }
 #endif
 
@@ -462,8 +520,9 @@ MGK_HOT void mgk_nest_path(const mgk_nest *N, const mgk_run *R, const int term, 
             Rs.a[MGK_BG] += sm * ss;
             for (i0 = 0; i0 < (small ? 1 : n[0]); i0++)
                 for (i1 = 0; i1 < (small ? 1 : n[1]); i1++)
-                    for (i2 = 0; i2 < n[2]; i2++) {
-                        for (i3 = 0; i3 + MGK_LANES <= n[3]; i3 += MGK_LANES) {
+                    for (i2 = 0; i2 < n[2]; i2++)
+                        for (i3 = 0; i3 < n[3]; i3 += MGK_LANES) {
+                            const int nl = n[3] - i3 < MGK_LANES ? (int)(n[3] - i3) : MGK_LANES;
                             mgk_real *o = Rs.a[O->arr] + MGK_OPOS(O, t, i0, i1, i2, i3);
                             const mgk_real *in = Rs.a[I->arr] + MGK_OPOS(I, t, i0, i1, i2, i3);
                             const mgk_real *a0 =
@@ -471,25 +530,10 @@ MGK_HOT void mgk_nest_path(const mgk_nest *N, const mgk_run *R, const int term, 
                             const mgk_real *b0 =
                                 Rs.a[X[1].arr] + MGK_OPOS(&X[1], t, i0, i1, i2, i3);
                             if (nt == MGK_TS)
-                                mgk_tile(N, &Rs, small, 1, MGK_TS, o, in, a0, b0, ss, ri, ss);
-                            else mgk_tile(N, &Rs, small, 1, nt, o, in, a0, b0, ss, ri, ss);
+                                mgk_tile(N, &Rs, small, 1, MGK_TS, nl, o, in, a0, b0, ss, ri, 0,
+                                         ss);
+                            else mgk_tile(N, &Rs, small, 1, nt, nl, o, in, a0, b0, ss, ri, 0, ss);
                         }
-                        if (i3 < n[3]) { /* the partial lane block, sample by sample */
-                            int q;
-                            for (q = 0; q < nt; q++) {
-                                mgk_run Rq = Rs;
-                                Rq.a[MGK_BD] += q * ss;
-                                Rq.a[MGK_BG] += q * ss;
-                                mgk_block(N, &Rq, term, op, 0, small, 1, (int)(n[3] - i3),
-                                          MGK_OPOS(O, t, i0, i1, i2, i3),
-                                          MGK_OPOS(I, t, i0, i1, i2, i3),
-                                          MGK_OPOS(&X[0], t, i0, i1, i2, i3),
-                                          MGK_OPOS(&X[1], t, i0, i1, i2, i3),
-                                          MGK_OPOS(&X[2], t, i0, i1, i2, i3),
-                                          MGK_OPOS(&X[3], t, i0, i1, i2, i3));
-                            }
-                        }
-                    }
         }
         return;
     }
@@ -509,6 +553,13 @@ MGK_HOT void mgk_nest_path(const mgk_nest *N, const mgk_run *R, const int term, 
         const mgk_ref *O = &N->out, *I = &N->init, *X = N->x;
         const mgk_i64 t = Rb->t;
         const int step = (N->flags & MGK_F_STEP) && Rb->lr != 0.0 && Rb->nb <= 1;
+        /* sums of products along the vector dim of a unit-stride x0 and a broadcast x1 (a
+         * matrix-vector product): full blocks in tiles of blocks */
+        const int wide = MGK_VECTOR && term == MGK_T_MUL && !step && N->mode != MGK_SET &&
+                         O->s[3] == 1 && X[0].s[3] == 1 && X[1].s[3] == 0 && !O->gather &&
+                         !X[0].gather && !X[1].gather && I->s[3] >= 0 &&
+                         (N->mode != MGK_SUMI || I->s[3] <= 1) && n[3] >= 2 * MGK_LANES;
+        (void)wide;
         const mgk_i64 n0 = small ? 1 : n[0], n1 = small ? 1 : n[1];
         const mgk_i64 so = O->s[3], si = I->s[3], s0 = X[0].s[3], s1 = X[1].s[3], s2 = X[2].s[3],
                       s3 = X[3].s[3];
@@ -520,31 +571,21 @@ MGK_HOT void mgk_nest_path(const mgk_nest *N, const mgk_run *R, const int term, 
                     /* rows along dim 2 in tiles: x0 is the same for every row (stride 0) */
                     for (i2 = 0; i2 < n[2]; i2 += MGK_TS) {
                         const int nt = n[2] - i2 < MGK_TS ? (int)(n[2] - i2) : MGK_TS;
-                        for (i3 = 0; i3 + MGK_LANES <= n[3]; i3 += MGK_LANES) {
+                        for (i3 = 0; i3 < n[3]; i3 += MGK_LANES) {
+                            const int nl = n[3] - i3 < MGK_LANES ? (int)(n[3] - i3) : MGK_LANES;
+                            mgk_real *o = Rb->a[O->arr] + MGK_OPOS(O, t, i0, i1, i2, i3);
+                            const mgk_real *in = Rb->a[I->arr] + MGK_OPOS(I, t, i0, i1, i2, i3);
+                            const mgk_real *a0 =
+                                Rb->a[X[0].arr] + MGK_OPOS(&X[0], t, i0, i1, i2, i3);
+                            const mgk_real *b0 =
+                                Rb->a[X[1].arr] + MGK_OPOS(&X[1], t, i0, i1, i2, i3);
                             if (nt == MGK_TS)
-                                mgk_tile(N, Rb, small, nbr, MGK_TS,
-                                         Rb->a[O->arr] + MGK_OPOS(O, t, i0, i1, i2, i3),
-                                         Rb->a[I->arr] + MGK_OPOS(I, t, i0, i1, i2, i3),
-                                         Rb->a[X[0].arr] + MGK_OPOS(&X[0], t, i0, i1, i2, i3),
-                                         Rb->a[X[1].arr] + MGK_OPOS(&X[1], t, i0, i1, i2, i3),
-                                         O->s[2], I->s[2], X[1].s[2]);
+                                mgk_tile(N, Rb, small, nbr, MGK_TS, nl, o, in, a0, b0, O->s[2],
+                                         I->s[2], 0, X[1].s[2]);
                             else
-                                mgk_tile(N, Rb, small, nbr, nt,
-                                         Rb->a[O->arr] + MGK_OPOS(O, t, i0, i1, i2, i3),
-                                         Rb->a[I->arr] + MGK_OPOS(I, t, i0, i1, i2, i3),
-                                         Rb->a[X[0].arr] + MGK_OPOS(&X[0], t, i0, i1, i2, i3),
-                                         Rb->a[X[1].arr] + MGK_OPOS(&X[1], t, i0, i1, i2, i3),
-                                         O->s[2], I->s[2], X[1].s[2]);
+                                mgk_tile(N, Rb, small, nbr, nt, nl, o, in, a0, b0, O->s[2], I->s[2],
+                                         0, X[1].s[2]);
                         }
-                        if (i3 < n[3]) /* the partial lane block of each row */
-                            for (int q = 0; q < nt; q++)
-                                mgk_block(N, Rb, term, op, step, small, nbr, (int)(n[3] - i3),
-                                          MGK_OPOS(O, t, i0, i1, i2 + q, i3),
-                                          MGK_OPOS(I, t, i0, i1, i2 + q, i3),
-                                          MGK_OPOS(&X[0], t, i0, i1, i2 + q, i3),
-                                          MGK_OPOS(&X[1], t, i0, i1, i2 + q, i3),
-                                          MGK_OPOS(&X[2], t, i0, i1, i2 + q, i3),
-                                          MGK_OPOS(&X[3], t, i0, i1, i2 + q, i3));
                     }
                     continue;
                 }
@@ -557,7 +598,28 @@ MGK_HOT void mgk_nest_path(const mgk_nest *N, const mgk_run *R, const int term, 
                     mgk_i64 q2 = MGK_OPOS(&X[2], t, i0, i1, i2, 0),
                             q3 = MGK_OPOS(&X[3], t, i0, i1, i2, 0);
                     if (block) {
-                        for (i3 = 0; i3 < n[3]; i3 += MGK_LANES) {
+                        i3 = 0;
+#if MGK_VECTOR
+                        if (wide) { /* full blocks, up to MGK_TS at a time (mgk_tile's `ra`) */
+                            const mgk_i64 full = n[3] / MGK_LANES;
+                            mgk_i64 bq;
+                            for (bq = 0; bq < full; bq += MGK_TS) {
+                                const int nt = full - bq < MGK_TS ? (int)(full - bq) : MGK_TS;
+                                mgk_tile(N, Rb, small, nbr, nt, MGK_LANES, Rb->a[O->arr] + po,
+                                         Rb->a[I->arr] + pi, Rb->a[X[0].arr] + q0,
+                                         Rb->a[X[1].arr] + q1, MGK_LANES * so, MGK_LANES * si,
+                                         MGK_LANES * s0, MGK_LANES * s1);
+                                po += nt * MGK_LANES * so;
+                                pi += nt * MGK_LANES * si;
+                                q0 += nt * MGK_LANES * s0;
+                                q1 += nt * MGK_LANES * s1;
+                                q2 += nt * MGK_LANES * s2;
+                                q3 += nt * MGK_LANES * s3;
+                            }
+                            i3 = full * MGK_LANES;
+                        }
+#endif
+                        for (; i3 < n[3]; i3 += MGK_LANES) {
                             const int nl = n[3] - i3 < MGK_LANES ? (int)(n[3] - i3) : MGK_LANES;
                             if (nl == MGK_LANES)
                                 mgk_block(N, Rb, term, op, step, small, nbr, MGK_LANES, po, pi, q0,

@@ -13,6 +13,7 @@ References that are not installed are listed as skipped with the command that in
 
 from __future__ import annotations
 
+import importlib
 import os
 import platform
 import random
@@ -202,8 +203,8 @@ def _torch_engine(nin: int, nouts: list[int]) -> Engine:
 def _import_jax() -> Any:
     for k in ("XLA_FLAGS", "JAX_PLATFORMS"):  # read once, when jax is first imported
         os.environ.setdefault(k, PIN_ENV[k])
-    import jax
-
+    # through importlib: typed as Any whether or not jax (whose config is untyped) is installed
+    jax: Any = importlib.import_module("jax")
     jax.config.update("jax_enable_x64", True)
     return jax
 
