@@ -317,31 +317,45 @@ static void run_chunk(fit_run *F, fit_chunk *c) {
     }
 }
 
+/* One range of an array of gradients: the sum over the chunks (in chunk order, starting from the
+ * tape's own gradient, which fit keeps at zero), the step, and the chunks' and the tape's
+ * gradients back to zero. Separate arrays (restrict), so that the C compiler vectorises it: at
+ * batch 32 this phase was a third of an MLP's training time. */
+static void step_range(double *restrict w, double *restrict g, double *restrict g0,
+                       double *restrict g1, size_t from, size_t to, double scale) {
+    if (g1) {
+        for (size_t q = from; q < to; q++) {
+            w[q] -= scale * ((g[q] + g0[q]) + g1[q]);
+            g[q] = g0[q] = g1[q] = 0.0;
+        }
+    } else {
+        for (size_t q = from; q < to; q++) {
+            w[q] -= scale * (g[q] + g0[q]);
+            g[q] = g0[q] = 0.0;
+        }
+    }
+}
+
 /* Thread w's share of adding the chunks' gradients (in chunk order) and the step. */
+_Static_assert(MG_FIT_CHUNKS == 2, "step_share adds one or two chunks");
 static void step_share(fit_run *F, size_t w) {
     mg_tape *t = F->t;
-    size_t P = t->nparams, Q = t->npacked, T = F->threads;
-    size_t p0 = P * w / T, p1 = P * (w + 1) / T, q0 = Q * w / T, q1 = Q * (w + 1) / T;
+    const size_t D = t->nstep_d, Q = t->npacked, T = F->threads;
+    const size_t d0 = D * w / T, d1 = D * (w + 1) / T, q0 = Q * w / T, q1 = Q * (w + 1) / T;
     const double scale = F->scale;
-    for (size_t p = p0; p < p1; p++) {
-        if (t->packed && t->packed[p]) continue;
-        double gsum = t->grad[p];
-        for (size_t c = 0; c < F->nch; c++) {
-            gsum += F->ch[c].g[p];
-            F->ch[c].g[p] = 0.0;
+    double *g1 = F->nch > 1 ? F->ch[1].g : NULL;
+    for (size_t i = d0; i < d1; i++) { /* the parameters outside packs */
+        const mgk_idx p = t->step_d[i];
+        double gsum = t->grad[p] + F->ch[0].g[p];
+        F->ch[0].g[p] = 0.0;
+        if (g1) {
+            gsum += g1[p];
+            g1[p] = 0.0;
         }
         t->data[p] -= scale * gsum;
         t->grad[p] = 0.0;
     }
-    for (size_t q = q0; q < q1; q++) {
-        double gsum = t->pg[q];
-        for (size_t c = 0; c < F->nch; c++) {
-            gsum += F->ch[c].pg[q];
-            F->ch[c].pg[q] = 0.0;
-        }
-        t->pw[q] -= scale * gsum;
-        t->pg[q] = 0.0;
-    }
+    step_range(t->pw, t->pg, F->ch[0].pg, F->nch > 1 ? F->ch[1].pg : NULL, q0, q1, scale);
 }
 
 static void run_share(fit_run *F, size_t w) {
