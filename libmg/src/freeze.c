@@ -32,6 +32,70 @@ static int pmap_put(pmap *m, const mg_value *v, uint32_t x) {
     return added;
 }
 
+/* ---- value -> topological position, through the graph's blocks ------------------------------
+ * A value lives at index `slot` of one of its graph's blocks (graph_impl.h), so a position can be
+ * kept per block, in an array indexed by the slot, allocated when the block first holds a frozen
+ * value: no hashing of a million pointers into a table larger than the cache (that was half of
+ * freezing a 1M-value graph), and memory only for the blocks the frozen graph touches. The table
+ * from block to array is small (a graph has a few blocks per 16k values). */
+
+typedef struct vmap {
+    const mg_block **key; /* open addressing; NULL: empty */
+    uint32_t **pos;       /* per block: cap entries, UINT32_MAX where no position */
+    size_t cap;
+} vmap;
+
+static size_t vmap_home(const vmap *m, const mg_block *b) {
+    size_t i = (size_t)(((uint64_t)(uintptr_t)b >> 5) * 0x9E3779B97F4A7C15ull >> 32) & (m->cap - 1);
+    while (m->key[i] && m->key[i] != b) i = (i + 1) & (m->cap - 1);
+    return i;
+}
+
+/* Every block of g, without position arrays yet. */
+static int vmap_init(mg_tape *t, vmap *m, const mg_graph *g) {
+    size_t nb = 0;
+    for (const mg_block *b = g->blocks; b; b = b->next) nb++;
+    m->cap = 16;
+    while (m->cap < 2 * nb) m->cap *= 2;
+    m->key = mg_tape__alloc(t, m->cap, sizeof *m->key);
+    m->pos = mg_tape__alloc(t, m->cap, sizeof *m->pos);
+    if (!m->key || !m->pos) return mg_tape__fail(t, MG_ENOMEM, "out of memory for a block map");
+    memset(m->key, 0, m->cap * sizeof *m->key);
+    memset(m->pos, 0, m->cap * sizeof *m->pos);
+    for (const mg_block *b = g->blocks; b; b = b->next) m->key[vmap_home(m, b)] = b;
+    return MG_OK;
+}
+
+static void vmap_free(mg_tape *t, vmap *m) {
+    if (m->pos)
+        for (size_t i = 0; i < m->cap; i++)
+            if (m->pos[i]) t->alloc.free_fn(m->pos[i], t->alloc.ctx);
+    if (m->key) t->alloc.free_fn((void *)m->key, t->alloc.ctx);
+    if (m->pos) t->alloc.free_fn(m->pos, t->alloc.ctx);
+    memset(m, 0, sizeof *m);
+}
+
+/* `v` (a value of the graph) at position k. */
+static int vmap_put(mg_tape *t, vmap *m, const mg_value *v, uint32_t k) {
+    const mg_block *b = mg_value__block(v);
+    size_t i = vmap_home(m, b);
+    if (!m->key[i])
+        return mg_tape__fail(t, MG_EINVAL, "freeze: a value outside its graph's blocks");
+    if (!m->pos[i]) {
+        m->pos[i] = mg_tape__alloc(t, b->cap, sizeof(uint32_t));
+        if (!m->pos[i]) return mg_tape__fail(t, MG_ENOMEM, "out of memory for a block map");
+        memset(m->pos[i], 0xff, b->cap * sizeof(uint32_t));
+    }
+    m->pos[i][v->slot] = k;
+    return MG_OK;
+}
+
+/* The position of `v`, UINT32_MAX when it has none. */
+static uint32_t vmap_get(const vmap *m, const mg_value *v) {
+    size_t i = vmap_home(m, mg_value__block(v));
+    return m->key[i] && m->pos[i] ? m->pos[i][v->slot] : UINT32_MAX;
+}
+
 /* ---- constants: equal bit patterns share a slot
  * -------------------------------------------------- */
 
@@ -110,7 +174,7 @@ static int check_role(mg_graph *g, pmap *roles, mg_value *const *v, size_t n, co
 
 /* Builds the frozen graph from g->order[0..n). Leaves get their slots (roles from `roles`,
  * constants deduplicated by value). */
-static int build_fz(mg_tape *t, mg_value **order, size_t n, const pmap *index, const pmap *roles,
+static int build_fz(mg_tape *t, mg_value **order, size_t n, const vmap *index, const pmap *roles,
                     const mg_tape_spec *spec, mg_fz *f, double **const_values) {
     size_t nopnd = 0;
     for (size_t k = 0; k < n; k++) {
@@ -146,7 +210,7 @@ static int build_fz(mg_tape *t, mg_value **order, size_t n, const pmap *index, c
         f->off[k] = (uint32_t)p;
         size_t no = mg_value__nops(v);
         for (size_t i = 0; i < no; i++) {
-            uint32_t o = pmap_get(index, mg_value__op(v, i));
+            uint32_t o = vmap_get(index, mg_value__op(v, i));
             f->opnd[p++] = o;
             f->uses[o]++;
         }
@@ -155,12 +219,12 @@ static int build_fz(mg_tape *t, mg_value **order, size_t n, const pmap *index, c
     }
     f->off[n] = (uint32_t)p;
     /* roots stay visible: never folded into a chain */
-    if (spec->loss) f->uses[pmap_get(index, spec->loss)] += 2;
-    for (size_t i = 0; i < spec->noutputs; i++) f->uses[pmap_get(index, spec->outputs[i])] += 2;
+    if (spec->loss) f->uses[vmap_get(index, spec->loss)] += 2;
+    for (size_t i = 0; i < spec->noutputs; i++) f->uses[vmap_get(index, spec->outputs[i])] += 2;
     /* cones: a reverse sweep of the topological order */
-    if (spec->loss) f->cone[pmap_get(index, spec->loss)] |= MG_FZ_LOSS_CONE | MG_FZ_ROOT;
+    if (spec->loss) f->cone[vmap_get(index, spec->loss)] |= MG_FZ_LOSS_CONE | MG_FZ_ROOT;
     for (size_t i = 0; i < spec->noutputs; i++)
-        f->cone[pmap_get(index, spec->outputs[i])] |= MG_FZ_OUT_CONE | MG_FZ_ROOT;
+        f->cone[vmap_get(index, spec->outputs[i])] |= MG_FZ_OUT_CONE | MG_FZ_ROOT;
     for (size_t k = n; k-- > 0;) {
         uint8_t c = f->cone[k] & (MG_FZ_LOSS_CONE | MG_FZ_OUT_CONE);
         if (!c) continue;
@@ -232,7 +296,8 @@ mg_tape *mg_tape_freeze(mg_graph *g, const mg_tape_spec *spec) {
     t->graph_id = mg_ir__graph_id(g);
     mg_fz f;
     memset(&f, 0, sizeof f);
-    pmap index = MG_PTRMAP_INIT, roles = MG_PTRMAP_INIT;
+    pmap roles = MG_PTRMAP_INIT;
+    vmap index = {NULL, NULL, 0};
     double *const_values = NULL;
     int st = MG_OK, g_set = 0; /* g_set: the graph's error already says what failed */
 
@@ -255,12 +320,13 @@ mg_tape *mg_tape_freeze(mg_graph *g, const mg_tape_spec *spec) {
     t->ntargets = spec->ntargets;
     t->noutputs = spec->noutputs;
     t->has_loss = spec->loss != NULL;
-    if (!pmap_init(t, &index, n) ||
-        !pmap_init(t, &roles, spec->nparams + spec->ninputs + spec->ntargets)) {
+    if ((st = vmap_init(t, &index, g)) != MG_OK) goto done;
+    if (!pmap_init(t, &roles, spec->nparams + spec->ninputs + spec->ntargets)) {
         st = MG_ENOMEM;
         goto done;
     }
-    for (size_t k = 0; k < n; k++) pmap_put(&index, order[k], (uint32_t)k);
+    for (size_t k = 0; k < n; k++)
+        if ((st = vmap_put(t, &index, order[k], (uint32_t)k)) != MG_OK) goto done;
     uint32_t next = 0;
     if ((st = check_role(g, &roles, spec->params, spec->nparams, "parameter", &next)) != MG_OK ||
         (st = check_role(g, &roles, spec->inputs, spec->ninputs, "input", &next)) != MG_OK ||
@@ -300,9 +366,9 @@ mg_tape *mg_tape_freeze(mg_graph *g, const mg_tape_spec *spec) {
     for (size_t i = 0; i < spec->ninputs; i++) t->data[t->input0 + i] = spec->inputs[i]->data;
     for (size_t i = 0; i < spec->ntargets; i++) t->data[t->target0 + i] = spec->targets[i]->data;
     for (size_t i = 0; i < spec->noutputs; i++)
-        t->outputs[i] = f.slot[pmap_get(&index, spec->outputs[i])];
+        t->outputs[i] = f.slot[vmap_get(&index, spec->outputs[i])];
     t->has_loss = spec->loss != NULL;
-    t->loss = spec->loss ? f.slot[pmap_get(&index, spec->loss)] : 0;
+    t->loss = spec->loss ? f.slot[vmap_get(&index, spec->loss)] : 0;
     for (size_t i = 0; i < t->nfwd; i++)
         if (t->fwd[i].kind == MG_I_NARY && t->fwd[i].b > t->nary_max) t->nary_max = t->fwd[i].b;
     t->identity = mg_tape__alloc(t, t->nary_max ? t->nary_max : 1, sizeof(mgk_idx));
@@ -320,7 +386,7 @@ done:
         mg_graph__fail(g, st, "mg_tape_freeze: %s", t->err[0] ? t->err : mg_strerror(st));
     if (const_values) t->alloc.free_fn(const_values, t->alloc.ctx);
     fz_free(t, &f);
-    pmap_free(t, &index);
+    vmap_free(t, &index);
     pmap_free(t, &roles);
     mg_graph__free(g, roots);
     if (st != MG_OK) {
