@@ -58,10 +58,10 @@ static int vmap_init(mg_tape *t, vmap *m, const mg_graph *g) {
     m->cap = 16;
     while (m->cap < 2 * nb) m->cap *= 2;
     m->key = mg_tape__alloc(t, m->cap, sizeof *m->key);
+    if (m->key) memset(m->key, 0, m->cap * sizeof *m->key);
     m->pos = mg_tape__alloc(t, m->cap, sizeof *m->pos);
+    if (m->pos) memset(m->pos, 0, m->cap * sizeof *m->pos); /* vmap_free reads it */
     if (!m->key || !m->pos) return mg_tape__fail(t, MG_ENOMEM, "out of memory for a block map");
-    memset(m->key, 0, m->cap * sizeof *m->key);
-    memset(m->pos, 0, m->cap * sizeof *m->pos);
     for (const mg_block *b = g->blocks; b; b = b->next) m->key[vmap_home(m, b)] = b;
     return MG_OK;
 }
