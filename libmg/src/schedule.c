@@ -59,24 +59,30 @@ static void swap_dims(mgk_nest *N, int a, int b) {
 /* ---- 1. vector dims
  * ------------------------------------------------------------------------------ */
 
-static int dim_score(const mg_tape *t, mgk_nest *N, int d) {
+/* How well dim d runs as the vector dim: operands read consecutive or broadcast elements along it
+ * (the output most of all), weighted by the share of the lanes its blocks fill (a dim of 5
+ * fills 5 of 8; its one partial block per row costs no more than a full one). So a weight
+ * gradient whose output is consecutive along a 5-wide kernel row is blocked along that row, not
+ * along 8 channels 25 elements apart. */
+static long dim_score(const mg_tape *t, mgk_nest *N, int d) {
     mgk_ref *refs[6];
-    int nr = active_refs(N, refs), sc = 0;
-    if (N->n[d] < MGK_LANES) sc -= 1000;
+    int nr = active_refs(N, refs);
+    long sc = 0, n = (long)N->n[d];
     for (int j = 0; j < nr; j++) {
         mgk_i64 s = refs[j]->s[d];
         if (j == 0) sc += s == 1 || s == -1 ? 8 : 0;
         else sc += s == 0 || s == 1 ? 2 : is_param_ref(t, refs[j]) ? 1 : 0;
     }
-    return sc;
+    return sc * 64 * n / ((n + MGK_LANES - 1) / MGK_LANES * MGK_LANES);
 }
 
 static void choose_vector_dim(const mg_tape *t, mgk_nest *N, const mg_nest_info *I) {
     if (I->alias || I->has_gather || (N->flags & MGK_F_SCATTER)) return; /* order matters there */
-    int best = -1, bs = 0;
+    int best = -1;
+    long bs = 0;
     for (int d = 0; d < MGK_MAXO; d++) {
         if (N->n[d] <= 1) continue;
-        int sc = dim_score(t, N, d);
+        long sc = dim_score(t, N, d);
         if (best < 0 || sc > bs || (sc == bs && N->n[d] > N->n[best])) {
             best = d;
             bs = sc;
@@ -651,8 +657,13 @@ int mg_schedule(mg_tape *t) {
         orient_product(N);
         N->flags &= ~(MGK_F_BLOCK | MGK_F_SPLIT);
         if (N->flags & MGK_F_SCATTER) continue;
-        int can_block = !I->has_gather && !I->alias && N->n[3] >= MGK_LANES;
         int can_split = I->grad && !I->has_gather && N->mode != MGK_SET && N->n[7] >= MGK_LANES;
+        /* a vector dim narrower than a block: one partial block per row, worth it where every
+         * operand is consecutive or broadcast along it and split sums are not the better plan */
+        int can_block = !I->has_gather && !I->alias &&
+                        (N->n[3] >= MGK_LANES ||
+                         (N->n[3] >= 2 && lanes_contiguous(N, 3) && N->out.s[3] == 1 &&
+                          !(can_split && lanes_contiguous(N, 7))));
         /* a gradient sum whose lanes would be strided (a packed weight read transposed) but
          * whose innermost reduction dim is contiguous: split sums along it instead */
         if (can_block && can_split && !lanes_contiguous(N, 3) && lanes_contiguous(N, 7))
