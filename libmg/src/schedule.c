@@ -660,10 +660,10 @@ int mg_schedule(mg_tape *t) {
         int can_split = I->grad && !I->has_gather && N->mode != MGK_SET && N->n[7] >= MGK_LANES;
         /* a vector dim narrower than a block: one partial block per row, worth it where every
          * operand is consecutive or broadcast along it and split sums are not the better plan */
-        int can_block = !I->has_gather && !I->alias &&
-                        (N->n[3] >= MGK_LANES ||
-                         (N->n[3] >= 2 && lanes_contiguous(N, 3) && N->out.s[3] == 1 &&
-                          !(can_split && lanes_contiguous(N, 7))));
+        int can_block =
+            !I->has_gather && !I->alias &&
+            (N->n[3] >= MGK_LANES || (N->n[3] >= 2 && lanes_contiguous(N, 3) && N->out.s[3] == 1 &&
+                                      !(can_split && lanes_contiguous(N, 7))));
         /* a gradient sum whose lanes would be strided (a packed weight read transposed) but
          * whose innermost reduction dim is contiguous: split sums along it instead */
         if (can_block && can_split && !lanes_contiguous(N, 3) && lanes_contiguous(N, 7))
