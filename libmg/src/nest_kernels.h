@@ -560,6 +560,7 @@ MGK_HOT void mgk_nest_path(const mgk_nest *N, const mgk_run *R, const int term, 
                          !X[0].gather && !X[1].gather && I->s[3] >= 0 &&
                          (N->mode != MGK_SUMI || I->s[3] <= 1) && n[3] >= 2 * MGK_LANES;
         (void)wide;
+        (void)tile2; /* both unused without vectors (MGK_NO_VECTOR, tcc) */
         const mgk_i64 n0 = small ? 1 : n[0], n1 = small ? 1 : n[1];
         const mgk_i64 so = O->s[3], si = I->s[3], s0 = X[0].s[3], s1 = X[1].s[3], s2 = X[2].s[3],
                       s3 = X[3].s[3];
