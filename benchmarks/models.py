@@ -26,7 +26,6 @@ import argparse
 import ctypes
 import math
 import os
-import platform
 import random
 import shutil
 import statistics
@@ -47,21 +46,11 @@ import zoo  # noqa: E402
 
 import micrograd_c as mc  # noqa: E402
 from micrograd_c import compiler  # noqa: E402
+from micrograd_c.app.bench import cpu_model  # noqa: E402
 from micrograd_c.datasets import DatasetError, load_mnist  # noqa: E402
 
 DEFAULT_MNIST = os.path.join(os.path.dirname(os.path.dirname(HERE)), "shared", "data", "mnist")
 HAND = {"cnn": ("cnn_hand.c", "cnn"), "elman": ("elman_hand.c", "elman")}
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def load_data(data_dir: str, n: int) -> tuple[np.ndarray, np.ndarray, str]:
