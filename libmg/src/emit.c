@@ -15,7 +15,7 @@
 #include <string.h>
 
 /* Raised whenever the generated code changes; part of compiled-code cache keys. */
-#define MG_EMITTER_VERSION 7
+#define MG_EMITTER_VERSION 8
 #define MG_DEFAULT_KERNELS 32
 
 int mg_tape_emitter_version(void) { return MG_EMITTER_VERSION; }
@@ -338,6 +338,18 @@ char *mg_tape_emit_c(mg_tape *t, const mg_emit_options *opt, size_t *len) {
             put_double(&b, t->data[s]);
         }
         puts_(&b, t->input0 ? "\n};\n" : "0.0};\n");
+        if (t->npacked) { /* the weights the nests read packed (schedule.c), with the padding */
+            double *pv = mg_tape__alloc(t, t->npacked, sizeof(double));
+            if (!pv) goto fail;
+            mg_tape__packed_values(t, pv);
+            putf(&b, "static double mg_packed_values[%zu] = {", t->npacked + MGK_PAD);
+            for (size_t q = 0; q < t->npacked; q++) {
+                puts_(&b, q == 0 ? "\n    " : q % 4 ? ", " : ",\n    ");
+                put_double(&b, pv[q]);
+            }
+            puts_(&b, "\n};\n");
+            t->alloc.free_fn(pv, t->alloc.ctx);
+        }
         putf(&b, "static const mgk_idx mg_out_slots[] = {");
         for (size_t i = 0; i < t->noutputs; i++)
             putf(&b, "%s%u", i ? ", " : "", (unsigned)t->outputs[i]);
@@ -353,14 +365,14 @@ char *mg_tape_emit_c(mg_tape *t, const mg_emit_options *opt, size_t *len) {
              "    double *d = work ? work : mg_static_work;\n"
              "    size_t i;\n"
              "    mgk_run R;\n"
-             "    R.a[MGK_D] = d;\n    R.a[MGK_G] = R.a[MGK_PW] = R.a[MGK_PG] = R.a[MGK_BG] = "
-             "NULL;\n"
+             "    R.a[MGK_D] = d;\n    R.a[MGK_G] = R.a[MGK_PG] = R.a[MGK_BG] = NULL;\n"
+             "    R.a[MGK_PW] = %s; /* read only */\n"
              "    R.a[MGK_BD] = d + %zu; /* one sample: its slots follow the shared ones */\n"
              "    R.ix = mg_ix;\n    R.t = 0;\n    R.nb = 1;\n    R.ss = 0;\n    R.lr = 0.0;\n"
              "    for (i = 0; i < %zu; i++) d[i] = mg_init_values[i];\n"
              "    for (i = 0; i < %zu; i++) d[%zu + i] = x[i];\n",
-             t->noutputs, t->ninputs, P, P, t->nslots + MGK_PAD, t->input0, t->input0, t->ninputs,
-             t->input0);
+             t->noutputs, t->ninputs, P, P, t->nslots + MGK_PAD,
+             t->npacked ? "mg_packed_values" : "NULL", t->input0, t->input0, t->ninputs, t->input0);
         emit_walk(&b, t);
         putf(&b, "    for (i = 0; i < %zu; i++) y[i] = d[mg_out_slots[i]];\n}\n", t->noutputs);
     } else {

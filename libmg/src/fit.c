@@ -177,7 +177,9 @@ int mg_tape_predict(mg_tape *t, const double *X, size_t n, double *out) {
 
 enum { PACK, UNPACK, UNPACK_GRAD };
 
-static void pack_walk(mg_tape *t, int dir) {
+/* PACK: pw[p] = data[slot] (pw is t->pw, or another array of t->npacked); UNPACK: the reverse;
+ * UNPACK_GRAD: the packed gradients added into the parameters' gradients. */
+static void pack_walk(mg_tape *t, int dir, double *pw) {
     for (size_t k = 0; k < t->npacks; k++) {
         const mg_pack *P = &t->packs[k];
         mgk_i64 idx[MGK_MAXD] = {0};
@@ -185,7 +187,7 @@ static void pack_walk(mg_tape *t, int dir) {
             mgk_i64 slot = P->base;
             for (int q = 0; q < P->nd; q++) slot += idx[q] * P->s[q];
             size_t p = P->p0 + i;
-            if (dir == PACK) t->pw[p] = t->data[slot];
+            if (dir == PACK) pw[p] = t->data[slot];
             else if (dir == UNPACK) t->data[slot] = t->pw[p];
             else {
                 t->grad[slot] += t->pg[p];
@@ -196,9 +198,10 @@ static void pack_walk(mg_tape *t, int dir) {
     }
 }
 
-void mg_tape__pack(mg_tape *t) { pack_walk(t, PACK); }
-void mg_tape__unpack(mg_tape *t) { pack_walk(t, UNPACK); }
-void mg_tape__unpack_grad(mg_tape *t) { pack_walk(t, UNPACK_GRAD); }
+void mg_tape__pack(mg_tape *t) { pack_walk(t, PACK, t->pw); }
+void mg_tape__unpack(mg_tape *t) { pack_walk(t, UNPACK, t->pw); }
+void mg_tape__packed_values(mg_tape *t, double *pw) { pack_walk(t, PACK, pw); }
+void mg_tape__unpack_grad(mg_tape *t) { pack_walk(t, UNPACK_GRAD, t->pw); }
 
 /* SGD over the parameters outside packs and over the packs, skipping what the backward pass
  * stepped itself (fused) when `fused` is set. */

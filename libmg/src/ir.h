@@ -187,6 +187,9 @@ const char *mg_ir__isa(void);
 /* fit.c: packing in and out of calls */
 void mg_tape__pack(mg_tape *t);
 void mg_tape__unpack(mg_tape *t);
+/* The packed copy of the parameters as a call would make it, into `pw` (t->npacked doubles),
+ * without touching the tape (the inference-only emitter inlines it). */
+void mg_tape__packed_values(mg_tape *t, double *pw);
 void mg_tape__unpack_grad(mg_tape *t);
 
 /* Canonical form of a nest's dims: outer dims right-aligned at 3, reduction dims at 7. */

@@ -435,8 +435,12 @@ def test_two_processes_compile_the_same_model_concurrently(private_cache, tmp_pa
 
 
 @needs_cc
-def test_inference_only_source_compiles_and_matches(tmp_path):
-    model, prog = mlp_program("tape")
+@pytest.mark.parametrize("sizes", [(3, [5, 4]), (3, [17, 16, 4])])
+def test_inference_only_source_compiles_and_matches(tmp_path, sizes):
+    """Also with layers wide enough that their weights are packed (read from the packed copy,
+    which the source must then carry: it was a NULL pointer)."""
+    model, prog = mlp_program("tape", sizes=sizes)
+    assert (prog.info["packed"] > 0) == (sizes[1][0] > 8)
     src = prog.c_source(prefix="digits_", inference_only=True)
     assert "#include <math.h>" in src and "digits_infer" in src
     main = tmp_path / "main.c"
