@@ -1525,6 +1525,51 @@ def test_zoo_families_partly_compiled(name):
         )
 
 
+UNDER_ASAN = "libasan" in os.environ.get("LD_PRELOAD", "")
+
+
+@needs_cc
+@pytest.mark.skipif(
+    not UNDER_ASAN, reason="./dev test pyasan only: the ASan runtime must be loaded first"
+)
+@pytest.mark.parametrize("name", ["mlp", "elman", "gru", "attention", "cnn", "cnn-zeros"])
+def test_generated_code_built_with_sanitizers_trains_like_the_tape(name):
+    """The generated C itself built with -fsanitize=address,undefined (the pyasan stage builds
+    libmg that way, not the code compile() generates): forward, backward and fit at batch 1, 4
+    and 7 on 1 and 2 threads run clean and give the tape's bits."""
+    from micrograd_c import compiler
+
+    case = zoo_case(name)
+    tape = compile_case(case)
+    tc = compiler.find_compiler()
+    flags = compiler.default_flags(tc) + [
+        "-fsanitize=address,undefined",
+        "-fno-sanitize-recover=all",
+    ]
+    comp = mc.compile(
+        case.loss,
+        inputs=case.x,
+        targets=case.y,
+        params=case.params,
+        outputs=case.outputs,
+        backend="c",
+        flags=flags,
+    )
+    assert comp.backend == "c"
+    t_out, t_loss, t_grad = run_samples(tape, case, 3)
+    c_out, c_loss, c_grad = run_samples(comp, case, 3)
+    assert_bitwise(c_out, t_out, "outputs")
+    assert_bitwise(c_grad, t_grad, "gradients")
+    p0 = np.array([p.data for p in case.params])
+    for batch in (1, 4, 7):
+        for threads in (1, 2):
+            assert_bitwise(
+                fit_params(comp, case, p0, batch, threads)[0],
+                fit_params(tape, case, p0, batch, 1)[0],
+                f"fit, batch {batch}, {threads} thread(s)",
+            )
+
+
 # ---- compiled C: the generators again, fewer examples (each one compiles) -----------------------
 
 
