@@ -152,7 +152,10 @@ class Case:
     structure: dict[str, Any] = field(default_factory=dict)
 
 
-def compile_case(case: Case, backend: str = "tape", raise_loops: bool = True) -> mc.Program:
+def compile_case(
+    case: Case, backend: str = "tape", raise_loops: bool = True, **kw: Any
+) -> mc.Program:
+    """The case's graph compiled; ``kw`` goes to :func:`micrograd_c.compile` as it is."""
     return mc.compile(
         case.loss,
         inputs=case.x,
@@ -161,6 +164,7 @@ def compile_case(case: Case, backend: str = "tape", raise_loops: bool = True) ->
         outputs=case.outputs,
         backend=backend,
         raise_loops=raise_loops,
+        **kw,
     )
 
 
@@ -1501,15 +1505,7 @@ def test_zoo_families_partly_compiled(name):
     """Only the two hottest nests compiled (max_kernels=2), the rest interpreted: the same bits."""
     case = zoo_case(name)
     tape = compile_case(case)
-    part = mc.compile(
-        case.loss,
-        inputs=case.x,
-        targets=case.y,
-        params=case.params,
-        outputs=case.outputs,
-        backend="c",
-        max_kernels=2,
-    )
+    part = compile_case(case, backend="c", max_kernels=2)
     assert part.describe().count("[compiled]") == 2
     t_out, t_loss, t_grad = run_samples(tape, case, 3)
     p_out, p_loss, p_grad = run_samples(part, case, 3)
@@ -1546,15 +1542,7 @@ def test_generated_code_built_with_sanitizers_trains_like_the_tape(name):
         "-fsanitize=address,undefined",
         "-fno-sanitize-recover=all",
     ]
-    comp = mc.compile(
-        case.loss,
-        inputs=case.x,
-        targets=case.y,
-        params=case.params,
-        outputs=case.outputs,
-        backend="c",
-        flags=flags,
-    )
+    comp = compile_case(case, backend="c", flags=flags)
     assert comp.backend == "c"
     t_out, t_loss, t_grad = run_samples(tape, case, 3)
     c_out, c_loss, c_grad = run_samples(comp, case, 3)
