@@ -127,6 +127,19 @@ typedef mgk_real mgk_vec_u
 #else
 #error "unexpected vector width"
 #endif
+/* lanes p[0], p[s], p[2s], ... of one native vector, the first m of them (a strided output, loaded
+ * once per tile; lanes past the valid ones are zero, never read) */
+#define MGK_GL(p, s, m, l) ((l) < (m) ? (p)[(l) * (s)] : (mgk_real)0)
+#if MGK_VW == 2
+#define MGK_VGATHER(p, s, m) ((mgk_vec){MGK_GL(p, s, m, 0), MGK_GL(p, s, m, 1)})
+#elif MGK_VW == 4
+#define MGK_VGATHER(p, s, m)                                                                       \
+    ((mgk_vec){MGK_GL(p, s, m, 0), MGK_GL(p, s, m, 1), MGK_GL(p, s, m, 2), MGK_GL(p, s, m, 3)})
+#else
+#define MGK_VGATHER(p, s, m)                                                                       \
+    ((mgk_vec){MGK_GL(p, s, m, 0), MGK_GL(p, s, m, 1), MGK_GL(p, s, m, 2), MGK_GL(p, s, m, 3),     \
+               MGK_GL(p, s, m, 4), MGK_GL(p, s, m, 5), MGK_GL(p, s, m, 6), MGK_GL(p, s, m, 7)})
+#endif
 /* Unrolls the loop that follows completely: the loops over a block's vectors and a tile's rows,
  * whose accumulators must live in registers (gcc -O2 leaves an 8-row loop rolled, with every
  * accumulator in memory: a load, an add and a store per row and term). */
@@ -410,6 +423,7 @@ MGK_HOT void mgk_tile(const mgk_nest *N, const mgk_run *R, const int small, cons
     MGK_SIZES(n, N->n, small);
     const mgk_ref *X = N->x;
     const mgk_i64 psa = MGK_PS(&X[0]) ? R->ss : 0, psb = MGK_PS(&X[1]) ? R->ss : 0;
+    const mgk_i64 so = N->out.s[3]; /* 1, or a strided output (a convolution along channels) */
     mgk_vec v[MGK_TS][MGK_NV] = {{MGK_VSPLAT((mgk_real)0)}}, a[MGK_NV], b;
     mgk_i64 r4, r5, r6, r7, sm;
     int k, q;
@@ -420,7 +434,8 @@ MGK_HOT void mgk_tile(const mgk_nest *N, const mgk_run *R, const int small, cons
             if (N->mode == MGK_SUM0) v[q][k] = MGK_VSPLAT((mgk_real)0);
             else if (N->mode == MGK_SUMI && N->init.s[3] == 0) v[q][k] = MGK_VSPLAT(in[q * ri]);
             else if (N->mode == MGK_SUMI) MGK_VLOAD(v[q][k], in + q * ri + k * MGK_VW);
-            else MGK_VLOAD(v[q][k], o + q * ro + k * MGK_VW);
+            else if (so == 1) MGK_VLOAD(v[q][k], o + q * ro + k * MGK_VW);
+            else v[q][k] = MGK_VGATHER(o + q * ro + k * MGK_VW * so, so, nl - k * MGK_VW);
         }
     }
     for (sm = 0; sm < nbr; sm++)
@@ -442,11 +457,27 @@ MGK_HOT void mgk_tile(const mgk_nest *N, const mgk_run *R, const int small, cons
                             }
                         }
                     }
-    if (nl == MGK_LANES) {
+    if (nl == MGK_LANES && so == 1) {
         MGK_UNROLL
         for (q = 0; q < nt; q++) {
             MGK_UNROLL
             for (k = 0; k < MGK_NV; k++) MGK_VSTORE(o + q * ro + k * MGK_VW, v[q][k]);
+        }
+    } else if (so != 1) { /* a strided output: lane by lane */
+        MGK_UNROLL
+        for (q = 0; q < nt; q++) {
+            mgk_real *const p = o + q * ro;
+#define MGK_LANE_OUT(l)                                                                            \
+    if ((l) < nl) p[(l) * so] = v[q][(l) / MGK_VW][(l) % MGK_VW]
+            MGK_LANE_OUT(0);
+            MGK_LANE_OUT(1);
+            MGK_LANE_OUT(2);
+            MGK_LANE_OUT(3);
+            MGK_LANE_OUT(4);
+            MGK_LANE_OUT(5);
+            MGK_LANE_OUT(6);
+            MGK_LANE_OUT(7);
+#undef MGK_LANE_OUT
         }
     } else { /* the last block of a row: every lane computed, the valid ones stored (lane by
               * lane, at constant lane indices: storing the vectors into an array first would
@@ -478,14 +509,18 @@ MGK_HOT void mgk_tile(const mgk_nest *N, const mgk_run *R, const int small, cons
  * batch). The schedule sets MGK_F_TILE where its shape allows; the sizes decide at run time. */
 #define MGK_TILE_OK(N)                                                                             \
     (MGK_VECTOR && ((N)->flags & MGK_F_TILE) && (N)->term == MGK_T_MUL && (N)->mode != MGK_SET &&  \
-     (N)->out.s[3] == 1 && (N)->x[0].s[3] == 1 && (N)->x[1].s[3] == 0 && !(N)->x[0].gather &&      \
-     !(N)->x[1].gather && ((N)->mode != MGK_SUMI || (N)->init.s[3] <= 1))
+     (N)->out.s[3] != 0 && (N)->x[0].s[3] == 1 && (N)->x[1].s[3] == 0 && !(N)->out.gather &&       \
+     !(N)->x[0].gather && !(N)->x[1].gather && ((N)->mode != MGK_SUMI || (N)->init.s[3] <= 1))
+/* Whether x0 is the same for every point along dim 2 (tiles whose rows run along dim 2). */
+#define MGK_ROWS2(N) ((N)->x[0].s[2] == 0 && (N)->n[2] > 1)
 /* Which tiles a nest runs in, from its descriptor alone: 1 rows along dim 2 (a shared output),
- * 2 samples (a per-sample output read through a shared weight), 0 none. */
+ * 2 samples (a per-sample output read through a shared weight; one sample at a time, rows along
+ * dim 2 where MGK_ROWS2), 3 rows along dim 2 of each sample (a per-sample output), 0 none. */
 #define MGK_TILE_KIND(N)                                                                           \
     (!MGK_TILE_OK(N)      ? 0                                                                      \
-     : !MGK_PS(&(N)->out) ? ((N)->x[0].s[2] == 0 && (N)->n[2] > 1 ? 1 : 0)                         \
+     : !MGK_PS(&(N)->out) ? (MGK_ROWS2(N) ? 1 : 0)                                                 \
      : !MGK_PS(&(N)->x[0]) && MGK_PS(&(N)->x[1]) && !((N)->flags & MGK_F_STEP) ? 2                 \
+     : MGK_ROWS2(N)                                                            ? 3                 \
                                                                                : 0)
 
 /* Runs a nest. `term` and `op` repeat N->term and N->op as constants, so that each call site (an
@@ -544,7 +579,8 @@ MGK_HOT void mgk_nest_path(const mgk_nest *N, const mgk_run *R, const int term, 
         mgk_run Rs = *R;
         const mgk_run *const Rb = &Rs;
         const mgk_i64 nbr = ps ? 1 : nb;
-        const int tile2 = !ps && tile == 1;
+        /* rows along dim 2 in tiles (at batch size 1, tile 2 reaches here) */
+        const int tile2 = ps ? tile == 3 || (tile == 2 && MGK_ROWS2(N)) : tile == 1;
         if (ps) {
             Rs.a[MGK_BD] += sm * R->ss;
             Rs.a[MGK_BG] += sm * R->ss;

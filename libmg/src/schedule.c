@@ -1,8 +1,8 @@
 /* Scheduling: how each nest runs, decided once in the IR, so that the interpreter and the
  * generated code follow one plan and compute the same bits. What a nest computes is fixed by
  * the earlier stages; this stage only chooses:
- *  1. the vector dim: among a nest's outer dims (independent outputs), the one whose operands
- *     read consecutive or broadcast elements goes innermost (dim 3);
+ *  1. the vector dim: among a nest's outer dims (independent outputs), the cheapest per output
+ *     (dim_cost: operands read consecutive or broadcast elements along it) goes innermost (dim 3);
  *  2. packed parameters: a weight read with a non-unit stride along a hot nest's vector dim (a
  *     layer's W[j][i] vectorised over outputs j) lives, during a call, in a packed copy whose
  *     order makes that stride 1; every nest reading or writing those parameters reads the copy;
@@ -59,33 +59,48 @@ static void swap_dims(mgk_nest *N, int a, int b) {
 /* ---- 1. vector dims
  * ------------------------------------------------------------------------------ */
 
-/* How well dim d runs as the vector dim: operands read consecutive or broadcast elements along it
- * (the output most of all), weighted by the share of the lanes its blocks fill (a dim of 5
- * fills 5 of 8; its one partial block per row costs no more than a full one). So a weight
- * gradient whose output is consecutive along a 5-wide kernel row is blocked along that row, not
- * along 8 channels 25 elements apart. */
-static long dim_score(const mg_tape *t, mgk_nest *N, int d) {
-    mgk_ref *refs[6];
-    int nr = active_refs(N, refs);
-    long sc = 0, n = (long)N->n[d];
-    for (int j = 0; j < nr; j++) {
-        mgk_i64 s = refs[j]->s[d];
-        if (j == 0) sc += s == 1 || s == -1 ? 8 : 0;
-        else sc += s == 0 || s == 1 ? 2 : is_param_ref(t, refs[j]) ? 1 : 0;
-    }
-    return sc * 64 * n / ((n + MGK_LANES - 1) / MGK_LANES * MGK_LANES);
+/* What running dim d as the vector dim costs per output, in loads of a block: an operand read
+ * consecutive or broadcast along it costs one vector load per term, any other stride a gather
+ * (MGK_LANES loads), and so does storing (and, accumulating, loading) an output that is strided;
+ * the operand loads count once per reduction term, the output's once per output. Before packing
+ * (`packed` 0), a parameter read with any stride counts as consecutive: packing can make it so
+ * (step 2). The sum is divided by the share of the lanes the dim's blocks fill (a dim of 5 fills 5
+ * of 8; its one partial block per row costs as much as a full one). So a 5x5 stride-2
+ * convolution runs along its 8 channels (the weights packed consecutive, the input broadcast, the
+ * output stored 196 apart once per 25 terms), not along output columns whose input is 2 apart;
+ * and its weight gradient runs along the kernel row (consecutive outputs and inputs), not along 8
+ * channels whose gradients are 196 elements apart. */
+static long ref_cost(const mg_tape *t, const mgk_ref *X, int d, int packed) {
+    mgk_i64 s = X->s[d];
+    if (X->gather) return MGK_LANES;
+    if (s == 0 || s == 1) return 1;
+    return !packed && X->arr == MGK_D && is_param_ref(t, X) ? 1 : MGK_LANES;
 }
 
-static void choose_vector_dim(const mg_tape *t, mgk_nest *N, const mg_nest_info *I) {
+static long dim_cost(const mg_tape *t, mgk_nest *N, int d, int packed) {
+    mgk_ref *refs[6];
+    int nr = active_refs(N, refs);
+    long terms = 1, per_term = 0, per_out = 0, n = (long)N->n[d];
+    for (int r = MGK_MAXO; r < MGK_MAXD; r++) terms *= (long)N->n[r];
+    for (int j = 0; j < nr; j++) {
+        long c = ref_cost(t, refs[j], d, packed);
+        if (j == 0) per_out += N->mode == MGK_ACC ? 2 * c : c;
+        else if (refs[j] == &N->init) per_out += c;
+        else per_term += c;
+    }
+    return (terms * per_term + per_out) * 64 * ((n + MGK_LANES - 1) / MGK_LANES * MGK_LANES) / n;
+}
+
+static void choose_vector_dim(const mg_tape *t, mgk_nest *N, const mg_nest_info *I, int packed) {
     if (I->alias || I->has_gather || (N->flags & MGK_F_SCATTER)) return; /* order matters there */
     int best = -1;
-    long bs = 0;
+    long bc = 0;
     for (int d = 0; d < MGK_MAXO; d++) {
         if (N->n[d] <= 1) continue;
-        long sc = dim_score(t, N, d);
-        if (best < 0 || sc > bs || (sc == bs && N->n[d] > N->n[best])) {
+        long c = dim_cost(t, N, d, packed);
+        if (best < 0 || c < bc || (c == bc && N->n[d] > N->n[best])) {
             best = d;
-            bs = sc;
+            bc = c;
         }
     }
     if (best >= 0) swap_dims(N, best, MGK_MAXO - 1);
@@ -132,18 +147,48 @@ static void dims_of(const mgk_nest *N, const mgk_ref *X, int last, pack_dims *p)
     }
 }
 
-/* Same elements in the same multi-index structure (as sets of (n, s) pairs)? */
-static int same_view(const mgk_nest *N, const mgk_ref *X, const mg_pack *P) {
-    if (X->gather || X->ts != 0 || X->base != P->base) return 0;
-    pack_dims p;
-    dims_of(N, X, -1, &p);
-    if (p.nd != P->nd) return 0;
-    int used[MGK_MAXD] = {0};
-    for (int i = 0; i < p.nd; i++) {
-        int found = 0;
-        for (int j = 0; j < P->nd && !found; j++)
-            if (!used[j] && P->n[j] == p.n[i] && P->s[j] == p.s[i]) used[j] = found = 1;
-        if (!found) return 0;
+/* Whether ref X of nest N reads a block of pack P: each dim X moves along is one of P's dims (the
+ * same stride), and X's first element is P's element at multi-index o, with o plus X's extent
+ * within P along every dim (a convolution's border nest reads a window of the weights that the
+ * interior nest packs whole). Gives X's base and strides in the packed copy. */
+static int sub_view(const mgk_nest *N, const mgk_ref *X, const mg_pack *P, mgk_i64 *base,
+                    mgk_i64 s[MGK_MAXD]) {
+    if (X->gather || X->ts != 0) return 0;
+    mgk_i64 ps[MGK_MAXD], o[MGK_MAXD] = {0}, acc = 1, off = X->base - P->base;
+    int order[MGK_MAXD], used[MGK_MAXD] = {0};
+    for (int j = P->nd; j-- > 0;) {
+        ps[j] = acc;
+        acc *= P->n[j];
+        if (P->s[j] <= 0) return 0;
+    }
+    /* the offset in P's dims, largest stride first (exact for a dense block's nested strides;
+     * anything else is refused, never misread: the reconstruction is checked) */
+    for (int j = 0; j < P->nd; j++) order[j] = j;
+    for (int j = 1; j < P->nd; j++)
+        for (int q = j; q > 0 && P->s[order[q]] > P->s[order[q - 1]]; q--) {
+            int tmp = order[q];
+            order[q] = order[q - 1];
+            order[q - 1] = tmp;
+        }
+    if (off < 0) return 0;
+    for (int q = 0; q < P->nd; q++) {
+        int j = order[q];
+        o[j] = off / P->s[j];
+        if (o[j] >= P->n[j]) return 0;
+        off -= o[j] * P->s[j];
+    }
+    if (off != 0) return 0;
+    *base = (mgk_i64)P->p0;
+    for (int j = 0; j < P->nd; j++) *base += o[j] * ps[j];
+    for (int d = 0; d < MGK_MAXD; d++) {
+        s[d] = X->s[d];
+        if (N->n[d] <= 1 || X->s[d] == 0) continue;
+        int found = -1;
+        for (int j = 0; j < P->nd && found < 0; j++)
+            if (!used[j] && P->s[j] == X->s[d] && o[j] + N->n[d] <= P->n[j]) found = j;
+        if (found < 0) return 0;
+        used[found] = 1;
+        s[d] = ps[found];
     }
     return 1;
 }
@@ -160,25 +205,13 @@ static void mark_pack(const mg_pack *P, uint8_t *mark, uint8_t v) {
     }
 }
 
+/* Points ref X (a sub_view of P) at the packed copy. */
 static void rewrite(mgk_nest *N, mgk_ref *X, const mg_pack *P) {
-    mgk_i64 stride[MGK_MAXD];
-    mgk_i64 acc = 1;
-    for (int j = P->nd; j-- > 0;) {
-        stride[j] = acc;
-        acc *= P->n[j];
-    }
-    int used[MGK_MAXD] = {0};
-    for (int d = 0; d < MGK_MAXD; d++) {
-        if (N->n[d] <= 1 || X->s[d] == 0) continue;
-        for (int j = 0; j < P->nd; j++)
-            if (!used[j] && P->n[j] == N->n[d] && P->s[j] == X->s[d]) {
-                used[j] = 1;
-                X->s[d] = stride[j];
-                break;
-            }
-    }
+    mgk_i64 base, s[MGK_MAXD];
+    if (!sub_view(N, X, P, &base, s)) return; /* checked before: not reached */
+    memcpy(X->s, s, sizeof s);
     X->arr = X->arr == MGK_G ? MGK_PG : MGK_PW;
-    X->base = (mgk_i64)P->p0;
+    X->base = base;
 }
 
 static int plan_packs(mg_tape *t) {
@@ -232,14 +265,15 @@ static int plan_packs(mg_tape *t) {
             }
             if (!ok) continue;
             mark_pack(&P, cand, 1);
-            /* every ref touching them must see them the same way */
+            /* every ref touching them must read a block of the pack */
             for (size_t m = 0; m < t->nnests && ok; m++) {
                 mgk_nest *M = &t->nests[m];
                 mgk_ref *rs[6];
                 int nrs = active_refs(M, rs);
                 for (int q = 0; q < nrs && ok; q++) {
                     if (rs[q]->arr == MGK_PW || rs[q]->arr == MGK_PG) continue;
-                    if (walk(t, M, rs[q], cand) && !same_view(M, rs[q], &P)) ok = 0;
+                    mgk_i64 base, strides[MGK_MAXD];
+                    if (walk(t, M, rs[q], cand) && !sub_view(M, rs[q], &P, &base, strides)) ok = 0;
                 }
             }
             for (size_t i = 0; i < t->nfwd && ok; i++) /* the losses read their operands directly */
@@ -578,8 +612,12 @@ static void tile_flag(const mg_tape *t, mgk_nest *N, const mg_nest_info *I) {
     if (N->term != MGK_T_MUL || N->mode == MGK_SET || I->alias || I->has_gather ||
         (N->flags & (MGK_F_SCATTER | MGK_F_SPLIT)))
         return;
+    /* rows along dim 2 need x0 the same for every row: an outer dim where it is goes there (the
+     * outputs are independent, so their order never changes a value) */
+    for (int d = 0; d < 2 && N->x[0].s[2] != 0; d++)
+        if (N->x[0].s[d] == 0 && N->n[d] > 1) swap_dims(N, d, 2);
     const mgk_ref *O = &N->out, *A = &N->x[0], *B = &N->x[1];
-    if (O->gather || A->gather || B->gather || O->s[3] != 1 || A->s[3] != 1 || B->s[3] != 0) return;
+    if (O->gather || A->gather || B->gather || O->s[3] == 0 || A->s[3] != 1 || B->s[3] != 0) return;
     if (N->mode == MGK_SUMI && (N->init.s[3] > 1 || N->init.s[3] < 0)) return;
     int out_ps = O->arr == MGK_G   ? per_sample(t, O->base)
                  : O->arr == MGK_D ? per_sample(t, O->base)
@@ -589,7 +627,9 @@ static void tile_flag(const mg_tape *t, mgk_nest *N, const mg_nest_info *I) {
         int a_ps = (A->arr == MGK_D && per_sample(t, A->base)) ||
                    (A->arr == MGK_G && per_sample(t, A->base));
         int b_ps = (B->arr == MGK_D || B->arr == MGK_G) && per_sample(t, B->base);
-        if (!a_ps && b_ps) N->flags |= MGK_F_TILE;
+        /* or rows along dim 2 of each sample, x0 the same for every row (a convolution along
+         * its channels: the packed weights times the input, broadcast, at each position) */
+        if ((!a_ps && b_ps) || (A->s[2] == 0 && N->n[2] > 1)) N->flags |= MGK_F_TILE;
     } else if (A->s[2] == 0 && N->n[2] > 1) {
         /* a parameter's gradient: rows along dim 2, the per-row factor broadcast */
         N->flags |= MGK_F_TILE;
@@ -645,13 +685,13 @@ static int to_sample_arrays(mg_tape *t) {
 }
 
 int mg_schedule(mg_tape *t) {
-    for (size_t k = 0; k < t->nnests; k++) choose_vector_dim(t, &t->nests[k], &t->info[k]);
+    for (size_t k = 0; k < t->nnests; k++) choose_vector_dim(t, &t->nests[k], &t->info[k], 0);
     int st = plan_packs(t);
     if (st != MG_OK) return st;
     for (size_t k = 0; k < t->nnests; k++) {
         mgk_nest *N = &t->nests[k];
         const mg_nest_info *I = &t->info[k];
-        choose_vector_dim(t, N, I); /* packing changed strides */
+        choose_vector_dim(t, N, I, 1); /* packing changed strides */
         merge_range(N, 0, MGK_MAXO);
         merge_range(N, MGK_MAXO, MGK_MAXD);
         orient_product(N);

@@ -107,23 +107,26 @@ static void test_compiler__reroll_finds_the_convolution(void) {
     const mgk_nest *conv = first_nest(t, MGK_SUMI, MGK_T_MUL);
     CHECK(conv != NULL);
     if (conv) {
-        /* outer (c, i, j), reduction (a, b); dims contiguous for every operand are merged */
-        CHECK(conv->n[1] == C && conv->n[2] == O && conv->n[3] == O);
+        /* outer (c, i, j) with j the vector dim, reduction (a, b); dims contiguous for every
+         * operand are merged. The schedule may order c and i either way (tiles want the dim along
+         * which x0 is the same at dim 2), so they are found by size. */
+        const int dc = conv->n[1] == C ? 1 : 2, di = 3 - dc;
+        CHECK(conv->n[0] == 1 && conv->n[dc] == C && conv->n[di] == O && conv->n[3] == O);
         CHECK(conv->n[6] == K && conv->n[7] == K);
         /* the product's factors in either order (the schedule puts the unit-stride lanes first) */
         const mgk_ref *w = conv->x[0].arr == MGK_D ? &conv->x[0] : &conv->x[1];
         const mgk_ref *x = w == &conv->x[0] ? &conv->x[1] : &conv->x[0];
         /* weight w[c][a][b], a shared slot: a broadcast over (i, j) */
         CHECK(w->arr == MGK_D && w->base < (mgk_i64)t->nparams);
-        CHECK(w->s[1] == K * K && w->s[2] == 0 && w->s[3] == 0);
+        CHECK(w->s[dc] == K * K && w->s[di] == 0 && w->s[3] == 0);
         CHECK(w->s[6] == K && w->s[7] == 1);
         /* input x[(i + a) * H + (j + b)], a per-sample slot (positions from the first input on):
          * the same for every channel */
         CHECK(x->arr == MGK_BD && x->base == 0);
-        CHECK(x->s[1] == 0 && x->s[2] == H && x->s[3] == 1);
+        CHECK(x->s[dc] == 0 && x->s[di] == H && x->s[3] == 1);
         CHECK(x->s[6] == H && x->s[7] == 1);
         /* bias b[c] */
-        CHECK(conv->init.s[1] == 1 && conv->init.s[2] == 0 && conv->init.s[3] == 0);
+        CHECK(conv->init.s[dc] == 1 && conv->init.s[di] == 0 && conv->init.s[3] == 0);
         CHECK(conv->flags & MGK_F_BLOCK);
     }
     /* backward: the weight's gradient reduces over the positions it is shared by */
@@ -142,6 +145,76 @@ static void test_compiler__reroll_finds_the_convolution(void) {
     double y = 1.0, x[H * H];
     for (int i = 0; i < H * H; i++) x[i] = 0.03 * ((i * 3) % 7) - 0.05;
     check_against_scalar(g, spec, x, &y, 1e-12);
+    mg_graph_free(g);
+}
+
+/* ---- a padded, strided convolution: its border nests read windows of the packed weights -------
+ */
+
+enum { H2 = 12, C2 = 8, K2 = 5, P2 = 2, S2 = 2, O2 = (H2 + 2 * P2 - K2) / S2 + 1 };
+
+static void test_compiler__schedule_runs_a_strided_convolution_along_its_channels(void) {
+    mg_graph *g = mg_graph_new();
+    mg_value *x[H2 * H2], *y = mg_scalar(g, 1.0), *w[C2 * K2 * K2], *b[C2], *W[2 * C2 * O2 * O2];
+    mg_value *B[2], *feat[C2 * O2 * O2], *logits[2];
+    mg_value *params[C2 * K2 * K2 + C2 + 2 * C2 * O2 * O2 + 2];
+    for (int i = 0; i < H2 * H2; i++) x[i] = mg_scalar(g, 0.01 * (i % 19) - 0.07);
+    for (int i = 0; i < C2 * K2 * K2; i++) w[i] = mg_scalar(g, 0.03 * ((i * 7) % 11) - 0.15);
+    for (int c = 0; c < C2; c++) b[c] = mg_scalar(g, 0.05 * c);
+    for (int i = 0; i < 2 * C2 * O2 * O2; i++) W[i] = mg_scalar(g, 0.02 * ((i * 5) % 13) - 0.12);
+    for (int k = 0; k < 2; k++) B[k] = mg_scalar(g, 0.0);
+    for (int c = 0; c < C2; c++) /* zero padding: taps outside the image are left out */
+        for (int i = 0; i < O2; i++)
+            for (int j = 0; j < O2; j++) {
+                mg_value *s = b[c];
+                for (int a = 0; a < K2; a++)
+                    for (int bb = 0; bb < K2; bb++) {
+                        int r = S2 * i + a - P2, q = S2 * j + bb - P2;
+                        if (r < 0 || r >= H2 || q < 0 || q >= H2) continue;
+                        s = mg_add(g, s, mg_mul(g, w[(c * K2 + a) * K2 + bb], x[r * H2 + q]));
+                    }
+                feat[(c * O2 + i) * O2 + j] = mg_relu(g, s);
+            }
+    for (int k = 0; k < 2; k++) {
+        mg_value *s = B[k];
+        for (int f = 0; f < C2 * O2 * O2; f++)
+            s = mg_add(g, s, mg_mul(g, W[k * C2 * O2 * O2 + f], feat[f]));
+        logits[k] = s;
+    }
+    mg_value *loss = mg_cross_entropy(g, logits, 2, y);
+    memcpy(params, w, sizeof w);
+    memcpy(params + C2 * K2 * K2, b, sizeof b);
+    memcpy(params + C2 * K2 * K2 + C2, W, sizeof W);
+    memcpy(params + C2 * K2 * K2 + C2 + 2 * C2 * O2 * O2, B, sizeof B);
+    mg_tape_spec spec = {loss,   x, H2 * H2, &y, 1, params, sizeof params / sizeof params[0],
+                         logits, 2, 0};
+    mg_tape *t = mg_tape_freeze(g, &spec);
+    CHECK(t != NULL);
+    if (t) {
+        /* every conv nest (the interior and each border window) reads the weights from one pack
+         * whose lanes run along the channels */
+        size_t convs = 0, best = 0;
+        const mgk_nest *interior = NULL;
+        for (size_t k = 0; k < t->nfwd_nests; k++) {
+            const mgk_nest *N = &t->nests[k];
+            if (N->mode != MGK_SUMI || N->term != MGK_T_MUL || N->n[7] > K2) continue;
+            convs++;
+            const mgk_ref *wr = N->x[0].arr == MGK_PW ? &N->x[0] : &N->x[1];
+            CHECK(wr->arr == MGK_PW);
+            CHECK(N->n[3] == C2 && wr->s[3] == 1);
+            size_t outs = (size_t)(N->n[0] * N->n[1] * N->n[2] * N->n[3]);
+            if (outs > best) best = outs, interior = N;
+        }
+        CHECK(convs > 1);
+        /* the interior: the packed weights times the input broadcast along the channels, in
+         * register tiles whose rows are output positions */
+        CHECK(interior != NULL && (interior->flags & MGK_F_TILE));
+        CHECK(t->npacked >= (size_t)(C2 * K2 * K2));
+        mg_tape_free(t);
+    }
+    double xs[H2 * H2], ys = 1.0;
+    for (int i = 0; i < H2 * H2; i++) xs[i] = 0.04 * ((i * 5) % 9) - 0.1;
+    check_against_scalar(g, spec, xs, &ys, 1e-12);
     mg_graph_free(g);
 }
 
@@ -330,6 +403,7 @@ static void test_compiler__million_value_conv_freezes_to_a_few_nests(void) {
 
 int main(void) {
     RUN(test_compiler__reroll_finds_the_convolution);
+    RUN(test_compiler__schedule_runs_a_strided_convolution_along_its_channels);
     RUN(test_compiler__roll_finds_the_time_steps);
     RUN(test_compiler__schedule_packs_and_fuses_a_layer);
     RUN(test_compiler__scrambled_operands_read_through_tables);
