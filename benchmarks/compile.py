@@ -18,8 +18,8 @@ Systems (rows), each at every batch size of --batches (1, 32, 128, 256):
                          thread and, above batch 1, at each count of --threads (fit(threads=));
                          batches run through fit(batch_size=) as they are in this build;
   micrograd_c tape       the interpreter, 1 thread;
-  micrograd_c float32    compile(..., float32=True) (batch 1 and 32); "n/a (float32 not available
-                         in this build)" while compile raises NotImplementedError;
+  micrograd_c float32    compile(..., float32=True) (batch 1 and 32): float32 slots on libmg's one
+                         driver; "n/a" in a build whose compile raises NotImplementedError;
   JAX lax.scan           one jax.jit of a whole epoch: lax.scan of the SGD step over the batches
                          (the short last batch inside the same jit), float64, one thread;
   JAX jit step           a jitted SGD step called from a Python loop, float64, one thread;

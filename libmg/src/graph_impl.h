@@ -209,8 +209,9 @@ int mg_graph__grow(mg_graph *g, void **buf, size_t *cap, size_t elem, size_t nee
 
 /* The variadic ops over slot arrays, by op: the one implementation, from kernels.h, that the
  * eager graph, the interpreter and (as text) generated code all run. `ix` lists the operand
- * slots (`len` of them), `n` is the op's term count. */
-static inline double mg_op__nary_fwd(int op, int bias, const double *d, const mgk_idx *ix,
+ * slots (`len` of them), `n` is the op's term count. Over the includer's mgk_real (float32 slots
+ * in fit32.c). */
+static inline double mg_op__nary_fwd(int op, int bias, const mgk_real *d, const mgk_idx *ix,
                                      size_t len, size_t n) {
     // clang-format off: the elementwise rows are case labels only
     switch ((mg_op)op) {
@@ -228,8 +229,8 @@ static inline double mg_op__nary_fwd(int op, int bias, const double *d, const mg
     return NAN;
 }
 
-static inline void mg_op__nary_bwd(int op, int bias, const double *d, double *g, const mgk_idx *ix,
-                                   size_t len, size_t n, double gy) {
+static inline void mg_op__nary_bwd(int op, int bias, const mgk_real *d, mgk_real *g,
+                                   const mgk_idx *ix, size_t len, size_t n, double gy) {
     // clang-format off: the elementwise rows are case labels only
     switch ((mg_op)op) {
     case MG_OP_SUM: mgk_sum_bwd(g, ix, len, gy); return;

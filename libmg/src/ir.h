@@ -7,7 +7,8 @@
  *   schedule.c   how each nest runs: vector blocks, split reductions, packed weights, fused SGD
  *   interpret.c  runs programs (nest kernels from nest_kernels.h, or compiled ones)
  *   emit.c       programs -> C
- *   fit.c        training: samples, batches, threads, SGD
+ *   drive.h      training: samples, batches, threads, SGD, over either storage type:
+ *   fit.c        ... over double slots (and the public entry points), fit32.c over float32
  *   tape.c       the public accessors */
 #ifndef MG_IR_H
 #define MG_IR_H
@@ -141,6 +142,10 @@ struct mg_tape {
     uint64_t *param_serials;
     /* compiled kernels, per nest (NULL: the interpreter's) */
     const mg_kernel_fn *kern;
+    /* float32 storage (attached code emitted with it; every nest compiled): the working copies
+     * of data, grad, pw and pg; the double arrays stay what the accessors read */
+    int f32;
+    float *data32, *grad32, *pw32, *pg32;
     uint64_t fingerprint;
     size_t nodes;
 };
@@ -170,27 +175,29 @@ int mg_autodiff(mg_tape *t);
 /* schedule.c: block/split flags, packing, fused SGD. */
 int mg_schedule(mg_tape *t);
 
-/* interpret.c */
+/* interpret.c (double slot arrays) */
+#if MGK_REAL_BYTES == 8
 void mg_ir__run_nest(const mg_tape *t, size_t nest, const mgk_run *R);
-/* A run of a program: the kernels' view, and scratch (2 * nary_max doubles) for the variadic ops
- * of a batch, whose operands are gathered per sample. */
-typedef struct mg_exec {
-    mgk_run R;
-    double *scratch;
-} mg_exec;
-/* Runs a program; with `cone` nonzero, only instructions with one of those cone flags. */
-void mg_ir__run(const mg_tape *t, const mg_instr *prog, size_t len, mg_exec *E, int cone);
+#endif
 uint64_t mg_ir__fingerprint(const mg_tape *t);
 /* The kernel build the interpreter runs: "baseline", "avx2" or "avx512". */
 const char *mg_ir__isa(void);
 
-/* fit.c: packing in and out of calls */
-void mg_tape__pack(mg_tape *t);
-void mg_tape__unpack(mg_tape *t);
-/* The packed copy of the parameters as a call would make it, into `pw` (t->npacked doubles),
- * without touching the tape (the inference-only emitter inlines it). */
+/* fit.c: the packed copy of the parameters as a call would make it, into `pw` (t->npacked
+ * doubles), without touching the tape (the inference-only emitter inlines it). */
 void mg_tape__packed_values(mg_tape *t, double *pw);
-void mg_tape__unpack_grad(mg_tape *t);
+
+/* fit32.c: float32 storage (code emitted with float32 slots attached). The driver entry points
+ * over the float32 arrays, and the copies between them and the tape's double arrays (what every
+ * accessor reads): in, before a call (values rounded to float32); out, after it. */
+int mg_tape__forward_f32(mg_tape *t, const double *x, const double *y);
+int mg_tape__backward_f32(mg_tape *t);
+int mg_tape__step_f32(mg_tape *t, double lr, size_t count);
+int mg_tape__predict_f32(mg_tape *t, const double *X, size_t n, double *out);
+int mg_tape__fit_f32(mg_tape *t, const double *X, const double *Y, size_t n,
+                     const mg_fit_options *opt, double *mean_loss);
+void mg_tape__f32_in(mg_tape *t);
+void mg_tape__f32_out(mg_tape *t);
 
 /* Canonical form of a nest's dims: outer dims right-aligned at 3, reduction dims at 7. */
 void mg_nest__canon(mgk_nest *N, int no, int nr);

@@ -65,11 +65,11 @@ int mg_tape__push_instr(mg_tape *t, mg_instr **prog, size_t *len, size_t *cap, c
 void mg_tape_free(mg_tape *t) {
     if (!t) return;
     mg_allocator a = t->alloc;
-    void *bufs[] = {t->outputs, t->data,   t->grad,         t->nests,         t->info,
-                    t->fwd,     t->bwd,    t->ix,           t->packs,         t->pw,
-                    t->pg,      t->packed, t->param_values, t->param_serials, t->fused,
-                    t->fused_p, t->step_d, t->step_d1,      t->step_p1,       t->zero,
-                    t->identity};
+    void *bufs[] = {t->outputs,  t->data,   t->grad,         t->nests,         t->info,
+                    t->fwd,      t->bwd,    t->ix,           t->packs,         t->pw,
+                    t->pg,       t->packed, t->param_values, t->param_serials, t->fused,
+                    t->fused_p,  t->step_d, t->step_d1,      t->step_p1,       t->zero,
+                    t->identity, t->data32, t->grad32,       t->pw32,          t->pg32};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) a.free_fn(bufs[i], a.ctx);
     a.free_fn(t, a.ctx);
@@ -135,15 +135,38 @@ int mg_tape_attach(mg_tape *t, const mg_compiled *c) {
     if (c->abi != MG_COMPILED_ABI)
         return mg_tape__fail(t, MG_EINVAL, "attach: compiled for ABI %u, libmg has %u", c->abi,
                              MG_COMPILED_ABI);
-    if (c->real_bytes != sizeof(double))
-        return mg_tape__fail(t, MG_EINVAL, "attach: compiled for %u-byte slots, this tape has 8",
+    if (c->real_bytes != sizeof(double) && c->real_bytes != sizeof(float))
+        return mg_tape__fail(t, MG_EINVAL,
+                             "attach: compiled for %u-byte slots; libmg runs 8 (double) or 4 "
+                             "(float32)",
                              c->real_bytes);
     if (c->fingerprint != t->fingerprint || c->nnests != t->nnests)
         return mg_tape__fail(t, MG_EINVAL, "attach: the code was generated for another program");
+    int f32 = c->real_bytes == sizeof(float);
+    if (f32) {
+        /* libmg's interpreter runs double slots only: float32 code must run every nest */
+        for (size_t k = 0; k < t->nnests; k++)
+            if (!c->kernels || !c->kernels[k])
+                return mg_tape__fail(t, MG_EINVAL,
+                                     "attach: float32 code must compile every nest, and nest %zu "
+                                     "has no kernel (emit it with max_kernels >= %zu)",
+                                     k, t->nnests);
+        float **bufs[] = {&t->data32, &t->grad32, &t->pw32, &t->pg32};
+        size_t lens[] = {t->nslots, t->nslots, t->npacked, t->npacked};
+        for (size_t i = 0; i < 4; i++) {
+            if (*bufs[i]) continue; /* kept from an earlier attach */
+            *bufs[i] = mg_tape__alloc(t, lens[i] + MGK_PAD, sizeof(float));
+            if (!*bufs[i]) return mg_tape__fail(t, MG_ENOMEM, "attach: out of memory");
+            memset(*bufs[i], 0, (lens[i] + MGK_PAD) * sizeof(float));
+        }
+    }
     t->kern = c->kernels;
+    t->f32 = f32;
     return MG_OK;
 }
 
 void mg_tape_detach(mg_tape *t) {
-    if (t) t->kern = NULL;
+    if (!t) return;
+    t->kern = NULL;
+    t->f32 = 0;
 }

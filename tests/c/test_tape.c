@@ -2,6 +2,7 @@
 #include "failing_alloc.h"
 #include "tap.h"
 
+#include <math.h>
 #include <mg/mg.h>
 #include <string.h>
 
@@ -420,6 +421,21 @@ static void test_tape__attach_refuses_code_for_another_program(void) {
     CHECK(mg_tape_attach(c.t, &bad) == MG_EINVAL);
     CHECK(mg_tape_attach(c.t, NULL) == MG_EINVAL);
     CHECK(mg_tape_fingerprint(c.t) != 0);
+    /* slots of another size; float32 code with a nest libmg would have to interpret */
+    mg_tape_stats st;
+    CHECK(mg_tape_get_stats(c.t, &st) == MG_OK);
+    mg_kernel_fn none[64] = {0};
+    mg_compiled f32 = {MG_COMPILED_ABI, 2, mg_tape_fingerprint(c.t),
+                       st.forward_nests + st.backward_nests, none};
+    CHECK(f32.nnests > 0 && f32.nnests <= 64);
+    CHECK(mg_tape_attach(c.t, &f32) == MG_EINVAL);
+    CHECK(strstr(mg_tape_last_error(c.t), "2-byte slots") != NULL);
+    f32.real_bytes = 4;
+    CHECK(mg_tape_attach(c.t, &f32) == MG_EINVAL);
+    CHECK(strstr(mg_tape_last_error(c.t), "float32 code must compile every nest") != NULL);
+    /* still the interpreter over double slots */
+    double x[2] = {0.5, -1.0}, y = 1.0;
+    CHECK(mg_tape_forward(c.t, x, &y) == MG_OK && isfinite(mg_tape_loss(c.t)));
     clf_free(&c);
 }
 

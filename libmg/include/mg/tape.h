@@ -246,9 +246,10 @@ MG_API size_t mg_tape_write_back(const mg_tape *t, mg_graph *g);
 typedef struct mg_emit_options {
     const char *prefix; /**< Symbol prefix of the generated code; NULL means "mgc_". */
     int inference_only; /**< Nonzero: only `<prefix>infer`, parameters inlined as constants. */
-    int float32;        /**< Nonzero: training code over float32 slot arrays (results change);
-                             mg_tape_attach() takes double slots only, so such code cannot run
-                             in libmg yet. Ignored with inference_only. */
+    int float32;        /**< Nonzero: training code over float32 slot arrays (results agree
+                             with double to float32's precision); mg_tape_attach() takes it only
+                             when every nest is specialised (max_kernels at least the tape's
+                             nest count). Ignored with inference_only. */
     size_t max_kernels; /**< Nests to specialise, hottest first (0: the default budget, 32);
                              the others run libmg's interpreter kernels. Inference-only code
                              specialises every nest it runs. */
@@ -312,11 +313,19 @@ MG_API unsigned long long mg_tape_fingerprint(const mg_tape *t);
 
 /**
  * @brief Runs the tape's hot nests with compiled kernels from generated code.
+ *
+ * With float32 code (mg_emit_options.float32), every later mg_tape_forward(), mg_tape_backward(),
+ * mg_tape_step(), mg_tape_predict() and mg_tape_fit() runs the same driver over float32 copies
+ * of the slots: it rounds mg_tape_data() and mg_tape_grad() to float32 on entry and writes the
+ * results back to them on return, so those arrays keep holding the (float32) values.
  * @param t the tape
- * @param c the `<prefix>program` of code mg_tape_emit_c() wrote for this tape (double slots);
- *          it must stay loaded until mg_tape_detach() or mg_tape_free()
- * @return MG_OK, or MG_EINVAL for a NULL tape, or when @p c is NULL or was written for another
- *         program, another ABI or another slot type (the tape keeps its current kernels).
+ * @param c the `<prefix>program` of code mg_tape_emit_c() wrote for this tape (double slots, or
+ *          float32 slots with every nest specialised); it must stay loaded until
+ *          mg_tape_detach() or mg_tape_free()
+ * @return MG_OK; MG_EINVAL for a NULL tape, or when @p c is NULL, was written for another
+ *         program, another ABI or a slot type other than 8 or 4 bytes, or is float32 code
+ *         missing a nest's kernel; MG_ENOMEM when the float32 copies cannot be allocated (the
+ *         tape keeps its current kernels in every error case).
  */
 MG_API int mg_tape_attach(mg_tape *t, const mg_compiled *c);
 

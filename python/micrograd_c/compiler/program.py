@@ -200,8 +200,13 @@ def compile(
     gradients agree within 1e-12 (sums over shared weights run in a fixed order of their own).
     ``max_kernels`` bounds how many loop nests are compiled (hottest first; 0: libmg's default);
     the others run libmg's interpreter kernels. ``fast_math`` adds ``-ffast-math`` (off by
-    default: it lets the compiler reassociate sums, so results change). ``float32=True`` raises
-    :class:`NotImplementedError` until float32 storage runs on libmg's training driver.
+    default: it lets the compiler reassociate sums, so results change). ``float32=True`` (compiled
+    code only) keeps every slot, value, gradient and parameter, in float32: half the memory traffic,
+    and results that agree with float64 to float32's precision, not to 1e-12. libmg's one driver
+    runs it (every method, threads and batches; bitwise the same for any thread count); every
+    loop nest is compiled (libmg's interpreter runs double slots only), so ``max_kernels`` must be
+    0 or at least the program's nest count. Parameters read back (``params``, :meth:`write_back`)
+    are float32 values.
     Raises :class:`CompileError` when ``backend="c"`` cannot compile.
     """
     if backend not in ("auto", "tape", "c"):
@@ -221,11 +226,6 @@ def compile(
         raise TypeError(f"cache must be a directory path, not {type(cache).__name__}")
     if float32 and backend != "c":
         raise ValueError("float32 storage is a property of compiled code: use backend='c'")
-    if float32:
-        raise NotImplementedError(
-            "float32 storage is being rebuilt on libmg's one training driver "
-            "(issue #13); compile without float32 for now"
-        )
     t0 = time.perf_counter()
     tape = _core.Tape(loss, list(inputs), list(targets), list(params), list(outputs), raise_loops)
     info: dict[str, Any] = {
@@ -237,7 +237,15 @@ def compile(
     if backend == "tape":
         return Program(tape, "tape", info)
     try:
-        return _compile_c(tape, info, cc, flags, cache, timeout, fast_math, max_kernels)
+        if float32:
+            nests = int(info["forward_nests"]) + int(info["backward_nests"])
+            if max_kernels and max_kernels < nests:
+                raise ValueError(
+                    f"float32 storage compiles every loop nest: max_kernels={max_kernels} is "
+                    f"below this program's {nests} nests (pass 0)"
+                )
+            max_kernels = max(nests, 1)
+        return _compile_c(tape, info, cc, flags, cache, timeout, fast_math, max_kernels, float32)
     except CompileError as e:
         if backend == "c":
             raise
@@ -258,6 +266,7 @@ def _compile_c(
     timeout: float,
     fast_math: bool = False,
     max_kernels: int = 0,
+    float32: bool = False,
 ) -> Program:
     tc = find_compiler(cc)
     fl = list(default_flags(tc) if flags is None else flags)
@@ -265,14 +274,14 @@ def _compile_c(
         fl.append("-ffast-math")
     prefix = "mgc_"
     t0 = time.perf_counter()
-    source = tape.emit_c(prefix, False, False, max_kernels)
+    source = tape.emit_c(prefix, False, float32, max_kernels)
     info["emit_seconds"] = time.perf_counter() - t0
     info["source_bytes"] = len(source.encode())
     for attempt in range(2):
         built = build_library(source, tc, fl, cache=cache, timeout=timeout)
         try:
             t1 = time.perf_counter()
-            lib = load_library(built["path"], tape, prefix)
+            lib = load_library(built["path"], tape, prefix, float32=float32)
             info["load_seconds"] = time.perf_counter() - t1
             break
         except OSError as err:
@@ -288,7 +297,7 @@ def _compile_c(
         cached=built["cached"],
         compile_seconds=built["compile_seconds"],
         library=built["path"],
-        float32=False,
+        float32=float32,
     )
     program = CompiledProgram.in_dll(lib, prefix + "program")
     tape.attach(ctypes.addressof(program), lib)

@@ -1,0 +1,653 @@
+/* Running and training tapes: single-sample calls, epochs, batches and threads. This text is the
+ * one driver for both storage types: fit.c includes it over double slot arrays (the tape's own,
+ * run by the interpreter or compiled kernels), fit32.c over float32 ones (code emitted with
+ * float32 storage, every nest compiled). The includer defines mgk_real (kernels.h) and:
+ *   MG_DRV(name)      the name of an entry point for this storage type (name_f64, name_f32)
+ *   MG_R_DATA(t) ...  the tape's slot arrays of this type: data, grad, pw, pg
+ *   MG_RUN_NEST(t, k, R)  runs nest k
+ *   MG_DRV_LINK       the entry points' linkage (static where the includer alone calls them)
+ *
+ * Batch size 1 runs on the tape's own arrays, sample after sample, the parameters' gradient nests
+ * applying SGD themselves where schedule.c fused it.
+ *
+ * A batch of B samples is cut into C = min(B, MG_FIT_CHUNKS) chunks of consecutive samples,
+ * whatever the thread count. A chunk runs its samples through the programs nest by nest (at most
+ * MG_FIT_SUB at a time, fewer where their slots would not stay in cache (MG_FIT_SUB_BYTES), in
+ * per-sample arrays `ss` slots apart): each nest runs over all of them
+ * (several samples per register tile where the nest is a matrix product), and a parameter's
+ * gradient sums over the samples in sample order inside the nest. The chunks' gradients are added
+ * in chunk order, then the step; both split over the threads by parameter ranges. A thread only
+ * decides which chunk or range it runs, so parameters come out bitwise the same for any thread
+ * count. Threads meet at spin-then-yield barriers: a batch lasts microseconds, and a sleeping wait
+ * per phase would cost a large part of it. */
+#include <math.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <string.h>
+
+/* ---- programs ---------------------------------------------------------------------------------
+ * A run of a program: the kernels' view, and scratch (2 * nary_max slots) for the variadic ops of
+ * a batch, whose operands are gathered per sample. */
+typedef struct mg_exec {
+    mgk_run R;
+    mgk_real *scratch;
+} mg_exec;
+
+#define MG_FIT_CHUNKS 2
+#define MG_FIT_SUB 64 /* samples of a chunk in flight at once, at most */
+/* ... and at most as many as keep their slots and gradients within this many bytes (half of a
+ * 1 MB L2; at least one sample): a nest runs over all samples in flight before the next nest
+ * starts, so a model with large per-sample state (a CNN's activations) would otherwise stream it
+ * through memory once per nest (cnn48 at batch 32: 2.2k -> 4.2k images/s). The number in flight
+ * depends on the batch size and the model, never on the thread count; it decides in which order
+ * the contributions of different nests to one parameter's gradient are added, so it is part of
+ * what a batch computes, the same on every backend. */
+#ifndef MG_FIT_SUB_BYTES
+#define MG_FIT_SUB_BYTES (512 * 1024)
+#endif
+
+/* Whether a run is one sample over the tape's own layout (the per-sample arrays are the shared
+ * ones from the first input slot on): then variadic ops read their operand slots directly. */
+static int flat(const mg_tape *t, const mgk_run *R) {
+    return R->nb <= 1 && R->a[MGK_BD] == R->a[MGK_D] + t->input0 &&
+           R->a[MGK_BG] == R->a[MGK_G] + t->input0;
+}
+
+/* The element of slot `slot` for sample `s` of a run. */
+static mgk_real *slot_at(const mg_tape *t, const mgk_run *R, int grad, mgk_idx slot, mgk_i64 s) {
+    if (slot >= t->input0) return R->a[grad ? MGK_BG : MGK_BD] + s * R->ss + (slot - t->input0);
+    return R->a[grad ? MGK_G : MGK_D] + slot;
+}
+
+static void run_one(const mg_tape *t, const mg_instr *in, mg_exec *E) {
+    mgk_run *R = &E->R;
+    switch (in->kind) {
+    case MG_I_NEST: MG_RUN_NEST(t, in->a, R); break;
+    case MG_I_NARY:
+        if (flat(t, R)) {
+            mgk_real *d = R->a[MGK_D];
+            d[in->out] =
+                mg_op__nary_fwd(in->op, in->flags & MG_FLAG_BIAS, d, t->ix + in->a, in->b, in->n);
+            break;
+        }
+        /* a batch: each sample's operands gathered into scratch, read with the identity index */
+        for (mgk_i64 s = 0; s < (R->nb > 1 ? R->nb : 1); s++) {
+            for (uint32_t i = 0; i < in->b; i++)
+                E->scratch[i] = *slot_at(t, R, 0, t->ix[in->a + i], s);
+            *slot_at(t, R, 0, in->out, s) = (mgk_real)mg_op__nary_fwd(
+                in->op, in->flags & MG_FLAG_BIAS, E->scratch, t->identity, in->b, in->n);
+        }
+        break;
+    case MG_I_NARY_BWD:
+        if (flat(t, R)) {
+            mgk_real *d = R->a[MGK_D], *g = R->a[MGK_G];
+            mg_op__nary_bwd(in->op, in->flags & MG_FLAG_BIAS, d, g, t->ix + in->a, in->b, in->n,
+                            g[in->out]);
+            break;
+        }
+        for (mgk_i64 s = 0; s < (R->nb > 1 ? R->nb : 1); s++) {
+            mgk_real *sd = E->scratch, *sg = E->scratch + t->nary_max;
+            for (uint32_t i = 0; i < in->b; i++) {
+                sd[i] = *slot_at(t, R, 0, t->ix[in->a + i], s);
+                sg[i] = 0.0;
+            }
+            mg_op__nary_bwd(in->op, in->flags & MG_FLAG_BIAS, sd, sg, t->identity, in->b, in->n,
+                            *slot_at(t, R, 1, in->out, s));
+            for (uint32_t i = 0; i < in->b; i++) {
+                mgk_idx slot = t->ix[in->a + i];
+                if (slot >= t->input0 || slot < t->nparams) *slot_at(t, R, 1, slot, s) += sg[i];
+            }
+        }
+        break;
+    default: break;
+    }
+}
+
+/* Runs a program; with `cone` nonzero, only instructions with one of those cone flags. */
+static void run_prog(const mg_tape *t, const mg_instr *prog, size_t len, mg_exec *E, int cone) {
+    mgk_run *R = &E->R;
+    for (size_t i = 0; i < len; i++) {
+        const mg_instr *in = &prog[i];
+        if (in->kind == MG_I_SEQ) {
+            const mg_instr *body = in + 1;
+            size_t blen = in->a, T = in->b;
+            if (!cone || (in->cone & cone)) {
+                for (size_t it = 0; it < T; it++) {
+                    R->t = (mgk_i64)(in->flags ? T - 1 - it : it);
+                    for (size_t q = 0; q < blen; q++)
+                        if (!cone || (body[q].cone & cone)) run_one(t, &body[q], E);
+                }
+                R->t = 0;
+            }
+            i += blen;
+            continue;
+        }
+        if (!cone || (in->cone & cone)) run_one(t, in, E);
+    }
+}
+
+/* One sample over the tape's own arrays (the per-sample ones are views of them). */
+static void init_flat(const mg_tape *t, mg_exec *E, mgk_real *d, mgk_real *g) {
+    memset(E, 0, sizeof *E);
+    mgk_run *R = &E->R;
+    R->a[MGK_D] = d;
+    R->a[MGK_G] = g;
+    R->a[MGK_PW] = MG_R_PW(t);
+    R->a[MGK_PG] = MG_R_PG(t);
+    R->a[MGK_BD] = d + t->input0;
+    R->a[MGK_BG] = g + t->input0;
+    R->ix = t->ix;
+    R->nb = 1;
+}
+
+/* Per-sample slots from the first input on, padded (nest_kernels.h's partial blocks). */
+static size_t sample_stride(const mg_tape *t) { return t->nslots - t->input0 + MGK_PAD; }
+
+/* n values of the caller's (double) into slots of this storage type. */
+static void copy_in(mgk_real *dst, const double *src, size_t n) {
+#if MGK_REAL_BYTES == 8
+    memcpy(dst, src, n * sizeof(double));
+#else
+    for (size_t i = 0; i < n; i++) dst[i] = (mgk_real)src[i];
+#endif
+}
+
+static void load(const mg_tape *t, mgk_real *d, const double *x, const double *y) {
+    if (x) copy_in(d + t->input0, x, t->ninputs);
+    if (y) copy_in(d + t->target0, y, t->ntargets);
+}
+
+/* Packing in and out of calls (below). */
+static void pack_in(mg_tape *t);
+static void pack_out(mg_tape *t);
+static void unpack_grad(mg_tape *t);
+
+/* Backward of the run's samples: fresh gradients for every computed value, each loss seeded. */
+static void backward(const mg_tape *t, mg_exec *E) {
+    const mgk_run *R = &E->R;
+    const size_t in0 = t->input0;
+    for (mgk_i64 s = 0; s < R->nb; s++) {
+        mgk_real *bg = R->a[MGK_BG] + s * R->ss; /* slot k of this sample at bg[k - input0] */
+        if (t->rerolled) /* only what is not written first by a nest (schedule.c) */
+            for (size_t i = 0; i < t->nzero; i += 2)
+                memset(bg + (t->zero[i] - in0), 0,
+                       (t->zero[i + 1] - t->zero[i]) * sizeof(mgk_real));
+        else memset(bg + (t->first_op - in0), 0, (t->nslots - t->first_op) * sizeof(mgk_real));
+        if (t->loss >= in0) bg[t->loss - in0] = 1.0;
+        else if (t->loss < t->nparams && !(t->packed && t->packed[t->loss]))
+            R->a[MGK_G][t->loss] += 1.0; /* the loss is a parameter itself: d loss/d p = 1 */
+    }
+    run_prog(t, t->bwd, t->nbwd, E, 0);
+}
+
+/* ---- targets ----------------------------------------------------------------------------------
+ */
+
+/* Targets read from the data that a loss gives a meaning: cross-entropy's (from Y, or from X when
+ * a graph uses an input as the class) must be class indices, anything else is a NaN loss; hinge's
+ * labels in Y must be -1 or +1 (its sign convention: a 0/1 dataset would train class 0 to
+ * nothing). Checks rows [0, n) before anything trains, naming the first bad row and its column.
+ * Labels that a graph computes, eager code passes, or inputs give hinge are not checked: the
+ * ops take any real there (hinge is then the margin loss of real-valued labels). */
+static int check_targets(mg_tape *t, const double *X, const double *Y, size_t n, const char *what) {
+    for (size_t i = 0; i < t->nfwd; i++) {
+        const mg_instr *in = &t->fwd[i];
+        if (in->kind != MG_I_NARY || (in->op != MG_OP_XENT && in->op != MG_OP_HINGE)) continue;
+        int xent = in->op == MG_OP_XENT;
+        size_t count = xent ? 1 : in->n; /* the target operands follow the n scores */
+        for (size_t k = 0; k < count; k++) {
+            mgk_idx ts = t->ix[in->a + in->n + k];
+            const double *data;
+            size_t col, width;
+            const char *name;
+            if (Y && ts >= t->target0 && ts < t->target0 + t->ntargets) {
+                data = Y, col = ts - t->target0, width = t->ntargets, name = "Y";
+            } else if (xent && X && ts >= t->input0 && ts < t->input0 + t->ninputs) {
+                data = X, col = ts - t->input0, width = t->ninputs, name = "X";
+            } else {
+                continue;
+            }
+            for (size_t r = 0; r < n; r++) {
+                double y = data[r * width + col];
+                if (xent && !(y >= 0.0 && y < (double)in->n && y == floor(y)))
+                    return mg_tape__fail(t, MG_EINVAL,
+                                         "%s: the target in row %zu, column %zu of %s is %.17g, "
+                                         "not a class index in [0, %u) (cross-entropy over %u "
+                                         "classes)",
+                                         what, r, col, name, y, in->n, in->n);
+                if (!xent && y != 1.0 && y != -1.0)
+                    return mg_tape__fail(t, MG_EINVAL,
+                                         "%s: the label in row %zu, column %zu of %s is %.17g: "
+                                         "hinge labels are -1 or +1",
+                                         what, r, col, name, y);
+            }
+        }
+    }
+    return MG_OK;
+}
+
+/* ---- single samples ---------------------------------------------------------------------------
+ */
+
+MG_DRV_LINK int MG_DRV(forward)(mg_tape *t, const double *x, const double *y) {
+    if (!t) return MG_EINVAL;
+    t->err[0] = '\0';
+    if (check_targets(t, x, y, 1, "forward") != MG_OK) return MG_EINVAL;
+    load(t, MG_R_DATA(t), x, y);
+    pack_in(t);
+    mg_exec E;
+    init_flat(t, &E, MG_R_DATA(t), MG_R_GRAD(t));
+    run_prog(t, t->fwd, t->nfwd, &E, 0);
+    return MG_OK;
+}
+
+MG_DRV_LINK int MG_DRV(backward)(mg_tape *t) {
+    if (!t) return MG_EINVAL;
+    t->err[0] = '\0';
+    if (!t->has_loss) return mg_tape__fail(t, MG_EINVAL, "backward: this program has no loss");
+    pack_in(t);
+    mg_exec E;
+    init_flat(t, &E, MG_R_DATA(t), MG_R_GRAD(t));
+    backward(t, &E);
+    unpack_grad(t);
+    return MG_OK;
+}
+
+MG_DRV_LINK int MG_DRV(step)(mg_tape *t, double lr, size_t count) {
+    if (!t) return MG_EINVAL;
+    t->err[0] = '\0';
+    if (!isfinite(lr))
+        return mg_tape__fail(t, MG_EINVAL, "step: the learning rate %g is not finite", lr);
+    mgk_step(MG_R_DATA(t), MG_R_GRAD(t), t->nparams, lr / (double)(count ? count : 1));
+    return MG_OK;
+}
+
+MG_DRV_LINK int MG_DRV(predict)(mg_tape *t, const double *X, size_t n, double *out) {
+    if (!t) return MG_EINVAL;
+    t->err[0] = '\0';
+    if (n && ((!X && t->ninputs) || (!out && t->noutputs)))
+        return mg_tape__fail(t, MG_EINVAL, "predict: NULL inputs or outputs");
+    pack_in(t);
+    mg_exec E;
+    init_flat(t, &E, MG_R_DATA(t), MG_R_GRAD(t));
+    for (size_t k = 0; k < n; k++) {
+        load(t, MG_R_DATA(t), X + k * t->ninputs, NULL);
+        run_prog(t, t->fwd, t->nfwd, &E, MG_FZ_OUT_CONE);
+        for (size_t j = 0; j < t->noutputs; j++)
+            out[k * t->noutputs + j] = MG_R_DATA(t)[t->outputs[j]];
+    }
+    return MG_OK;
+}
+
+/* ---- packing (schedule.c decides what is packed) -----------------------------------------------
+ */
+
+enum { PACK, UNPACK, UNPACK_GRAD };
+
+/* PACK: pw[p] = data[slot] (pw is t->pw, or another array of t->npacked); UNPACK: the reverse;
+ * UNPACK_GRAD: the packed gradients added into the parameters' gradients. */
+static void pack_walk(mg_tape *t, int dir, mgk_real *pw) {
+    mgk_real *data = MG_R_DATA(t), *grad = MG_R_GRAD(t), *tpw = MG_R_PW(t), *pg = MG_R_PG(t);
+    for (size_t k = 0; k < t->npacks; k++) {
+        const mg_pack *P = &t->packs[k];
+        mgk_i64 idx[MGK_MAXD] = {0};
+        for (size_t i = 0; i < P->len; i++) {
+            mgk_i64 slot = P->base;
+            for (int q = 0; q < P->nd; q++) slot += idx[q] * P->s[q];
+            size_t p = P->p0 + i;
+            if (dir == PACK) pw[p] = data[slot];
+            else if (dir == UNPACK) data[slot] = tpw[p];
+            else {
+                grad[slot] += pg[p];
+                pg[p] = 0;
+            }
+            for (int q = P->nd - 1; q >= 0 && ++idx[q] == P->n[q]; q--) idx[q] = 0;
+        }
+    }
+}
+
+static void pack_in(mg_tape *t) { pack_walk(t, PACK, MG_R_PW(t)); }
+static void pack_out(mg_tape *t) { pack_walk(t, UNPACK, MG_R_PW(t)); }
+static void unpack_grad(mg_tape *t) { pack_walk(t, UNPACK_GRAD, MG_R_PW(t)); }
+#if MGK_REAL_BYTES == 8
+void mg_tape__packed_values(mg_tape *t, double *pw) { pack_walk(t, PACK, pw); }
+#endif
+
+/* SGD over the parameters outside packs and over the packs, skipping what the backward pass
+ * stepped itself (fused) when `fused` is set. */
+static void step_all(mg_tape *t, mgk_real *g, mgk_real *pg, double scale_d, int fused) {
+    mgk_real *d = MG_R_DATA(t), *pw = MG_R_PW(t);
+    const mgk_real scale = (mgk_real)scale_d;
+    const mgk_idx *sd = fused ? t->step_d1 : t->step_d;
+    size_t nd = fused ? t->nstep_d1 : t->nstep_d;
+    for (size_t i = 0; i < nd; i++) {
+        mgk_idx p = sd[i];
+        d[p] -= scale * g[p];
+        g[p] = 0.0;
+    }
+    if (fused) {
+        for (size_t i = 0; i < t->nstep_p1; i++) {
+            mgk_idx q = t->step_p1[i];
+            pw[q] -= scale * pg[q];
+            pg[q] = 0.0;
+        }
+    } else {
+        for (size_t q = 0; q < t->npacked; q++) {
+            pw[q] -= scale * pg[q];
+            pg[q] = 0.0;
+        }
+    }
+}
+
+/* ---- epochs -----------------------------------------------------------------------------------
+ */
+
+typedef struct fit_chunk {
+    mgk_real *bd, *bg; /* per-sample slots and gradients of the samples in flight, ss apart */
+    mgk_real *g, *pg;  /* shared-slot (parameter) gradients and packed gradients */
+    mgk_real *scratch; /* variadic ops' gathered operands */
+    double loss;
+    size_t from, to; /* positions in the epoch's order */
+} fit_chunk;
+
+typedef struct spin_barrier {
+    atomic_uint count;
+    atomic_uint sense;
+    unsigned n;
+} spin_barrier;
+
+static void sb_init(spin_barrier *b, unsigned n) {
+    atomic_init(&b->count, 0);
+    atomic_init(&b->sense, 0);
+    b->n = n;
+}
+
+static void sb_arrive(spin_barrier *b, unsigned s) {
+    if (atomic_fetch_add(&b->count, 1) + 1 == b->n) {
+        atomic_store(&b->count, 0);
+        atomic_store(&b->sense, s);
+    }
+}
+
+static void sb_wait(spin_barrier *b, unsigned *local_sense) {
+    unsigned s = !*local_sense;
+    *local_sense = s;
+    if (atomic_fetch_add(&b->count, 1) + 1 == b->n) {
+        atomic_store(&b->count, 0);
+        atomic_store(&b->sense, s);
+    } else {
+        unsigned spins = 0;
+        while (atomic_load(&b->sense) != s)
+            if (++spins > 2000) sched_yield(); /* oversubscribed machine: let the others run */
+    }
+}
+
+typedef struct fit_run {
+    mg_tape *t;
+    fit_chunk ch[MG_FIT_CHUNKS];
+    size_t nch, ss, sub; /* sub: samples in flight per chunk */
+    const double *X, *Y;
+    const size_t *perm;
+    size_t threads;
+    double scale;
+    atomic_int phase; /* 0: the chunks' samples; 1: add the chunks' gradients and step */
+    spin_barrier start, done;
+    unsigned main_start, main_done;
+    atomic_int stop;
+} fit_run;
+
+/* A chunk's samples, F->sub at a time, through forward and backward. */
+static void run_chunk(fit_run *F, fit_chunk *c) {
+    const mg_tape *t = F->t;
+    const size_t ss = F->ss;
+    mg_exec E;
+    memset(&E, 0, sizeof E);
+    mgk_run *R = &E.R;
+    R->a[MGK_D] = MG_R_DATA(t); /* read only during the batch */
+    R->a[MGK_G] = c->g;
+    R->a[MGK_PW] = MG_R_PW(t);
+    R->a[MGK_PG] = c->pg;
+    R->a[MGK_BD] = c->bd;
+    R->a[MGK_BG] = c->bg;
+    R->ix = t->ix;
+    R->ss = (mgk_i64)ss;
+    E.scratch = c->scratch;
+    c->loss = 0.0;
+    for (size_t k0 = c->from; k0 < c->to; k0 += F->sub) {
+        size_t nb = c->to - k0 < F->sub ? c->to - k0 : F->sub;
+        for (size_t q = 0; q < nb; q++) { /* inputs first in the per-sample region, then targets */
+            size_t s = F->perm[k0 + q];
+            copy_in(c->bd + q * ss, F->X + s * t->ninputs, t->ninputs);
+            if (F->Y) copy_in(c->bd + q * ss + t->ninputs, F->Y + s * t->ntargets, t->ntargets);
+        }
+        R->nb = (mgk_i64)nb;
+        run_prog(t, t->fwd, t->nfwd, &E, MG_FZ_LOSS_CONE);
+        for (size_t q = 0; q < nb; q++) /* a loss below the inputs is a shared leaf */
+            c->loss += t->loss >= t->input0 ? c->bd[q * ss + (t->loss - t->input0)]
+                                            : MG_R_DATA(t)[t->loss];
+        backward(t, &E);
+    }
+}
+
+/* One range of an array of gradients: the sum over the chunks (in chunk order, starting from the
+ * tape's own gradient, which fit keeps at zero), the step, and the chunks' and the tape's
+ * gradients back to zero. Separate arrays (restrict), so that the C compiler vectorises it: at
+ * batch 32 this phase was a third of an MLP's training time. */
+static void step_range(mgk_real *restrict w, mgk_real *restrict g, mgk_real *restrict g0,
+                       mgk_real *restrict g1, size_t from, size_t to, mgk_real scale) {
+    if (g1) {
+        for (size_t q = from; q < to; q++) {
+            w[q] -= scale * ((g[q] + g0[q]) + g1[q]);
+            g[q] = g0[q] = g1[q] = 0.0;
+        }
+    } else {
+        for (size_t q = from; q < to; q++) {
+            w[q] -= scale * (g[q] + g0[q]);
+            g[q] = g0[q] = 0.0;
+        }
+    }
+}
+
+/* Thread w's share of adding the chunks' gradients (in chunk order) and the step. */
+_Static_assert(MG_FIT_CHUNKS == 2, "step_share adds one or two chunks");
+static void step_share(fit_run *F, size_t w) {
+    mg_tape *t = F->t;
+    const size_t D = t->nstep_d, Q = t->npacked, T = F->threads;
+    const size_t d0 = D * w / T, d1 = D * (w + 1) / T, q0 = Q * w / T, q1 = Q * (w + 1) / T;
+    const mgk_real scale = (mgk_real)F->scale;
+    mgk_real *g1 = F->nch > 1 ? F->ch[1].g : NULL, *grad = MG_R_GRAD(t), *data = MG_R_DATA(t);
+    for (size_t i = d0; i < d1; i++) { /* the parameters outside packs */
+        const mgk_idx p = t->step_d[i];
+        mgk_real gsum = grad[p] + F->ch[0].g[p];
+        F->ch[0].g[p] = 0.0;
+        if (g1) {
+            gsum += g1[p];
+            g1[p] = 0.0;
+        }
+        data[p] -= scale * gsum;
+        grad[p] = 0;
+    }
+    step_range(MG_R_PW(t), MG_R_PG(t), F->ch[0].pg, F->nch > 1 ? F->ch[1].pg : NULL, q0, q1, scale);
+}
+
+static void run_share(fit_run *F, size_t w) {
+    if (atomic_load(&F->phase) == 0)
+        for (size_t c = w; c < F->nch; c += F->threads) run_chunk(F, &F->ch[c]);
+    else step_share(F, w);
+}
+
+typedef struct worker_arg {
+    fit_run *F;
+    size_t id;
+} worker_arg;
+
+static void *fit_worker(void *p) {
+    worker_arg *w = p;
+    unsigned s_start = 0, s_done = 0;
+    for (;;) {
+        sb_wait(&w->F->start, &s_start);
+        if (atomic_load(&w->F->stop)) return NULL;
+        run_share(w->F, w->id);
+        sb_wait(&w->F->done, &s_done);
+    }
+}
+
+static void run_phase(fit_run *F, int phase) {
+    atomic_store(&F->phase, phase);
+    if (F->threads > 1) {
+        sb_wait(&F->start, &F->main_start);
+        run_share(F, 0);
+        sb_wait(&F->done, &F->main_done);
+    } else {
+        run_share(F, 0);
+    }
+}
+
+static int check_fit_args(mg_tape *t, const double *X, const double *Y, size_t n,
+                          const mg_fit_options *o) {
+    if (!t->has_loss) return mg_tape__fail(t, MG_EINVAL, "fit: this program has no loss");
+    if (n && !X && t->ninputs) return mg_tape__fail(t, MG_EINVAL, "fit: NULL inputs");
+    if (n && !Y && t->ntargets)
+        return mg_tape__fail(t, MG_EINVAL, "fit: this program has targets: pass Y");
+    if (!isfinite(o->lr))
+        return mg_tape__fail(t, MG_EINVAL, "fit: the learning rate %g is not finite", o->lr);
+    if (t->ninputs && n > SIZE_MAX / t->ninputs / sizeof(double))
+        return mg_tape__fail(t, MG_EINVAL, "fit: %zu rows of %zu inputs overflow the address space",
+                             n, t->ninputs);
+    return check_targets(t, X, Y, n, "fit");
+}
+
+static void free_chunks(mg_tape *t, fit_run *F) {
+    for (size_t c = 0; c < MG_FIT_CHUNKS; c++) {
+        void *bufs[] = {F->ch[c].bd, F->ch[c].bg, F->ch[c].g, F->ch[c].pg, F->ch[c].scratch};
+        for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+            if (bufs[i]) t->alloc.free_fn(bufs[i], t->alloc.ctx);
+    }
+}
+
+MG_DRV_LINK int MG_DRV(fit)(mg_tape *t, const double *X, const double *Y, size_t n,
+                            const mg_fit_options *opt, double *mean_loss) {
+    if (!t) return MG_EINVAL;
+    t->err[0] = '\0';
+    mg_fit_options o;
+    memset(&o, 0, sizeof o);
+    if (opt) o = *opt;
+    if (check_fit_args(t, X, Y, n, &o) != MG_OK) return t->status;
+    size_t batch = o.batch_size ? o.batch_size : 1;
+    if (batch > n && n) batch = n; /* a batch larger than the data is the whole data */
+    size_t threads = o.threads ? o.threads : 1;
+    size_t *perm = mg_tape__alloc(t, n ? n : 1, sizeof(size_t));
+    if (!perm) return MG_ENOMEM;
+    mgk_order(perm, n, o.shuffle, o.seed, o.epoch);
+    /* an epoch starts from zero gradients, for every parameter */
+    memset(MG_R_GRAD(t), 0, t->nparams * sizeof(mgk_real));
+    if (t->npacked) memset(MG_R_PG(t), 0, t->npacked * sizeof(mgk_real));
+    double total = 0.0;
+    int st = MG_OK;
+
+    if (batch == 1) {
+        pack_in(t);
+        mg_exec E;
+        init_flat(t, &E, MG_R_DATA(t), MG_R_GRAD(t));
+        E.R.lr = o.lr; /* fused nests step their parameters in backward */
+        for (size_t k = 0; k < n; k++) {
+            size_t s = perm[k];
+            load(t, MG_R_DATA(t), X + s * t->ninputs, Y ? Y + s * t->ntargets : NULL);
+            run_prog(t, t->fwd, t->nfwd, &E, MG_FZ_LOSS_CONE);
+            total += MG_R_DATA(t)[t->loss];
+            backward(t, &E);
+            step_all(t, MG_R_GRAD(t), MG_R_PG(t), o.lr, o.lr != 0.0);
+        }
+        pack_out(t);
+        t->alloc.free_fn(perm, t->alloc.ctx);
+        if (mean_loss) *mean_loss = n ? total / (double)n : 0.0;
+        return MG_OK;
+    }
+
+    fit_run F;
+    memset(&F, 0, sizeof F);
+    F.t = t;
+    F.X = X;
+    F.Y = Y;
+    F.perm = perm;
+    F.ss = sample_stride(t);
+    size_t nch = batch < MG_FIT_CHUNKS ? batch : MG_FIT_CHUNKS;
+    size_t per = (batch + nch - 1) / nch, sub = per < MG_FIT_SUB ? per : MG_FIT_SUB;
+    size_t fits = F.ss ? MG_FIT_SUB_BYTES / (2 * F.ss * sizeof(mgk_real)) : sub;
+    if (sub > fits) sub = fits ? fits : 1;
+    F.sub = sub;
+    if (threads > nch) threads = nch;
+    F.threads = threads;
+    for (size_t c = 0; c < nch && st == MG_OK; c++) {
+        fit_chunk *ch = &F.ch[c];
+        ch->bd = mg_tape__alloc(t, sub, F.ss * sizeof(mgk_real));
+        ch->bg = mg_tape__alloc(t, sub, F.ss * sizeof(mgk_real));
+        ch->g = mg_tape__alloc(t, t->input0 + MGK_PAD, sizeof(mgk_real));
+        ch->pg = mg_tape__alloc(t, t->npacked + MGK_PAD, sizeof(mgk_real));
+        ch->scratch = mg_tape__alloc(t, 2 * t->nary_max + 2, sizeof(mgk_real));
+        if (!ch->bd || !ch->bg || !ch->g || !ch->pg || !ch->scratch) {
+            st = MG_ENOMEM;
+            break;
+        }
+        /* the values' initial slots (what a nest does not write reads as the frozen value) */
+        for (size_t q = 0; q < sub; q++)
+            memcpy(ch->bd + q * F.ss, MG_R_DATA(t) + t->input0, F.ss * sizeof(mgk_real));
+        memset(ch->bg, 0, sub * F.ss * sizeof(mgk_real));
+        memset(ch->g, 0, (t->input0 + MGK_PAD) * sizeof(mgk_real));
+        memset(ch->pg, 0, (t->npacked + MGK_PAD) * sizeof(mgk_real));
+    }
+    pthread_t tid[MG_FIT_CHUNKS];
+    worker_arg wa[MG_FIT_CHUNKS];
+    size_t started = 0;
+    if (st == MG_OK && threads > 1) {
+        sb_init(&F.start, (unsigned)threads);
+        sb_init(&F.done, (unsigned)threads);
+        atomic_init(&F.stop, 0);
+        atomic_init(&F.phase, 0);
+        for (size_t w = 1; w < threads; w++) {
+            wa[w].F = &F;
+            wa[w].id = w;
+            if (pthread_create(&tid[w], NULL, fit_worker, &wa[w]) != 0) break;
+            started++;
+        }
+        if (started + 1 < threads) {
+            /* fewer threads than asked: release and end the started ones, run on this thread
+             * (the same result: the split of the work does not change the sums) */
+            atomic_store(&F.stop, 1);
+            for (size_t w = started + 1; w < threads; w++) sb_arrive(&F.start, !F.main_start);
+            sb_wait(&F.start, &F.main_start);
+            for (size_t w = 1; w <= started; w++) pthread_join(tid[w], NULL);
+            atomic_store(&F.stop, 0);
+            started = 0;
+            F.threads = threads = 1;
+        }
+    }
+    if (st == MG_OK) {
+        pack_in(t);
+        for (size_t b0 = 0; b0 < n; b0 += batch) {
+            size_t bn = n - b0 < batch ? n - b0 : batch;
+            F.nch = bn < nch ? bn : nch;
+            for (size_t c = 0; c < F.nch; c++) {
+                F.ch[c].from = b0 + bn * c / F.nch;
+                F.ch[c].to = b0 + bn * (c + 1) / F.nch;
+            }
+            run_phase(&F, 0);
+            for (size_t c = 0; c < F.nch; c++) total += F.ch[c].loss; /* chunk order */
+            F.scale = o.lr / (double)bn;
+            run_phase(&F, 1);
+        }
+        pack_out(t);
+    }
+    if (threads > 1 && started) {
+        atomic_store(&F.stop, 1);
+        sb_wait(&F.start, &F.main_start);
+        for (size_t w = 1; w <= started; w++) pthread_join(tid[w], NULL);
+    }
+    free_chunks(t, &F);
+    t->alloc.free_fn(perm, t->alloc.ctx);
+    if (st == MG_ENOMEM)
+        return mg_tape__fail(t, MG_ENOMEM, "fit: out of memory for the chunks' slots");
+    if (mean_loss) *mean_loss = n ? total / (double)n : 0.0;
+    return MG_OK;
+}
