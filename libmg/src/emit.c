@@ -15,7 +15,7 @@
 #include <string.h>
 
 /* Raised whenever the generated code changes; part of compiled-code cache keys. */
-#define MG_EMITTER_VERSION 9
+#define MG_EMITTER_VERSION 10
 #define MG_DEFAULT_KERNELS 32
 
 int mg_tape_emitter_version(void) { return MG_EMITTER_VERSION; }
@@ -321,7 +321,9 @@ char *mg_tape_emit_c(mg_tape *t, const mg_emit_options *opt, size_t *len) {
 
     emit_header(&b, t, inference);
     puts_(&b, inference ? "#define MG_HAS(k) 1\n#define MG_KFN static\n" : emit_parts_note);
-    if (f32) puts_(&b, "#define MGK_REAL float /* float32 storage */\n#define MGK_REAL_BYTES 4\n");
+    if (f32) /* twice the lanes per block: the same vector registers hold 16 floats */
+        puts_(&b, "#define MGK_REAL float /* float32 storage */\n#define MGK_REAL_BYTES 4\n"
+                  "#define MGK_LANES 16\n");
     puts_(&b, mg__kernels_text);
     puts_(&b, "\n/* ---- the op table's formulas ---- */\n");
     emit_ops(&b);

@@ -5,7 +5,10 @@
 #define _POSIX_C_SOURCE 200809L /* sched_yield */
 #define MGK_REAL float
 #define MGK_REAL_BYTES 4
+#define MGK_LANES 16 /* as the emitter writes float32 code: the arrays' padding follows */
 #include "ir.h"
+
+_Static_assert(MG_F32_PAD >= MGK_PAD, "attach pads the float32 arrays for these blocks");
 
 #define MG_DRV(name) mg_tape__##name##_f32
 #define MG_DRV_LINK

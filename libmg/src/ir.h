@@ -196,6 +196,8 @@ int mg_tape__step_f32(mg_tape *t, double lr, size_t count);
 int mg_tape__predict_f32(mg_tape *t, const double *X, size_t n, double *out);
 int mg_tape__fit_f32(mg_tape *t, const double *X, const double *Y, size_t n,
                      const mg_fit_options *opt, double *mean_loss);
+/* Elements of padding after each float32 array: float32 code runs blocks of 16 lanes. */
+#define MG_F32_PAD 16
 void mg_tape__f32_in(mg_tape *t);
 void mg_tape__f32_out(mg_tape *t);
 

@@ -35,7 +35,14 @@
 #define MGK_MAXO 4
 #define MGK_MAXR 4
 #define MGK_MAXD 8
+/* Lanes per block: 8, or 16 in code emitted with float32 storage (the includer defines it; the
+ * schedule's decisions do not depend on it, and every path handles partial blocks). */
+#ifndef MGK_LANES
 #define MGK_LANES 8
+#endif
+#if MGK_LANES != 8 && MGK_LANES != 16
+#error "MGK_LANES is 8 or 16"
+#endif
 #define MGK_PAD MGK_LANES /* elements of padding after every slot array */
 
 typedef long long mgk_i64;
@@ -124,6 +131,9 @@ typedef mgk_real mgk_vec_u
 #define MGK_VSPLAT(x) ((mgk_vec){(x), (x), (x), (x)})
 #elif MGK_VW == 8
 #define MGK_VSPLAT(x) ((mgk_vec){(x), (x), (x), (x), (x), (x), (x), (x)})
+#elif MGK_VW == 16
+#define MGK_VSPLAT(x)                                                                              \
+    ((mgk_vec){(x), (x), (x), (x), (x), (x), (x), (x), (x), (x), (x), (x), (x), (x), (x), (x)})
 #else
 #error "unexpected vector width"
 #endif
@@ -135,10 +145,17 @@ typedef mgk_real mgk_vec_u
 #elif MGK_VW == 4
 #define MGK_VGATHER(p, s, m)                                                                       \
     ((mgk_vec){MGK_GL(p, s, m, 0), MGK_GL(p, s, m, 1), MGK_GL(p, s, m, 2), MGK_GL(p, s, m, 3)})
-#else
+#elif MGK_VW == 8
 #define MGK_VGATHER(p, s, m)                                                                       \
     ((mgk_vec){MGK_GL(p, s, m, 0), MGK_GL(p, s, m, 1), MGK_GL(p, s, m, 2), MGK_GL(p, s, m, 3),     \
                MGK_GL(p, s, m, 4), MGK_GL(p, s, m, 5), MGK_GL(p, s, m, 6), MGK_GL(p, s, m, 7)})
+#else
+#define MGK_VGATHER(p, s, m)                                                                       \
+    ((mgk_vec){MGK_GL(p, s, m, 0), MGK_GL(p, s, m, 1), MGK_GL(p, s, m, 2), MGK_GL(p, s, m, 3),     \
+               MGK_GL(p, s, m, 4), MGK_GL(p, s, m, 5), MGK_GL(p, s, m, 6), MGK_GL(p, s, m, 7),     \
+               MGK_GL(p, s, m, 8), MGK_GL(p, s, m, 9), MGK_GL(p, s, m, 10), MGK_GL(p, s, m, 11),   \
+               MGK_GL(p, s, m, 12), MGK_GL(p, s, m, 13), MGK_GL(p, s, m, 14),                      \
+               MGK_GL(p, s, m, 15)})
 #endif
 /* Unrolls the loop that follows completely: the loops over a block's vectors and a tile's rows,
  * whose accumulators must live in registers (gcc -O2 leaves an 8-row loop rolled, with every
@@ -265,8 +282,15 @@ MGK_HOT void mgk_point1(const mgk_nest *N, const mgk_run *R, const int term, con
                                                        q1 + (r7 + l) * X[1].s[7],
                                                        q2 + (r7 + l) * X[2].s[7],
                                                        q3 + (r7 + l) * X[3].s[7], so);
-                        sum = ((part[0] + part[1]) + (part[2] + part[3])) +
-                              ((part[4] + part[5]) + (part[6] + part[7]));
+#define MGK_TREE8(p, o)                                                                            \
+    ((((p)[o] + (p)[(o) + 1]) + ((p)[(o) + 2] + (p)[(o) + 3])) +                                   \
+     (((p)[(o) + 4] + (p)[(o) + 5]) + ((p)[(o) + 6] + (p)[(o) + 7])))
+#if MGK_LANES == 8
+                        sum = MGK_TREE8(part, 0);
+#else
+                        sum = MGK_TREE8(part, 0) + MGK_TREE8(part, 8);
+#endif
+#undef MGK_TREE8
                         for (; r7 < n[7]; r7++)
                             sum += MGK_TERM_AT(N, R, term, op, q0 + r7 * X[0].s[7],
                                                q1 + r7 * X[1].s[7], q2 + r7 * X[2].s[7],
@@ -413,9 +437,6 @@ MGK_HOT void mgk_block(const mgk_nest *N, const mgk_run *R, const int term, cons
  * matrix-vector product (batch size 1) keeps several independent sums in flight instead of one
  * chain of dependent additions per block. */
 #define MGK_TS (16 / MGK_NV > 8 ? 8 : 16 / MGK_NV)
-#if MGK_LANES != 8
-#error "mgk_tile stores a partial block lane by lane, written out for 8 lanes"
-#endif
 MGK_HOT void mgk_tile(const mgk_nest *N, const mgk_run *R, const int small, const mgk_i64 nbr,
                       const int nt, const int nl, mgk_real *o, const mgk_real *in,
                       const mgk_real *a0, const mgk_real *b0, const mgk_i64 ro, const mgk_i64 ri,
@@ -477,6 +498,16 @@ MGK_HOT void mgk_tile(const mgk_nest *N, const mgk_run *R, const int small, cons
             MGK_LANE_OUT(5);
             MGK_LANE_OUT(6);
             MGK_LANE_OUT(7);
+#if MGK_LANES == 16
+            MGK_LANE_OUT(8);
+            MGK_LANE_OUT(9);
+            MGK_LANE_OUT(10);
+            MGK_LANE_OUT(11);
+            MGK_LANE_OUT(12);
+            MGK_LANE_OUT(13);
+            MGK_LANE_OUT(14);
+            MGK_LANE_OUT(15);
+#endif
 #undef MGK_LANE_OUT
         }
     } else { /* the last block of a row: every lane computed, the valid ones stored (lane by
@@ -494,6 +525,16 @@ MGK_HOT void mgk_tile(const mgk_nest *N, const mgk_run *R, const int small, cons
             MGK_LANE_OUT(4);
             MGK_LANE_OUT(5);
             MGK_LANE_OUT(6);
+#if MGK_LANES == 16
+            MGK_LANE_OUT(7);
+            MGK_LANE_OUT(8);
+            MGK_LANE_OUT(9);
+            MGK_LANE_OUT(10);
+            MGK_LANE_OUT(11);
+            MGK_LANE_OUT(12);
+            MGK_LANE_OUT(13);
+            MGK_LANE_OUT(14);
+#endif
 #undef MGK_LANE_OUT
         }
     }

@@ -155,9 +155,9 @@ int mg_tape_attach(mg_tape *t, const mg_compiled *c) {
         size_t lens[] = {t->nslots, t->nslots, t->npacked, t->npacked};
         for (size_t i = 0; i < 4; i++) {
             if (*bufs[i]) continue; /* kept from an earlier attach */
-            *bufs[i] = mg_tape__alloc(t, lens[i] + MGK_PAD, sizeof(float));
+            *bufs[i] = mg_tape__alloc(t, lens[i] + MG_F32_PAD, sizeof(float));
             if (!*bufs[i]) return mg_tape__fail(t, MG_ENOMEM, "attach: out of memory");
-            memset(*bufs[i], 0, (lens[i] + MGK_PAD) * sizeof(float));
+            memset(*bufs[i], 0, (lens[i] + MG_F32_PAD) * sizeof(float));
         }
     }
     t->kern = c->kernels;

@@ -1521,6 +1521,41 @@ def test_zoo_families_partly_compiled(name):
         )
 
 
+def assert_float32_close(got: Any, want: Any, what: str, rtol: float = 2e-4) -> None:
+    """float32 storage against the double tape: float32 values, equal to double's within float32
+    rounding propagated through a few steps (relative to the array's scale)."""
+    got, want = np.asarray(got, dtype=np.float64), np.asarray(want, dtype=np.float64)
+    assert np.array_equal(got, got.astype(np.float32).astype(np.float64)), f"{what}: not float32"
+    scale = max(float(np.abs(want).max(initial=0.0)), 1e-30)
+    err = float(np.abs(got - want).max(initial=0.0)) / scale
+    assert err <= rtol, f"{what}: {err:.3g} relative to the largest element (rtol {rtol})"
+
+
+def check_float32(case: Case, **kw: Any) -> None:
+    """float32 storage (blocks of 16 lanes) against the double tape: single samples, and fit at
+    batch 1, 4 and 7, bitwise the same on 1 and 2 threads."""
+    tape = compile_case(case)
+    f32 = compile_case(case, backend="c", float32=True, **kw)
+    assert f32.info["float32"]
+    t_out, t_loss, t_grad = run_samples(tape, case, 3)
+    f_out, f_loss, f_grad = run_samples(f32, case, 3)
+    assert_float32_close(f_out, t_out, "float32 outputs")
+    assert_float32_close(f_loss, t_loss, "float32 losses")
+    assert_float32_close(f_grad, t_grad, "float32 gradients", rtol=1e-3)
+    p0 = np.array([p.data for p in case.params])
+    for batch in (1, 4, 7):
+        want = fit_params(tape, case, p0, batch, 1)[0]
+        one = fit_params(f32, case, p0, batch, 1)[0]
+        assert_bitwise(fit_params(f32, case, p0, batch, 2)[0], one, f"float32 fit, batch {batch}")
+        assert_float32_close(one, want, f"float32 fit, batch {batch}", rtol=1e-3)
+
+
+@needs_cc
+@pytest.mark.parametrize("name", ["mlp", "elman", "gru", "attention", "cnn", "cnn-zeros"])
+def test_zoo_families_in_float32(name):
+    check_float32(zoo_case(name))
+
+
 UNDER_ASAN = "libasan" in os.environ.get("LD_PRELOAD", "")
 
 
@@ -1556,6 +1591,8 @@ def test_generated_code_built_with_sanitizers_trains_like_the_tape(name):
                 fit_params(tape, case, p0, batch, 1)[0],
                 f"fit, batch {batch}, {threads} thread(s)",
             )
+    # float32 code (blocks of 16 lanes, reading up to 15 elements past a row) built the same way
+    check_float32(case, flags=flags)
 
 
 # ---- compiled C: the generators again, fewer examples (each one compiles) -----------------------
