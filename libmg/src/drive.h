@@ -158,6 +158,14 @@ static void load(const mg_tape *t, mgk_real *d, const double *x, const double *y
     if (y) copy_in(d + t->target0, y, t->ntargets);
 }
 
+/* The loss of a run's sample `q` (per-sample arrays `ss` apart); a loss below the inputs is a
+ * shared leaf, read where a call keeps it (pw for a packed parameter). */
+static double loss_of(const mg_tape *t, const mgk_run *R, mgk_i64 q) {
+    if (t->loss >= t->input0) return R->a[MGK_BD][q * R->ss + (mgk_i64)(t->loss - t->input0)];
+    if (t->loss_pw != SIZE_MAX) return MG_R_PW(t)[t->loss_pw];
+    return MG_R_DATA(t)[t->loss];
+}
+
 /* Packing in and out of calls (below). */
 static void pack_in(mg_tape *t);
 static void pack_out(mg_tape *t);
@@ -175,7 +183,9 @@ static void backward(const mg_tape *t, mg_exec *E) {
                        (t->zero[i + 1] - t->zero[i]) * sizeof(mgk_real));
         else memset(bg + (t->first_op - in0), 0, (t->nslots - t->first_op) * sizeof(mgk_real));
         if (t->loss >= in0) bg[t->loss - in0] = 1.0;
-        else if (t->loss < t->nparams && !(t->packed && t->packed[t->loss]))
+        else if (t->loss_pw != SIZE_MAX) /* a packed parameter: its gradient lives in pg */
+            R->a[MGK_PG][t->loss_pw] += 1.0;
+        else if (t->loss < t->nparams)
             R->a[MGK_G][t->loss] += 1.0; /* the loss is a parameter itself: d loss/d p = 1 */
     }
     run_prog(t, t->bwd, t->nbwd, E, 0);
@@ -414,6 +424,9 @@ static void run_chunk(fit_run *F, fit_chunk *c) {
     R->ss = (mgk_i64)ss;
     E.scratch = c->scratch;
     c->loss = 0.0;
+    /* this batch's gradients start from zero (step_share only reads them) */
+    memset(c->g, 0, t->input0 * sizeof(mgk_real));
+    if (t->npacked) memset(c->pg, 0, t->npacked * sizeof(mgk_real));
     for (size_t k0 = c->from; k0 < c->to; k0 += F->sub) {
         size_t nb = c->to - k0 < F->sub ? c->to - k0 : F->sub;
         for (size_t q = 0; q < nb; q++) { /* inputs first in the per-sample region, then targets */
@@ -423,30 +436,23 @@ static void run_chunk(fit_run *F, fit_chunk *c) {
         }
         R->nb = (mgk_i64)nb;
         run_prog(t, t->fwd, t->nfwd, &E, MG_FZ_LOSS_CONE);
-        for (size_t q = 0; q < nb; q++) /* a loss below the inputs is a shared leaf */
-            c->loss += t->loss >= t->input0 ? c->bd[q * ss + (t->loss - t->input0)]
-                                            : MG_R_DATA(t)[t->loss];
+        for (size_t q = 0; q < nb; q++) c->loss += loss_of(t, R, (mgk_i64)q);
         backward(t, &E);
     }
 }
 
-/* One range of an array of gradients: the sum over the chunks (in chunk order, starting from the
- * tape's own gradient, which fit keeps at zero), the step, and the chunks' and the tape's
- * gradients back to zero. Separate arrays (restrict), so that the C compiler vectorises it: at
- * batch 32 this phase was a third of an MLP's training time. */
-static void step_range(mgk_real *restrict w, mgk_real *restrict g, mgk_real *restrict g0,
-                       mgk_real *restrict g1, size_t from, size_t to, mgk_real scale) {
-    if (g1) {
-        for (size_t q = from; q < to; q++) {
-            w[q] -= scale * ((g[q] + g0[q]) + g1[q]);
-            g[q] = g0[q] = g1[q] = 0.0;
-        }
-    } else {
-        for (size_t q = from; q < to; q++) {
-            w[q] -= scale * (g[q] + g0[q]);
-            g[q] = g0[q] = 0.0;
-        }
-    }
+/* One range of an array of gradients: the sum over the chunks (in chunk order) and the step.
+ * Separate arrays (restrict), so that the C compiler vectorises it: at batch 32 this phase was a
+ * third of an MLP's training time. It only reads the chunks' gradients: each chunk's thread
+ * zeroes its own when its next batch starts (run_chunk), so the lines stay in that thread's
+ * cache instead of moving to the thread that stepped them and back. (The tape's own gradients
+ * stay zero through a batched fit.) */
+static void step_range(mgk_real *restrict w, const mgk_real *restrict g0,
+                       const mgk_real *restrict g1, size_t from, size_t to, mgk_real scale) {
+    if (g1)
+        for (size_t q = from; q < to; q++) w[q] -= scale * (g0[q] + g1[q]);
+    else
+        for (size_t q = from; q < to; q++) w[q] -= scale * g0[q];
 }
 
 /* Thread w's share of adding the chunks' gradients (in chunk order) and the step. */
@@ -456,19 +462,13 @@ static void step_share(fit_run *F, size_t w) {
     const size_t D = t->nstep_d, Q = t->npacked, T = F->threads;
     const size_t d0 = D * w / T, d1 = D * (w + 1) / T, q0 = Q * w / T, q1 = Q * (w + 1) / T;
     const mgk_real scale = (mgk_real)F->scale;
-    mgk_real *g1 = F->nch > 1 ? F->ch[1].g : NULL, *grad = MG_R_GRAD(t), *data = MG_R_DATA(t);
+    const mgk_real *g0 = F->ch[0].g, *g1 = F->nch > 1 ? F->ch[1].g : NULL;
+    mgk_real *data = MG_R_DATA(t);
     for (size_t i = d0; i < d1; i++) { /* the parameters outside packs */
         const mgk_idx p = t->step_d[i];
-        mgk_real gsum = grad[p] + F->ch[0].g[p];
-        F->ch[0].g[p] = 0.0;
-        if (g1) {
-            gsum += g1[p];
-            g1[p] = 0.0;
-        }
-        data[p] -= scale * gsum;
-        grad[p] = 0;
+        data[p] -= scale * (g1 ? g0[p] + g1[p] : g0[p]);
     }
-    step_range(MG_R_PW(t), MG_R_PG(t), F->ch[0].pg, F->nch > 1 ? F->ch[1].pg : NULL, q0, q1, scale);
+    step_range(MG_R_PW(t), F->ch[0].pg, F->nch > 1 ? F->ch[1].pg : NULL, q0, q1, scale);
 }
 
 static void run_share(fit_run *F, size_t w) {
@@ -555,7 +555,7 @@ MG_DRV_LINK int MG_DRV(fit)(mg_tape *t, const double *X, const double *Y, size_t
             size_t s = perm[k];
             load(t, MG_R_DATA(t), X + s * t->ninputs, Y ? Y + s * t->ntargets : NULL);
             run_prog(t, t->fwd, t->nfwd, &E, MG_FZ_LOSS_CONE);
-            total += MG_R_DATA(t)[t->loss];
+            total += loss_of(t, &E.R, 0);
             backward(t, &E);
             step_all(t, MG_R_GRAD(t), MG_R_PG(t), o.lr, o.lr != 0.0);
         }

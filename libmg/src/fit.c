@@ -12,12 +12,14 @@
 #define MG_RUN_NEST(t, k, R) mg_ir__run_nest(t, k, R)
 #include "drive.h"
 
-/* A float32 call: the tape's double arrays in (rounded), the call, and its results out. */
+/* A float32 call: the tape's double arrays in (rounded), the call, and its results out. A call
+ * that fails has changed nothing (it fails before it runs), so the double arrays keep their
+ * values, unrounded. */
 #define MG_F32_CALL(t, call)                                                                       \
     do {                                                                                           \
         mg_tape__f32_in(t);                                                                        \
         int st_ = (call);                                                                          \
-        mg_tape__f32_out(t);                                                                       \
+        if (st_ == MG_OK) mg_tape__f32_out(t);                                                     \
         return st_;                                                                                \
     } while (0)
 

@@ -339,6 +339,8 @@ mg_tape *mg_tape_freeze(mg_graph *g, const mg_tape_spec *spec) {
     /* the stages */
     if ((st = mg_reroll(t, &f, spec->no_raise != 0)) != MG_OK) goto done;
     if (!spec->no_raise && (st = mg_roll(t)) != MG_OK) goto done;
+    /* the loss's slot (rerolling assigned the values' slots): the schedule plans its seed */
+    t->loss = spec->loss ? f.slot[vmap_get(&index, spec->loss)] : 0;
     if ((st = mg_autodiff(t)) != MG_OK) goto done;
     if ((st = mg_schedule(t)) != MG_OK) goto done;
 
@@ -368,7 +370,6 @@ mg_tape *mg_tape_freeze(mg_graph *g, const mg_tape_spec *spec) {
     for (size_t i = 0; i < spec->noutputs; i++)
         t->outputs[i] = f.slot[vmap_get(&index, spec->outputs[i])];
     t->has_loss = spec->loss != NULL;
-    t->loss = spec->loss ? f.slot[vmap_get(&index, spec->loss)] : 0;
     for (size_t i = 0; i < t->nfwd; i++)
         if (t->fwd[i].kind == MG_I_NARY && t->fwd[i].b > t->nary_max) t->nary_max = t->fwd[i].b;
     t->identity = mg_tape__alloc(t, t->nary_max ? t->nary_max : 1, sizeof(mgk_idx));

@@ -109,6 +109,7 @@ struct mg_tape {
     size_t const0, input0, target0, first_op;
     int has_loss;
     uint32_t loss;
+    size_t loss_pw; /* the loss's position in pw when it is a packed parameter, else SIZE_MAX */
     mgk_idx *outputs;
     double *data, *grad;
     /* the programs */

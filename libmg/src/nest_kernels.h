@@ -484,7 +484,9 @@ MGK_HOT void mgk_tile(const mgk_nest *N, const mgk_run *R, const int small, cons
             MGK_UNROLL
             for (k = 0; k < MGK_NV; k++) MGK_VSTORE(o + q * ro + k * MGK_VW, v[q][k]);
         }
-    } else if (so != 1) { /* a strided output: lane by lane */
+    } else { /* a strided output, or the last block of a row (every lane computed, the valid
+              * ones stored): lane by lane, at constant lane indices (storing the vectors into an
+              * array first would make gcc keep every accumulator of the tile in memory) */
         MGK_UNROLL
         for (q = 0; q < nt; q++) {
             mgk_real *const p = o + q * ro;
@@ -507,33 +509,6 @@ MGK_HOT void mgk_tile(const mgk_nest *N, const mgk_run *R, const int small, cons
             MGK_LANE_OUT(13);
             MGK_LANE_OUT(14);
             MGK_LANE_OUT(15);
-#endif
-#undef MGK_LANE_OUT
-        }
-    } else { /* the last block of a row: every lane computed, the valid ones stored (lane by
-              * lane, at constant lane indices: storing the vectors into an array first would
-              * make gcc keep every accumulator of the tile in memory) */
-        MGK_UNROLL
-        for (q = 0; q < nt; q++) {
-            mgk_real *const p = o + q * ro;
-#define MGK_LANE_OUT(l)                                                                            \
-    if ((l) < nl) p[l] = v[q][(l) / MGK_VW][(l) % MGK_VW]
-            MGK_LANE_OUT(0);
-            MGK_LANE_OUT(1);
-            MGK_LANE_OUT(2);
-            MGK_LANE_OUT(3);
-            MGK_LANE_OUT(4);
-            MGK_LANE_OUT(5);
-            MGK_LANE_OUT(6);
-#if MGK_LANES == 16
-            MGK_LANE_OUT(7);
-            MGK_LANE_OUT(8);
-            MGK_LANE_OUT(9);
-            MGK_LANE_OUT(10);
-            MGK_LANE_OUT(11);
-            MGK_LANE_OUT(12);
-            MGK_LANE_OUT(13);
-            MGK_LANE_OUT(14);
 #endif
 #undef MGK_LANE_OUT
         }

@@ -684,10 +684,31 @@ static int to_sample_arrays(mg_tape *t) {
     return MG_OK;
 }
 
+/* Where the loss lives during a call when it is a packed parameter itself (its value, and the
+ * seed of its gradient, are in pw and pg then). */
+static void find_packed_loss(mg_tape *t) {
+    t->loss_pw = SIZE_MAX;
+    if (!t->has_loss || t->loss >= t->nparams || !t->packed || !t->packed[t->loss]) return;
+    for (size_t k = 0; k < t->npacks; k++) {
+        const mg_pack *P = &t->packs[k];
+        mgk_i64 idx[MGK_MAXD] = {0};
+        for (size_t i = 0; i < P->len; i++) {
+            mgk_i64 slot = P->base;
+            for (int q = 0; q < P->nd; q++) slot += idx[q] * P->s[q];
+            if (slot == (mgk_i64)t->loss) {
+                t->loss_pw = P->p0 + i;
+                return;
+            }
+            for (int q = P->nd - 1; q >= 0 && ++idx[q] == P->n[q]; q--) idx[q] = 0;
+        }
+    }
+}
+
 int mg_schedule(mg_tape *t) {
     for (size_t k = 0; k < t->nnests; k++) choose_vector_dim(t, &t->nests[k], &t->info[k], 0);
     int st = plan_packs(t);
     if (st != MG_OK) return st;
+    find_packed_loss(t);
     for (size_t k = 0; k < t->nnests; k++) {
         mgk_nest *N = &t->nests[k];
         const mg_nest_info *I = &t->info[k];

@@ -453,3 +453,36 @@ def test_fallback_cache_directory_is_removed_at_exit(tmp_path):
     assert used.startswith(str(tmp)) and os.path.basename(used).startswith("micrograd_c-cache-")
     assert not os.path.exists(used)
     assert [p for p in os.listdir(tmp) if p.startswith("micrograd_c-")] == []
+
+
+@posix_only
+def test_ctrl_c_right_after_a_part_starts_still_kills_it(monkeypatch):
+    """Ctrl-C landing between a part's start and its record (the window the timing test above can
+    hit on a loaded machine): the interrupt is held until every started part is recorded, so
+    every part is killed and the KeyboardInterrupt still reaches the caller."""
+    import _thread
+
+    from micrograd_c.compiler import toolchain
+
+    started = []
+    real_popen = subprocess.Popen
+
+    def popen(*args, **kwargs):
+        p = real_popen(*args, **kwargs)
+        started.append(p)
+        if len(started) == 2:
+            _thread.interrupt_main()  # raised at the next bytecode, before Popen's caller runs
+        return p
+
+    monkeypatch.setattr(toolchain.subprocess, "Popen", popen)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            toolchain.run_commands([["sleep", "1000"]] * 3, timeout=600)
+        assert len(started) == 3
+        assert all(p.returncode is not None for p in started), "a started part was left running"
+        assert all(pid_gone(p.pid) for p in started)
+    finally:
+        for p in started:
+            if p.poll() is None:
+                p.kill()
+                p.wait()

@@ -755,6 +755,16 @@ def test_float32_storage_runs_on_the_one_driver():
     assert np.array_equal(after[0], after[1]) and np.array_equal(after[0], after[2])
     with pytest.raises(ValueError, match=r"expected shape \(n, 30\)"):
         prog.predict(np.zeros((2, 3)))
+    # a call that fails changes nothing: the parameters are not even rounded
+    prog.parameters[0] = 0.1
+    with pytest.raises(ValueError):
+        prog.fit(X, Y, lr=float("nan"))
+    with pytest.raises(ValueError, match="class index"):
+        prog.forward(X[0], [7])
+    assert prog.parameters[0] == 0.1
+    # its C is the float32 code it runs
+    assert "#define MGK_REAL float" in prog.c_source()
+    assert "#define MGK_REAL float" not in prog.c_source(inference_only=True)
     assert prog.write_back() == len(model.parameters())
     assert model.parameters()[0].data == float(prog.parameters[0])
     with pytest.raises(ValueError, match="every loop nest"):
@@ -768,3 +778,45 @@ def test_float32_storage_runs_on_the_one_driver():
             backend="tape",
             float32=True,
         )
+
+
+@pytest.mark.parametrize("backend", ["tape", pytest.param("c", marks=needs_cc)])
+def test_a_loss_that_is_a_packed_parameter_trains(backend):
+    """The loss is one of the weights the schedule packs (a 5x5 stride-2 convolution over 8
+    channels, read along its channels; the conv is an output): its gradient is 1, at batch 1 and
+    in batches, and the mean loss fit reports is the parameter's value before each step."""
+    rng = random.Random(0)
+    H, K, S, P, CO = 16, 5, 2, 2, 8
+    x = mc.inputs(H * H)
+    w = [[[Value(rng.uniform(-1, 1)) for _ in range(K)] for _ in range(K)] for _ in range(CO)]
+    params = [v for co in w for row in co for v in row]
+    outs = []
+    Ho = (H + 2 * P - K) // S + 1
+    for co in range(CO):
+        for i in range(Ho):
+            for j in range(Ho):
+                s = Value(0.0)
+                for a in range(K):
+                    for b in range(K):
+                        r, q = i * S + a - P, j * S + b - P
+                        if 0 <= r < H and 0 <= q < H:
+                            s = s + w[co][a][b] * x[r * H + q]
+                outs.append(s)
+    loss = w[0][1][2]
+    k = params.index(loss)
+    prog = mc.compile(loss, x, [], params, outs, backend=backend)
+    assert prog.info["packed"] >= len(params)  # the weights are read from the packed copy
+    prog.forward(np.linspace(-1, 1, H * H))
+    prog.backward()
+    want = np.zeros(len(params))
+    want[k] = 1.0
+    assert np.array_equal(prog.grad, want)
+    start = loss.data
+    for batch in (1, 2):
+        prog.parameters[:] = [p.data for p in params]
+        losses = prog.fit(np.zeros((4, H * H)), epochs=1, lr=0.5, batch_size=batch, shuffle=False)
+        steps = 4 // batch
+        assert prog.parameters[k] == pytest.approx(start - 0.5 * steps, abs=1e-12)
+        # the mean over the samples of the value each saw: start, start - 0.5, ... per step
+        seen = [start - 0.5 * (i // batch) for i in range(4)]
+        assert losses[0] == pytest.approx(sum(seen) / 4, abs=1e-12)

@@ -163,12 +163,17 @@ class Program:
         return self.tape.describe()
 
     def c_source(self, prefix: str = "mgc_", inference_only: bool = False) -> str:
-        """The program as self-contained C (inference-only: parameters inlined as constants)."""
+        """The program as self-contained C (inference-only: parameters inlined as constants).
+        For a float32 program, the training code is the float32 code it runs (every nest)."""
         if not isinstance(prefix, str):
             raise TypeError(f"prefix must be a string, not {type(prefix).__name__}")
         if "\0" in prefix:
             raise ValueError("prefix must be a C identifier: it contains a NUL character")
-        return self.tape.emit_c(prefix, _flag("inference_only", inference_only))
+        inference_only = _flag("inference_only", inference_only)
+        if self.info.get("float32") and not inference_only:
+            nests = int(self.info["forward_nests"]) + int(self.info["backward_nests"])
+            return self.tape.emit_c(prefix, False, True, max(nests, 1))
+        return self.tape.emit_c(prefix, inference_only)
 
 
 def compile(

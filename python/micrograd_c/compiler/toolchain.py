@@ -3,6 +3,7 @@ machine-dependent flags resolve to, and running the compiler under a time limit.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import shlex
@@ -10,8 +11,9 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -88,16 +90,17 @@ def run_commands(
     procs: list[tuple[subprocess.Popen[str], Any]] = []
     deadline = time.monotonic() + timeout
     try:
-        for cmd in cmds:
-            out = tempfile.TemporaryFile("w+", errors="replace")  # no pipes: nothing to drain
-            try:
-                p = subprocess.Popen(
-                    list(cmd), stdout=out, stderr=subprocess.STDOUT, text=True, **kw
-                )
-            except BaseException:
-                out.close()
-                raise
-            procs.append((p, out))
+        with _interrupts_deferred():  # a Ctrl-C between a start and its record would orphan it
+            for cmd in cmds:
+                out = tempfile.TemporaryFile("w+", errors="replace")  # no pipes: nothing to drain
+                try:
+                    p = subprocess.Popen(
+                        list(cmd), stdout=out, stderr=subprocess.STDOUT, text=True, **kw
+                    )
+                except BaseException:
+                    out.close()
+                    raise
+                procs.append((p, out))
         for p, _ in procs:
             try:
                 p.wait(timeout=max(0.0, deadline - time.monotonic()))
@@ -114,6 +117,27 @@ def run_commands(
                 _kill_group(p, posix)
                 p.wait()
             out.close()
+
+
+@contextlib.contextmanager
+def _interrupts_deferred() -> Iterator[None]:
+    """Within the block, SIGINT (Ctrl-C) is recorded, not raised; on leaving it, the previous
+    handler runs for it (KeyboardInterrupt by default). Only the main thread handles signals:
+    elsewhere the block runs as it is."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pending: list[tuple[int, Any]] = []
+    old = signal.signal(signal.SIGINT, lambda signum, frame: pending.append((signum, frame)))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
+    if pending:
+        if callable(old):
+            old(*pending[0])
+        elif old != signal.SIG_IGN:
+            raise KeyboardInterrupt
 
 
 def _kill_group(p: subprocess.Popen[str], posix: bool) -> None:
