@@ -19,7 +19,7 @@ Systems (rows), each at every batch size of --batches (1, 32, 128, 256):
                          batches run through fit(batch_size=) as they are in this build;
   micrograd_c tape       the interpreter, 1 thread;
   micrograd_c float32    compile(..., float32=True) (batch 1 and 32): float32 slots on libmg's one
-                         driver; "n/a" in a build whose compile raises NotImplementedError;
+                         driver;
   JAX lax.scan           one jax.jit of a whole epoch: lax.scan of the SGD step over the batches
                          (the short last batch inside the same jit), float64, one thread;
   JAX jit step           a jitted SGD step called from a Python loop, float64, one thread;
@@ -107,7 +107,6 @@ SIZES = [NIN] + HIDDEN
 LOSS_RTOL = 1e-6  # float64 systems against micrograd_c compiled
 LOSS_RTOL_F32 = 1e-3  # float32 storage: reported, never fatal
 TARGETS = {"b32_jax": 1.5, "b32_threads": 1.8, "b1_jax": 5.0, "b1_hand": 2.0, "f32": 1.8}
-F32_NA = "n/a (float32 not available in this build)"
 PIP = {
     "jax": "pip install jax jaxlib",
     "torch": "pip install torch==2.13.0",
@@ -747,14 +746,6 @@ def main() -> None:
                     )
                     for b in f32_batches:
                         systems.append(mg_system(f32_label, p32, b, 1, "f32", True))
-                except NotImplementedError as e:
-                    compile_lines.append(
-                        f"micrograd_c float32 compile: NotImplementedError: {first_line(e)}"
-                    )
-                    for b in f32_batches:
-                        systems.append(
-                            System(f32_label, b, kind="f32", float32=True, skipped=F32_NA)
-                        )
                 except Exception as e:  # any failure is a row, never a crash
                     for b in f32_batches:
                         systems.append(
@@ -980,8 +971,6 @@ def main() -> None:
             pin(s.threads)
             try:
                 _, _, s.check_loss = s.run()  # type: ignore[misc]
-            except NotImplementedError:
-                s.skipped = F32_NA if s.float32 else "n/a (not implemented in this build)"
             except Exception as e:  # a failing system is a row
                 s.skipped = f"failed: {type(e).__name__}: {first_line(e)}"
         pin(2)

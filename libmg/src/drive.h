@@ -302,17 +302,15 @@ static void pack_walk(mg_tape *t, int dir, mgk_real *pw) {
     for (size_t k = 0; k < t->npacks; k++) {
         const mg_pack *P = &t->packs[k];
         mgk_i64 idx[MGK_MAXD] = {0};
-        for (size_t i = 0; i < P->len; i++) {
-            mgk_i64 slot = P->base;
-            for (int q = 0; q < P->nd; q++) slot += idx[q] * P->s[q];
-            size_t p = P->p0 + i;
+        for (size_t i = 0; i < P->len; i++, mg_pack__next(P, idx)) {
+            const mgk_i64 slot = mg_pack__slot(P, idx);
+            const size_t p = P->p0 + i;
             if (dir == PACK) pw[p] = data[slot];
             else if (dir == UNPACK) data[slot] = tpw[p];
             else {
                 grad[slot] += pg[p];
                 pg[p] = 0;
             }
-            for (int q = P->nd - 1; q >= 0 && ++idx[q] == P->n[q]; q--) idx[q] = 0;
         }
     }
 }

@@ -99,6 +99,17 @@ typedef struct mg_pack {
     size_t p0, len;
 } mg_pack;
 
+/* A pack's elements in packed order: the slot at multi-index idx, and the next multi-index
+ * (row-major, the last dim fastest). Packing, unpacking and the schedule walk packs this way. */
+static inline mgk_i64 mg_pack__slot(const mg_pack *P, const mgk_i64 *idx) {
+    mgk_i64 slot = P->base;
+    for (int q = 0; q < P->nd; q++) slot += idx[q] * P->s[q];
+    return slot;
+}
+static inline void mg_pack__next(const mg_pack *P, mgk_i64 *idx) {
+    for (int q = P->nd - 1; q >= 0 && ++idx[q] == P->n[q]; q--) idx[q] = 0;
+}
+
 struct mg_tape {
     mg_allocator alloc;
     int status;

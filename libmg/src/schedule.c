@@ -692,15 +692,11 @@ static void find_packed_loss(mg_tape *t) {
     for (size_t k = 0; k < t->npacks; k++) {
         const mg_pack *P = &t->packs[k];
         mgk_i64 idx[MGK_MAXD] = {0};
-        for (size_t i = 0; i < P->len; i++) {
-            mgk_i64 slot = P->base;
-            for (int q = 0; q < P->nd; q++) slot += idx[q] * P->s[q];
-            if (slot == (mgk_i64)t->loss) {
+        for (size_t i = 0; i < P->len; i++, mg_pack__next(P, idx))
+            if (mg_pack__slot(P, idx) == (mgk_i64)t->loss) {
                 t->loss_pw = P->p0 + i;
                 return;
             }
-            for (int q = P->nd - 1; q >= 0 && ++idx[q] == P->n[q]; q--) idx[q] = 0;
-        }
     }
 }
 
