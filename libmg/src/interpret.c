@@ -1,6 +1,7 @@
-/* The interpreter: runs programs over slot arrays. Each nest runs the kernel of nest_kernels.h
- * (interp_kernels.c's instances, built for the widest vector unit the CPU has), or the compiled
- * kernel a generated library provides for it. */
+/* The interpreter: runs one nest over double slot arrays, with the kernel of nest_kernels.h
+ * (interp_kernels.c's instances, built for the widest vector unit the CPU has) or the compiled
+ * kernel a generated library provides for it. The programs' walk (variadic ops, sequential
+ * loops) is the driver's, drive.h. */
 #include "ir.h"
 
 #include <stdatomic.h>

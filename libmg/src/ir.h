@@ -5,7 +5,7 @@
  *   roll.c       repeated runs of nests -> sequential loops (a recurrent model's time steps)
  *   autodiff.c   forward program -> backward program (gradient nests)
  *   schedule.c   how each nest runs: vector blocks, split reductions, packed weights, fused SGD
- *   interpret.c  runs programs (nest kernels from nest_kernels.h, or compiled ones)
+ *   interpret.c  runs a nest (nest kernels from nest_kernels.h, or compiled ones)
  *   emit.c       programs -> C
  *   drive.h      training: samples, batches, threads, SGD, over either storage type:
  *   fit.c        ... over double slots (and the public entry points), fit32.c over float32
