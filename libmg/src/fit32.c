@@ -20,12 +20,16 @@ _Static_assert(MG_F32_PAD >= MGK_PAD, "attach pads the float32 arrays for these 
 #define MG_RUN_NEST(t, k, R) (t)->kern[k]((const void *)(R))
 #include "drive.h"
 
-void mg_tape__f32_in(mg_tape *t) {
-    for (size_t i = 0; i < t->nslots; i++) t->data32[i] = (float)t->data[i];
-    for (size_t i = 0; i < t->nslots; i++) t->grad32[i] = (float)t->grad[i];
+void mg_tape__f32_in(mg_tape *t, int what) {
+    if (what & MG_F32_DATA)
+        for (size_t i = 0; i < t->nslots; i++) t->data32[i] = (float)t->data[i];
+    if (what & MG_F32_GRAD)
+        for (size_t i = 0; i < t->nslots; i++) t->grad32[i] = (float)t->grad[i];
 }
 
-void mg_tape__f32_out(mg_tape *t) {
-    for (size_t i = 0; i < t->nslots; i++) t->data[i] = t->data32[i];
-    for (size_t i = 0; i < t->nslots; i++) t->grad[i] = t->grad32[i];
+void mg_tape__f32_out(mg_tape *t, int what) {
+    if (what & MG_F32_DATA)
+        for (size_t i = 0; i < t->nslots; i++) t->data[i] = t->data32[i];
+    if (what & MG_F32_GRAD)
+        for (size_t i = 0; i < t->nslots; i++) t->grad[i] = t->grad32[i];
 }

@@ -210,8 +210,11 @@ int mg_tape__fit_f32(mg_tape *t, const double *X, const double *Y, size_t n,
                      const mg_fit_options *opt, double *mean_loss);
 /* Elements of padding after each float32 array: float32 code runs blocks of 16 lanes. */
 #define MG_F32_PAD 16
-void mg_tape__f32_in(mg_tape *t);
-void mg_tape__f32_out(mg_tape *t);
+/* Which arrays a float32 call reads (copied in) or writes (copied out): each public call copies
+ * only those, so a single-sample call costs no more conversions than it needs. */
+enum { MG_F32_DATA = 1, MG_F32_GRAD = 2 };
+void mg_tape__f32_in(mg_tape *t, int what);
+void mg_tape__f32_out(mg_tape *t, int what);
 
 /* Canonical form of a nest's dims: outer dims right-aligned at 3, reduction dims at 7. */
 void mg_nest__canon(mgk_nest *N, int no, int nr);

@@ -195,14 +195,7 @@ static int sub_view(const mgk_nest *N, const mgk_ref *X, const mg_pack *P, mgk_i
 
 static void mark_pack(const mg_pack *P, uint8_t *mark, uint8_t v) {
     mgk_i64 idx[MGK_MAXD] = {0};
-    for (;;) {
-        mgk_i64 slot = P->base;
-        for (int k = 0; k < P->nd; k++) slot += idx[k] * P->s[k];
-        mark[slot] = v;
-        int k = P->nd - 1;
-        while (k >= 0 && ++idx[k] == P->n[k]) idx[k--] = 0;
-        if (k < 0) return;
-    }
+    for (size_t i = 0; i < P->len; i++, mg_pack__next(P, idx)) mark[mg_pack__slot(P, idx)] = v;
 }
 
 /* Points ref X (a sub_view of P) at the packed copy. */
@@ -251,16 +244,9 @@ static int plan_packs(mg_tape *t) {
             int ok = 1;
             {
                 mgk_i64 idx[MGK_MAXD] = {0};
-                for (;;) {
-                    mgk_i64 slot = P.base;
-                    for (int q = 0; q < P.nd; q++) slot += idx[q] * P.s[q];
-                    if (slot < 0 || slot >= (mgk_i64)t->nparams || owned[slot]) {
-                        ok = 0;
-                        break;
-                    }
-                    int q = P.nd - 1;
-                    while (q >= 0 && ++idx[q] == P.n[q]) idx[q--] = 0;
-                    if (q < 0) break;
+                for (size_t i = 0; i < P.len && ok; i++, mg_pack__next(&P, idx)) {
+                    const mgk_i64 slot = mg_pack__slot(&P, idx);
+                    ok = slot >= 0 && slot < (mgk_i64)t->nparams && !owned[slot];
                 }
             }
             if (!ok) continue;

@@ -316,8 +316,9 @@ MG_API unsigned long long mg_tape_fingerprint(const mg_tape *t);
  *
  * With float32 code (mg_emit_options.float32), every later mg_tape_forward(), mg_tape_backward(),
  * mg_tape_step(), mg_tape_predict() and mg_tape_fit() runs the same driver over float32 copies
- * of the slots: it rounds mg_tape_data() and mg_tape_grad() to float32 on entry and writes the
- * results back to them on return, so those arrays keep holding the (float32) values.
+ * of the slots: it rounds the arrays it reads (mg_tape_data(), and mg_tape_grad() for backward
+ * and step) to float32 on entry and writes the ones it changes back on success, so those arrays
+ * keep holding the (float32) values.
  * @param t the tape
  * @param c the `<prefix>program` of code mg_tape_emit_c() wrote for this tape (double slots, or
  *          float32 slots with every nest specialised); it must stay loaded until

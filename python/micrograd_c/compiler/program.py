@@ -171,9 +171,14 @@ class Program:
             raise ValueError("prefix must be a C identifier: it contains a NUL character")
         inference_only = _flag("inference_only", inference_only)
         if self.info.get("float32") and not inference_only:
-            nests = int(self.info["forward_nests"]) + int(self.info["backward_nests"])
-            return self.tape.emit_c(prefix, False, True, max(nests, 1))
+            return self.tape.emit_c(prefix, False, True, _every_nest(self.info))
         return self.tape.emit_c(prefix, inference_only)
+
+
+def _every_nest(info: dict[str, Any]) -> int:
+    """A ``max_kernels`` that compiles every loop nest of the program ``info`` describes (what
+    float32 storage needs: libmg interprets double slots only)."""
+    return max(int(info["forward_nests"]) + int(info["backward_nests"]), 1)
 
 
 def compile(
@@ -243,13 +248,13 @@ def compile(
         return Program(tape, "tape", info)
     try:
         if float32:
-            nests = int(info["forward_nests"]) + int(info["backward_nests"])
+            nests = _every_nest(info)
             if max_kernels and max_kernels < nests:
                 raise ValueError(
                     f"float32 storage compiles every loop nest: max_kernels={max_kernels} is "
                     f"below this program's {nests} nests (pass 0)"
                 )
-            max_kernels = max(nests, 1)
+            max_kernels = nests
         return _compile_c(tape, info, cc, flags, cache, timeout, fast_math, max_kernels, float32)
     except CompileError as e:
         if backend == "c":
