@@ -629,9 +629,11 @@ PYBIND11_MODULE(_core, m, py::mod_gil_used()) {
                 d["loops"] = s.loops;
                 d["packed"] = s.packed;
                 d["rerolled"] = s.rerolled != 0;
+                d["deferred_steps"] = s.deferred_steps;
                 return d;
             },
-            "What freezing made of the graph: nodes, statements, loop nests, sequential loops.")
+            "What freezing made of the graph: nodes, statements, loop nests, sequential loops, "
+            "packed parameters, deferred weight steps.")
         .def(
             "data",
             [](py::object self) {

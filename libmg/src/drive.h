@@ -8,7 +8,10 @@
  *   MG_DRV_LINK       the entry points' linkage (static where the includer alone calls them)
  *
  * Batch size 1 runs on the tape's own arrays, sample after sample, the parameters' gradient nests
- * applying SGD themselves where schedule.c fused it.
+ * applying SGD themselves where schedule.c fused it; where it paired such a nest with the forward
+ * nest that alone reads those weights (pre-steps), the nest's step waits for the next sample's
+ * forward: backward keeps the elements the nest would read, and the forward nest steps each
+ * weight as it reads it (the last sample's backward runs the nest itself).
  *
  * A batch of B samples is cut into C = min(B, MG_FIT_CHUNKS) chunks of consecutive samples,
  * whatever the thread count. A chunk runs its samples through the programs nest by nest (at most
@@ -32,6 +35,10 @@
 typedef struct mg_exec {
     mgk_run R;
     mgk_real *scratch;
+    /* batch 1 with pre-steps: where backward keeps the elements of deferred steps (the next
+     * sample's QD and QG), and whether it defers them */
+    mgk_real *keep_d, *keep_g;
+    int defer;
 } mg_exec;
 
 #define MG_FIT_CHUNKS 2
@@ -60,10 +67,21 @@ static mgk_real *slot_at(const mg_tape *t, const mgk_run *R, int grad, mgk_idx s
     return R->a[grad ? MGK_G : MGK_D] + slot;
 }
 
+/* A deferred step: what its gradient nest would read, kept for the next sample's forward. */
+static void keep(const mg_tape *t, const mg_prestep *P, mg_exec *E) {
+    const mgk_run *R = &E->R;
+    memcpy(E->keep_g + P->glo, R->a[MGK_BG] + P->glo, (size_t)(P->ghi - P->glo) * sizeof(mgk_real));
+    memcpy(E->keep_d + P->xlo, R->a[MGK_BD] + P->xlo, (size_t)(P->xhi - P->xlo) * sizeof(mgk_real));
+    (void)t;
+}
+
 static void run_one(const mg_tape *t, const mg_instr *in, mg_exec *E) {
     mgk_run *R = &E->R;
     switch (in->kind) {
-    case MG_I_NEST: MG_RUN_NEST(t, in->a, R); break;
+    case MG_I_NEST:
+        if (E->defer && t->info[in->a].pre) keep(t, &t->pre[t->info[in->a].pre - 1], E);
+        else MG_RUN_NEST(t, in->a, R);
+        break;
     case MG_I_NARY:
         if (flat(t, R)) {
             mgk_real *d = R->a[MGK_D];
@@ -549,15 +567,27 @@ MG_DRV_LINK int MG_DRV(fit)(mg_tape *t, const double *X, const double *Y, size_t
         mg_exec E;
         init_flat(t, &E, MG_R_DATA(t), MG_R_GRAD(t));
         E.R.lr = o.lr; /* fused nests step their parameters in backward */
+        /* pre-steps: the kept elements, per-sample positions (without memory for them, every
+         * step runs in backward: the same bits) */
+        const size_t ss = sample_stride(t);
+        mgk_real *kept =
+            t->npre && o.lr != 0.0 && n > 1 ? mg_tape__alloc(t, 2 * ss, sizeof(mgk_real)) : NULL;
+        if (kept) memset(kept, 0, 2 * ss * sizeof(mgk_real));
+        E.keep_d = kept;
+        E.keep_g = kept ? kept + ss : NULL;
         for (size_t k = 0; k < n; k++) {
             size_t s = perm[k];
             load(t, MG_R_DATA(t), X + s * t->ninputs, Y ? Y + s * t->ntargets : NULL);
+            E.R.a[MGK_QD] = k ? E.keep_d : NULL; /* the previous sample's, once there is one */
+            E.R.a[MGK_QG] = k ? E.keep_g : NULL;
             run_prog(t, t->fwd, t->nfwd, &E, MG_FZ_LOSS_CONE);
             total += loss_of(t, &E.R, 0);
+            E.defer = kept && k + 1 < n;
             backward(t, &E);
             step_all(t, MG_R_GRAD(t), MG_R_PG(t), o.lr, o.lr != 0.0);
         }
         pack_out(t);
+        if (kept) t->alloc.free_fn(kept, t->alloc.ctx);
         t->alloc.free_fn(perm, t->alloc.ctx);
         if (mean_loss) *mean_loss = n ? total / (double)n : 0.0;
         return MG_OK;

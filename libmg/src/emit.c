@@ -15,7 +15,7 @@
 #include <string.h>
 
 /* Raised whenever the generated code changes; part of compiled-code cache keys. */
-#define MG_EMITTER_VERSION 10
+#define MG_EMITTER_VERSION 11
 #define MG_DEFAULT_KERNELS 32
 
 int mg_tape_emitter_version(void) { return MG_EMITTER_VERSION; }
@@ -419,8 +419,8 @@ fail:
 /* ---- a readable listing -----------------------------------------------------------------------
  */
 
-static const char *const arr_names[MGK_NARR] = {"data",        "grad",   "packed",
-                                                "packed_grad", "sample", "sample_grad"};
+static const char *const arr_names[MGK_NARR] = {"data",   "grad",        "packed", "packed_grad",
+                                                "sample", "sample_grad", "kept",   "kept_grad"};
 static const char *const mode_names[4] = {"=", "= 0 +", "= init +", "+="};
 
 static void describe_ref(sbuf *b, const mgk_nest *N, const mgk_ref *X, const char *name) {
@@ -463,8 +463,13 @@ static void describe_nest(sbuf *b, const mg_tape *t, size_t k, const char *inden
         describe_ref(b, N, &N->x[j], xn[j]);
         puts_(b, " ");
     }
-    putf(b, "%s%s%s%s%s\n", N->flags & MGK_F_BLOCK ? " [blocks]" : "",
-         N->flags & MGK_F_SPLIT ? " [split sums]" : "", N->flags & MGK_F_STEP ? " [fused SGD]" : "",
+    static const char *const tiles[4] = {"", " [tiles: rows]", " [tiles: samples]",
+                                         " [tiles: rows of each sample]"};
+    putf(b, "%s%s%s%s%s%s%s%s\n", N->flags & MGK_F_BLOCK ? " [blocks]" : "",
+         tiles[MGK_TILE_KIND(N)], N->flags & MGK_F_SPLIT ? " [split sums]" : "",
+         N->flags & MGK_F_STEP ? " [fused SGD]" : "",
+         t->info[k].pre ? " [waits for the next forward]" : "",
+         N->flags & MGK_F_PRESTEP ? " [steps its weights first]" : "",
          N->flags & MGK_F_SCATTER ? " [scatter]" : "", t->kern && t->kern[k] ? " [compiled]" : "");
 }
 

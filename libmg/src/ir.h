@@ -4,7 +4,8 @@
  *   reroll.c     frozen graph -> statements -> loop nests (grouping, affine fit, slot layout)
  *   roll.c       repeated runs of nests -> sequential loops (a recurrent model's time steps)
  *   autodiff.c   forward program -> backward program (gradient nests)
- *   schedule.c   how each nest runs: vector blocks, split reductions, packed weights, fused SGD
+ *   schedule.c   how each nest runs: vector blocks, split reductions, packed weights, fused SGD,
+ *                pre-steps (fused SGD deferred to the next sample's forward)
  *   interpret.c  runs a nest (nest kernels from nest_kernels.h, or compiled ones)
  *   emit.c       programs -> C
  *   drive.h      training: samples, batches, threads, SGD, over either storage type:
@@ -86,8 +87,19 @@ typedef struct mg_nest_info {
     uint8_t alias; /* outputs may repeat across outer points */
     uint8_t has_gather;
     uint32_t seq; /* iterations of the sequential loop it runs in (1: none) */
+    uint32_t pre; /* a gradient nest a batch-1 fit may defer to the next forward: 1 + its entry in
+                     mg_tape::pre (schedule.c's pre-steps); 0 otherwise */
     double work;  /* estimated terms per sample, for the emitter's budget */
 } mg_nest_info;
+
+/* A deferred step (schedule.c's pre-steps): gradient nest `bwd` applies SGD to weights that
+ * forward nest `fwd` alone reads, each once. In a batch-1 fit, the driver skips `bwd` and keeps
+ * the per-sample elements it would have read, gradients [glo, ghi) and values [xlo, xhi)
+ * (positions in the per-sample arrays), for `fwd` to step the weights with in the next sample. */
+typedef struct mg_prestep {
+    uint32_t fwd, bwd;
+    int64_t glo, ghi, xlo, xhi;
+} mg_prestep;
 
 /* A packed parameter block: elements elem(i) = base + sum_k s[k]*i_k over dims n (row-major
  * in packed order), living at pw[p0 + i] while a call runs. */
@@ -143,6 +155,9 @@ struct mg_tape {
     /* SGD: parameters outside packs (all / not fused), pack positions not fused */
     mgk_idx *step_d, *step_d1, *step_p1;
     size_t nstep_d, nstep_d1, nstep_p1;
+    /* deferred steps (pre-steps) */
+    mg_prestep *pre;
+    size_t npre;
     /* gradient slots backward must zero first: ranges [zero[2i], zero[2i+1]) */
     mgk_idx *zero;
     size_t nzero;
@@ -184,7 +199,7 @@ int mg_reroll(mg_tape *t, const mg_fz *fz, int scalar);
 int mg_roll(mg_tape *t);
 /* autodiff.c: the backward program. */
 int mg_autodiff(mg_tape *t);
-/* schedule.c: block/split flags, packing, fused SGD. */
+/* schedule.c: block/split flags, packing, fused SGD, pre-steps. */
 int mg_schedule(mg_tape *t);
 
 /* interpret.c (double slot arrays) */

@@ -21,6 +21,12 @@
  * MGK_F_STEP (the batch-1 backward, SGD fused into a parameter's only gradient nest): when the
  * run's lr is nonzero, init -= lr * (0 + term(i, r0) + ...) with init naming the parameter, and
  * out (its gradient) untouched; with lr zero the nest is the plain MGK_ACC one.
+ * MGK_F_PRESTEP (the batch-1 forward of a layer whose weights' fused SGD was deferred from the
+ * previous sample's backward, schedule.c's pre-steps): when the run carries the previous
+ * sample's per-sample arrays (QD, QG) and lr is nonzero, each weight x0 is stepped right before
+ * it is read, x0 -= lr * (0 + g * x) with g the previous sample's gradient at this point's
+ * output and x its x1 here: the deferred nest's arithmetic, so the same bits, with one pass
+ * over the weights per sample instead of two.
  * Terms: ONE x0, MUL x0*x1, OP op(x0, x1, k), DA dA(x0, x1, k, x2)*x3, DB dB(...)*x3. An operand
  * is element base + t*ts + sum_k s[k]*i_k of array `arr` (t: the enclosing sequential loop's
  * iteration), or, with `gather`, the element that position of the index table names.
@@ -53,8 +59,18 @@ enum { MGK_T_ONE = 0, MGK_T_MUL = 1, MGK_T_OP = 2, MGK_T_DA = 3, MGK_T_DB = 4, M
  * theirs, and the per-sample slots (inputs, targets, values) and their gradients. A batch holds
  * `nb` samples' per-sample slots `ss` elements apart; at batch size 1, BD is the tape's own data
  * from its first input slot on, so one descriptor serves every batch size. */
-enum { MGK_D = 0, MGK_G = 1, MGK_PW = 2, MGK_PG = 3, MGK_BD = 4, MGK_BG = 5, MGK_NARR = 6 };
-enum { MGK_F_BLOCK = 1, MGK_F_SPLIT = 2, MGK_F_STEP = 4, MGK_F_SCATTER = 8, MGK_F_TILE = 16 };
+enum { MGK_D = 0, MGK_G = 1, MGK_PW = 2, MGK_PG = 3, MGK_BD = 4, MGK_BG = 5 };
+/* ... and, for MGK_F_PRESTEP only, the previous sample's per-sample slots and gradients (at the
+ * same positions as BD's and BG's; NULL outside a batch-1 fit's samples after the first) */
+enum { MGK_QD = 6, MGK_QG = 7, MGK_NARR = 8 };
+enum {
+    MGK_F_BLOCK = 1,
+    MGK_F_SPLIT = 2,
+    MGK_F_STEP = 4,
+    MGK_F_SCATTER = 8,
+    MGK_F_TILE = 16,
+    MGK_F_PRESTEP = 32
+};
 
 typedef struct mgk_ref {
     mgk_i64 base;        /* element at index 0 and t = 0 */
@@ -316,8 +332,9 @@ MGK_HOT void mgk_point1(const mgk_nest *N, const mgk_run *R, const int term, con
  * of operand j is at p_j + l * s_j. The lanes are what the C compiler vectorises; each lane's
  * terms are added in the order the scalar path adds them. */
 MGK_HOT void mgk_block(const mgk_nest *N, const mgk_run *R, const int term, const int op,
-                       const int step, const int small, const mgk_i64 nbr, const int nl, mgk_i64 po,
-                       mgk_i64 pi, mgk_i64 p0, mgk_i64 p1, mgk_i64 p2, mgk_i64 p3) {
+                       const int step, const int pre, const int small, const mgk_i64 nbr,
+                       const int nl, mgk_i64 po, mgk_i64 pi, mgk_i64 p0, mgk_i64 p1, mgk_i64 p2,
+                       mgk_i64 p3) {
     MGK_SIZES(n, N->n, small);
     const mgk_ref *X = N->x;
     mgk_real *o = R->a[N->out.arr] + po;
@@ -334,8 +351,10 @@ MGK_HOT void mgk_block(const mgk_nest *N, const mgk_run *R, const int term, cons
     /* sums of products (or of values) over unit-stride or broadcast lanes, as vectors */
     if ((term == MGK_T_MUL || term == MGK_T_ONE) && so == 1 && (s0 == 0 || s0 == 1) &&
         (term == MGK_T_ONE || s1 == 0 || s1 == 1) && (N->mode != MGK_SUMI || N->init.s[3] <= 1) &&
-        (!step || N->init.s[3] == 1) && N->mode != MGK_SET && N->init.s[3] >= 0) {
+        (!step || N->init.s[3] == 1) && N->mode != MGK_SET && N->init.s[3] >= 0 &&
+        (!pre || (nl == MGK_LANES && s0 == 1 && s1 == 0))) {
         mgk_vec v[MGK_NV], a = MGK_VSPLAT((mgk_real)0), b = a;
+        const mgk_vec lr = MGK_VSPLAT((mgk_real)R->lr);
         int k;
         MGK_UNROLL
         for (k = 0; k < MGK_NV; k++) {
@@ -354,6 +373,18 @@ MGK_HOT void mgk_block(const mgk_nest *N, const mgk_run *R, const int term, cons
                             const mgk_real *y1 = x1 + sm * ps1 + MGK_RPOS(&X[1], r4, r5, r6, r7);
                             if (!s0) a = MGK_VSPLAT(*y0);
                             if (term == MGK_T_MUL && !s1) b = MGK_VSPLAT(*y1);
+                            if (pre) { /* the weights stepped before they are read */
+                                const mgk_vec xq =
+                                    MGK_VSPLAT(R->a[MGK_QD][p1 + MGK_RPOS(&X[1], r4, r5, r6, r7)]);
+                                MGK_UNROLL
+                                for (k = 0; k < MGK_NV; k++) {
+                                    mgk_vec g;
+                                    MGK_VLOAD(g, R->a[MGK_QG] + po + k * MGK_VW);
+                                    MGK_VLOAD(a, y0 + k * MGK_VW);
+                                    a = a - lr * (MGK_VSPLAT((mgk_real)0) + g * xq);
+                                    MGK_VSTORE((mgk_real *)y0 + k * MGK_VW, a);
+                                }
+                            }
                             MGK_UNROLL
                             for (k = 0; k < MGK_NV; k++) {
                                 if (s0) MGK_VLOAD(a, y0 + k * MGK_VW);
@@ -367,7 +398,6 @@ MGK_HOT void mgk_block(const mgk_nest *N, const mgk_run *R, const int term, cons
                         }
         if (step) {
             mgk_real *w = R->a[N->init.arr] + pi;
-            const mgk_vec lr = MGK_VSPLAT((mgk_real)R->lr);
             MGK_UNROLL
             for (k = 0; k < MGK_NV; k++) {
                 MGK_VLOAD(a, w + k * MGK_VW);
@@ -410,6 +440,16 @@ MGK_HOT void mgk_block(const mgk_nest *N, const mgk_run *R, const int term, cons
                         const mgk_real *y1 = x1 + sm * ps1 + MGK_RPOS(&X[1], r4, r5, r6, r7);
                         const mgk_real *y2 = x2 + sm * ps2 + MGK_RPOS(&X[2], r4, r5, r6, r7);
                         const mgk_real *y3 = x3 + sm * ps3 + MGK_RPOS(&X[3], r4, r5, r6, r7);
+                        if (pre) { /* the weights stepped before they are read */
+                            const mgk_real *gq = R->a[MGK_QG] + po;
+                            const mgk_real *xq =
+                                R->a[MGK_QD] + p1 + MGK_RPOS(&X[1], r4, r5, r6, r7);
+                            const mgk_real lr = (mgk_real)R->lr;
+                            for (l = 0; l < nl; l++) {
+                                mgk_real *w = (mgk_real *)y0 + l * s0;
+                                *w = *w - lr * ((mgk_real)0 + gq[l * so] * xq[l * s1]);
+                            }
+                        }
                         for (l = 0; l < nl; l++)
                             acc[l] += mgk_term(term, op, N->k, y0 + l * s0, y1 + l * s1,
                                                y2 + l * s2, y3 + l * s3);
@@ -440,7 +480,7 @@ MGK_HOT void mgk_block(const mgk_nest *N, const mgk_run *R, const int term, cons
 MGK_HOT void mgk_tile(const mgk_nest *N, const mgk_run *R, const int small, const mgk_i64 nbr,
                       const int nt, const int nl, mgk_real *o, const mgk_real *in,
                       const mgk_real *a0, const mgk_real *b0, const mgk_i64 ro, const mgk_i64 ri,
-                      const mgk_i64 ra, const mgk_i64 rb) {
+                      const mgk_i64 ra, const mgk_i64 rb, const int pre) {
     MGK_SIZES(n, N->n, small);
     const mgk_ref *X = N->x;
     const mgk_i64 psa = MGK_PS(&X[0]) ? R->ss : 0, psb = MGK_PS(&X[1]) ? R->ss : 0;
@@ -448,6 +488,20 @@ MGK_HOT void mgk_tile(const mgk_nest *N, const mgk_run *R, const int small, cons
     mgk_vec v[MGK_TS][MGK_NV] = {{MGK_VSPLAT((mgk_real)0)}}, a[MGK_NV], b;
     mgk_i64 r4, r5, r6, r7, sm;
     int k, q;
+    /* MGK_F_PRESTEP (rows that read distinct weights, ra nonzero): the previous sample's output
+     * gradient at this tile's outputs and its x1 at x1's position, and the learning rate */
+    const mgk_real *const qg = pre ? R->a[MGK_QG] + (o - R->a[N->out.arr]) : o;
+    const mgk_real *const qx = pre ? R->a[MGK_QD] + (b0 - R->a[X[1].arr]) : b0;
+    const mgk_vec lr = MGK_VSPLAT((mgk_real)R->lr);
+    /* ... that gradient is the same at every reduction point: held in registers */
+    mgk_vec gv[MGK_TS][MGK_NV] = {{MGK_VSPLAT((mgk_real)0)}};
+    if (pre) {
+        MGK_UNROLL
+        for (q = 0; q < nt; q++) {
+            MGK_UNROLL
+            for (k = 0; k < MGK_NV; k++) MGK_VLOAD(gv[q][k], qg + q * ro + k * MGK_VW);
+        }
+    }
     MGK_UNROLL
     for (q = 0; q < nt; q++) {
         MGK_UNROLL
@@ -466,6 +520,24 @@ MGK_HOT void mgk_tile(const mgk_nest *N, const mgk_run *R, const int small, cons
                     for (r7 = 0; r7 < n[7]; r7++) {
                         const mgk_real *y0 = a0 + sm * psa + MGK_RPOS(&X[0], r4, r5, r6, r7);
                         const mgk_real *y1 = b0 + sm * psb + MGK_RPOS(&X[1], r4, r5, r6, r7);
+                        if (pre) { /* each row's weights stepped, then read */
+                            const mgk_real *const xr = qx + MGK_RPOS(&X[1], r4, r5, r6, r7);
+                            const mgk_vec b1 = MGK_VSPLAT(y1[0]), x1 = MGK_VSPLAT(xr[0]);
+                            MGK_UNROLL
+                            for (q = 0; q < nt; q++) {
+                                const mgk_vec xq = rb ? MGK_VSPLAT(xr[q * rb]) : x1;
+                                b = rb ? MGK_VSPLAT(y1[q * rb]) : b1;
+                                MGK_UNROLL
+                                for (k = 0; k < MGK_NV; k++) {
+                                    mgk_real *const w = (mgk_real *)y0 + q * ra + k * MGK_VW;
+                                    MGK_VLOAD(a[k], w);
+                                    a[k] = a[k] - lr * (MGK_VSPLAT((mgk_real)0) + gv[q][k] * xq);
+                                    MGK_VSTORE(w, a[k]);
+                                    v[q][k] += a[k] * b;
+                                }
+                            }
+                            continue;
+                        }
                         MGK_UNROLL
                         for (k = 0; k < MGK_NV; k++) MGK_VLOAD(a[k], y0 + k * MGK_VW);
                         MGK_UNROLL
@@ -581,9 +653,10 @@ MGK_HOT void mgk_nest_path(const mgk_nest *N, const mgk_run *R, const int term, 
                             const mgk_real *b0 =
                                 Rs.a[X[1].arr] + MGK_OPOS(&X[1], t, i0, i1, i2, i3);
                             if (nt == MGK_TS)
-                                mgk_tile(N, &Rs, small, 1, MGK_TS, nl, o, in, a0, b0, ss, ri, 0,
-                                         ss);
-                            else mgk_tile(N, &Rs, small, 1, nt, nl, o, in, a0, b0, ss, ri, 0, ss);
+                                mgk_tile(N, &Rs, small, 1, MGK_TS, nl, o, in, a0, b0, ss, ri, 0, ss,
+                                         0);
+                            else
+                                mgk_tile(N, &Rs, small, 1, nt, nl, o, in, a0, b0, ss, ri, 0, ss, 0);
                         }
         }
         return;
@@ -605,6 +678,9 @@ MGK_HOT void mgk_nest_path(const mgk_nest *N, const mgk_run *R, const int term, 
         const mgk_ref *O = &N->out, *I = &N->init, *X = N->x;
         const mgk_i64 t = Rb->t;
         const int step = (N->flags & MGK_F_STEP) && Rb->lr != 0.0 && Rb->nb <= 1;
+        /* the weights stepped as they are read, with the previous sample's gradient */
+        const int pre = (N->flags & MGK_F_PRESTEP) && Rb->a[MGK_QD] && Rb->a[MGK_QG] &&
+                        Rb->lr != 0.0 && Rb->nb <= 1;
         /* sums of products along the vector dim of a unit-stride x0 and a broadcast x1 (a
          * matrix-vector product): full blocks in tiles of blocks */
         const int wide = MGK_VECTOR && term == MGK_T_MUL && !step && N->mode != MGK_SET &&
@@ -620,7 +696,7 @@ MGK_HOT void mgk_nest_path(const mgk_nest *N, const mgk_run *R, const int term, 
         for (i0 = 0; i0 < n0; i0++)
             for (i1 = 0; i1 < n1; i1++) {
 #if MGK_VECTOR
-                if (tile2 && term == MGK_T_MUL && !step) {
+                if (tile2 && term == MGK_T_MUL && !step && !pre) {
                     /* rows along dim 2 in tiles: x0 is the same for every row (stride 0) */
                     for (i2 = 0; i2 < n[2]; i2 += MGK_TS) {
                         const int nt = n[2] - i2 < MGK_TS ? (int)(n[2] - i2) : MGK_TS;
@@ -634,10 +710,10 @@ MGK_HOT void mgk_nest_path(const mgk_nest *N, const mgk_run *R, const int term, 
                                 Rb->a[X[1].arr] + MGK_OPOS(&X[1], t, i0, i1, i2, i3);
                             if (nt == MGK_TS)
                                 mgk_tile(N, Rb, small, nbr, MGK_TS, nl, o, in, a0, b0, O->s[2],
-                                         I->s[2], 0, X[1].s[2]);
+                                         I->s[2], 0, X[1].s[2], 0);
                             else
                                 mgk_tile(N, Rb, small, nbr, nt, nl, o, in, a0, b0, O->s[2], I->s[2],
-                                         0, X[1].s[2]);
+                                         0, X[1].s[2], 0);
                         }
                     }
                     continue;
@@ -661,7 +737,7 @@ MGK_HOT void mgk_nest_path(const mgk_nest *N, const mgk_run *R, const int term, 
                                 mgk_tile(N, Rb, small, nbr, nt, MGK_LANES, Rb->a[O->arr] + po,
                                          Rb->a[I->arr] + pi, Rb->a[X[0].arr] + q0,
                                          Rb->a[X[1].arr] + q1, MGK_LANES * so, MGK_LANES * si,
-                                         MGK_LANES * s0, MGK_LANES * s1);
+                                         MGK_LANES * s0, MGK_LANES * s1, pre);
                                 po += nt * MGK_LANES * so;
                                 pi += nt * MGK_LANES * si;
                                 q0 += nt * MGK_LANES * s0;
@@ -675,11 +751,11 @@ MGK_HOT void mgk_nest_path(const mgk_nest *N, const mgk_run *R, const int term, 
                         for (; i3 < n[3]; i3 += MGK_LANES) {
                             const int nl = n[3] - i3 < MGK_LANES ? (int)(n[3] - i3) : MGK_LANES;
                             if (nl == MGK_LANES)
-                                mgk_block(N, Rb, term, op, step, small, nbr, MGK_LANES, po, pi, q0,
-                                          q1, q2, q3);
+                                mgk_block(N, Rb, term, op, step, pre, small, nbr, MGK_LANES, po, pi,
+                                          q0, q1, q2, q3);
                             else /* the partial last block */
-                                mgk_block(N, Rb, term, op, step, small, nbr, nl, po, pi, q0, q1, q2,
-                                          q3);
+                                mgk_block(N, Rb, term, op, step, pre, small, nbr, nl, po, pi, q0,
+                                          q1, q2, q3);
                             po += MGK_LANES * so;
                             pi += MGK_LANES * si;
                             q0 += MGK_LANES * s0;

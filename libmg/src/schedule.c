@@ -9,7 +9,9 @@
  *  3. merged dims: adjacent dims that are contiguous for every operand become one;
  *  4. MGK_F_BLOCK (vector blocks) and MGK_F_SPLIT (split gradient sums), see nest_kernels.h;
  *  5. fused SGD: at batch size 1, a parameter's only gradient nest can apply the step itself
- *     when nothing after it in the backward program reads the parameter (MGK_F_STEP). */
+ *     when nothing after it in the backward program reads the parameter (MGK_F_STEP);
+ *  8. pre-steps: ... and where one forward nest alone reads those weights, each once, that step
+ *     can wait for the next sample's forward, which applies it as it reads them (MGK_F_PRESTEP). */
 #include "ir.h"
 
 #include <string.h>
@@ -686,6 +688,155 @@ static void find_packed_loss(mg_tape *t) {
     }
 }
 
+/* ---- 8. pre-steps ------------------------------------------------------------------------------
+ * At batch size 1, the fused step of a layer's weights for one sample (gradient nest G: W -= lr *
+ * (0 + g * x)) and the next sample's forward through the layer (nest F: out = init + sum W * x1)
+ * touch the same weights back to back. Where F alone among the forward nests reads those weights,
+ * each once, G can wait: the driver keeps the per-sample elements G reads, and F steps each weight
+ * right before it reads it (MGK_F_PRESTEP), with G's arithmetic: the same bits, one pass over the
+ * weights per sample instead of two. Checked element by element: F's point that reads W[p] has,
+ * at its output and at its x1, the gradient and the value that G's point for W[p] reads. */
+
+/* The next point of a nest's iteration space (row-major over all its dims); 0 after the last. */
+static int next_point(const mgk_i64 *n, mgk_i64 *i) {
+    for (int d = MGK_MAXD - 1; d >= 0; d--) {
+        if (++i[d] < n[d]) return 1;
+        i[d] = 0;
+    }
+    return 0;
+}
+
+/* The position of a direct ref at a point (no sequential loop). */
+static mgk_i64 pos_at(const mgk_ref *X, const mgk_i64 *i) {
+    mgk_i64 p = X->base;
+    for (int d = 0; d < MGK_MAXD; d++) p += X->s[d] * i[d];
+    return p;
+}
+
+/* Whether the refs a nest reads and writes are direct, outside sequential loops. */
+static int plain_refs(mgk_nest *N) {
+    mgk_ref *rs[6];
+    int nrs = active_refs(N, rs);
+    for (int q = 0; q < nrs; q++)
+        if (rs[q]->gather || rs[q]->ts) return 0;
+    return 1;
+}
+
+typedef struct pre_scratch {
+    mgk_i64 *gpos, *xpos; /* per packed element: G's gradient and value positions */
+    uint8_t *mark;        /* 1: G steps it; 2: F read it */
+} pre_scratch;
+
+/* The forward nest that gradient nest G's step can wait for, or -1; fills its entry. */
+static long pair_prestep(mg_tape *t, size_t gk, pre_scratch *S, mg_prestep *ps) {
+    mgk_nest *G = &t->nests[gk];
+    const mg_nest_info *GI = &t->info[gk];
+    if (!GI->grad || GI->seq != 1 || GI->alias || GI->has_gather || !(G->flags & MGK_F_STEP) ||
+        (G->flags & (MGK_F_SPLIT | MGK_F_SCATTER)) || G->term != MGK_T_MUL || G->mode != MGK_ACC ||
+        G->out.arr != MGK_PG || G->init.arr != MGK_PW || !plain_refs(G))
+        return -1;
+    for (int d = MGK_MAXO; d < MGK_MAXD; d++)
+        if (G->n[d] != 1) return -1;
+    int gi = G->x[0].arr == MGK_BG ? 0 : 1;
+    if (G->x[gi].arr != MGK_BG || G->x[1 - gi].arr != MGK_BD) return -1;
+    /* G's elements: each once, with the positions it reads */
+    mgk_i64 i[MGK_MAXD] = {0}, count = 0;
+    long f = -1;
+    int ok = 1;
+    ps->glo = ps->xlo = INT64_MAX;
+    ps->ghi = ps->xhi = INT64_MIN;
+    do {
+        mgk_i64 w = pos_at(&G->init, i), g = pos_at(&G->x[gi], i), x = pos_at(&G->x[1 - gi], i);
+        if (w < 0 || w >= (mgk_i64)t->npacked || S->mark[w]) {
+            ok = 0;
+            break;
+        }
+        S->mark[w] = 1;
+        S->gpos[w] = g;
+        S->xpos[w] = x;
+        count++;
+        if (g < ps->glo) ps->glo = g;
+        if (g >= ps->ghi) ps->ghi = g + 1;
+        if (x < ps->xlo) ps->xlo = x;
+        if (x >= ps->xhi) ps->xhi = x + 1;
+    } while (next_point(G->n, i));
+    /* exactly one forward nest reads them, through its x0 */
+    for (size_t k = 0; k < t->nfwd_nests && ok; k++) {
+        mgk_nest *M = &t->nests[k];
+        mgk_ref *rs[6];
+        int nrs = active_refs(M, rs);
+        for (int q = 0; q < nrs && ok; q++) {
+            if (!touches_packed(t, M, rs[q], S->mark)) continue;
+            if (f >= 0 || rs[q] != &M->x[0]) ok = 0;
+            else f = (long)k;
+        }
+    }
+    mgk_nest *F = f >= 0 ? &t->nests[f] : NULL;
+    const mg_nest_info *FI = f >= 0 ? &t->info[f] : NULL;
+    if (!ok || !F || F->term != MGK_T_MUL || (F->mode != MGK_SUMI && F->mode != MGK_SUM0) ||
+        !(F->flags & MGK_F_BLOCK) || (F->flags & (MGK_F_SPLIT | MGK_F_SCATTER | MGK_F_STEP)) ||
+        FI->seq != 1 || !FI->loss_cone || FI->has_gather || FI->alias || !plain_refs(F) ||
+        F->out.arr != MGK_BD || F->x[0].arr != MGK_PW || F->x[1].arr != MGK_BD ||
+        F->out.s[3] != 1 || F->x[0].s[3] != 1 || F->x[1].s[3] != 0)
+        ok = 0;
+    /* ... each element once, where F's output and x1 are G's gradient and value */
+    if (ok) {
+        memset(i, 0, sizeof i);
+        mgk_i64 seen = 0;
+        do {
+            mgk_i64 w = pos_at(&F->x[0], i);
+            if (w < 0 || w >= (mgk_i64)t->npacked || S->mark[w] != 1 ||
+                S->gpos[w] != pos_at(&F->out, i) || S->xpos[w] != pos_at(&F->x[1], i)) {
+                ok = 0;
+                break;
+            }
+            S->mark[w] = 2;
+            seen++;
+        } while (next_point(F->n, i));
+        ok = ok && seen == count;
+    }
+    /* the scratch cleared for the next candidate */
+    memset(i, 0, sizeof i);
+    do {
+        mgk_i64 w = pos_at(&G->init, i);
+        if (w >= 0 && w < (mgk_i64)t->npacked) S->mark[w] = 0;
+    } while (next_point(G->n, i));
+    if (!ok) return -1;
+    ps->fwd = (uint32_t)f;
+    ps->bwd = (uint32_t)gk;
+    return f;
+}
+
+static int plan_presteps(mg_tape *t) {
+    if (!t->has_loss || !t->rerolled || !t->npacked || t->nnests > 4096) return MG_OK;
+    size_t cand = 0;
+    for (size_t k = t->nfwd_nests; k < t->nnests; k++)
+        cand += (t->nests[k].flags & MGK_F_STEP) && t->nests[k].out.arr == MGK_PG;
+    if (!cand) return MG_OK;
+    pre_scratch S;
+    S.gpos = mg_tape__alloc(t, t->npacked, sizeof(mgk_i64));
+    S.xpos = mg_tape__alloc(t, t->npacked, sizeof(mgk_i64));
+    S.mark = mg_tape__alloc(t, t->npacked, 1);
+    t->pre = mg_tape__alloc(t, cand, sizeof(mg_prestep));
+    int st = MG_ENOMEM;
+    if (!S.gpos || !S.xpos || !S.mark || !t->pre) goto done;
+    memset(S.mark, 0, t->npacked);
+    for (size_t k = t->nfwd_nests; k < t->nnests; k++) {
+        mg_prestep ps;
+        long f = pair_prestep(t, k, &S, &ps);
+        if (f < 0) continue;
+        t->nests[f].flags |= MGK_F_PRESTEP;
+        t->pre[t->npre++] = ps;
+        t->info[k].pre = (uint32_t)t->npre;
+    }
+    st = MG_OK;
+done:;
+    void *bufs[] = {S.gpos, S.xpos, S.mark};
+    for (size_t q = 0; q < 3; q++)
+        if (bufs[q]) t->alloc.free_fn(bufs[q], t->alloc.ctx);
+    return st;
+}
+
 int mg_schedule(mg_tape *t) {
     for (size_t k = 0; k < t->nnests; k++) choose_vector_dim(t, &t->nests[k], &t->info[k], 0);
     int st = plan_packs(t);
@@ -718,5 +869,6 @@ int mg_schedule(mg_tape *t) {
     if ((st = fuse_steps(t)) != MG_OK || (st = plan_steps(t)) != MG_OK) return st;
     if (t->rerolled && (st = plan_zeroing(t)) != MG_OK) return st;
     for (size_t k = 0; k < t->nnests; k++) tile_flag(t, &t->nests[k], &t->info[k]);
-    return to_sample_arrays(t);
+    if ((st = to_sample_arrays(t)) != MG_OK) return st;
+    return plan_presteps(t);
 }

@@ -69,7 +69,8 @@ void mg_tape_free(mg_tape *t) {
                     t->fwd,      t->bwd,    t->ix,           t->packs,         t->pw,
                     t->pg,       t->packed, t->param_values, t->param_serials, t->fused,
                     t->fused_p,  t->step_d, t->step_d1,      t->step_p1,       t->zero,
-                    t->identity, t->data32, t->grad32,       t->pw32,          t->pg32};
+                    t->identity, t->data32, t->grad32,       t->pw32,          t->pg32,
+                    t->pre};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) a.free_fn(bufs[i], a.ctx);
     a.free_fn(t, a.ctx);
@@ -104,6 +105,7 @@ int mg_tape_get_stats(const mg_tape *t, mg_tape_stats *out) {
     out->loops = t->nseq;
     out->packed = t->npacked;
     out->rerolled = t->rerolled;
+    out->deferred_steps = t->npre;
     return MG_OK;
 }
 

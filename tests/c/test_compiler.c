@@ -328,6 +328,75 @@ static void test_compiler__schedule_packs_and_fuses_a_layer(void) {
     mg_graph_free(g);
 }
 
+/* Batch-1 training defers each layer's weight step to the next sample's forward through the
+ * layer (pre-steps): one pass over the weights per sample, and the same bits as forward, backward
+ * and step per sample. A weight that a second layer also reads (tied) keeps its step in backward.
+ */
+static void test_compiler__batch1_fit_steps_weights_as_the_next_forward_reads_them(void) {
+    enum { NIN = 20, NHID = 20, NOUT = 10, NW = NHID * NIN + NHID + NOUT * NHID + NOUT, N = 7 };
+    for (int tied = 0; tied < 2; tied++) {
+        mg_graph *g = mg_graph_new();
+        mg_value *x[NIN], *y = mg_scalar(g, 0.0), *p[NW], *h[NHID], *out[NOUT];
+        for (int i = 0; i < NIN; i++) x[i] = mg_scalar(g, 0.0);
+        for (int i = 0; i < NW; i++) p[i] = mg_scalar(g, 0.02 * ((i * 13) % 17) - 0.15);
+        mg_value **W1 = p, **b1 = p + NHID * NIN, **W2 = b1 + NHID, **b2 = W2 + NOUT * NHID;
+        for (int j = 0; j < NHID; j++) {
+            mg_value *s = b1[j];
+            for (int i = 0; i < NIN; i++) s = mg_add(g, s, mg_mul(g, W1[j * NIN + i], x[i]));
+            h[j] = mg_relu(g, s);
+        }
+        for (int j = 0; j < NOUT; j++) { /* tied: the output layer reads W1's first rows too */
+            mg_value *s = b2[j];
+            for (int i = 0; i < NHID; i++)
+                s = mg_add(g, s, mg_mul(g, tied ? W1[j * NIN + i] : W2[j * NHID + i], h[i]));
+            out[j] = s;
+        }
+        mg_value *loss = mg_cross_entropy(g, out, NOUT, y);
+        mg_tape_spec spec = {loss, x, NIN, &y, 1, p, NW, out, NOUT, 0};
+        mg_tape *t = mg_tape_freeze(g, &spec);
+        CHECK(t != NULL);
+        if (!t) return;
+        /* untied: both layers' weight steps wait for the forward; tied: W1 is read by both
+         * layers, so its step stays in backward (and W2 is unused) */
+        size_t pre_fwd = 0;
+        for (size_t k = 0; k < t->nfwd_nests; k++)
+            pre_fwd += (t->nests[k].flags & MGK_F_PRESTEP) != 0;
+        CHECK(t->npre == (tied ? 0u : 2u) && pre_fwd == t->npre);
+        for (size_t q = 0; q < t->npre; q++) {
+            const mg_prestep *P = &t->pre[q];
+            CHECK(P->fwd < t->nfwd_nests && P->bwd >= t->nfwd_nests);
+            CHECK(t->info[P->bwd].pre == q + 1 && (t->nests[P->bwd].flags & MGK_F_STEP));
+        }
+        double X[N * NIN], Y[N], p0[NW], fit[NW], l_fit, l_hand = 0.0;
+        for (int i = 0; i < N * NIN; i++) X[i] = 0.05 * ((i * 11) % 9) - 0.2;
+        for (int s = 0; s < N; s++) Y[s] = (double)((s * 3) % NOUT);
+        memcpy(p0, mg_tape_data(t), sizeof p0);
+        for (int n = 1; n <= N; n += N - 1) { /* one sample: nothing waits */
+            for (int zero_lr = 0; zero_lr < 2; zero_lr++) {
+                double lr = zero_lr ? 0.0 : 0.3;
+                memcpy(mg_tape_data(t), p0, sizeof p0);
+                mg_fit_options o = {1, lr, 0, 0, 0, 1};
+                CHECK(mg_tape_fit(t, X, Y, (size_t)n, &o, &l_fit) == MG_OK);
+                memcpy(fit, mg_tape_data(t), sizeof fit);
+                memcpy(mg_tape_data(t), p0, sizeof p0);
+                l_hand = 0.0;
+                for (int s = 0; s < n; s++) {
+                    CHECK(mg_tape_forward(t, X + s * NIN, Y + s) == MG_OK);
+                    CHECK(mg_tape_backward(t) == MG_OK);
+                    CHECK(mg_tape_step(t, lr, 1) == MG_OK);
+                    l_hand += mg_tape_loss(t);
+                }
+                l_hand /= n;
+                CHECK(memcmp(&l_fit, &l_hand, sizeof l_fit) == 0);
+                CHECK(memcmp(fit, mg_tape_data(t), sizeof fit) == 0);
+                CHECK(zero_lr || memcmp(fit, p0, sizeof fit) != 0);
+            }
+        }
+        mg_tape_free(t);
+        mg_graph_free(g);
+    }
+}
+
 /* ---- what is not affine: index tables
  * --------------------------------------------------------------- */
 
@@ -406,6 +475,7 @@ int main(void) {
     RUN(test_compiler__schedule_runs_a_strided_convolution_along_its_channels);
     RUN(test_compiler__roll_finds_the_time_steps);
     RUN(test_compiler__schedule_packs_and_fuses_a_layer);
+    RUN(test_compiler__batch1_fit_steps_weights_as_the_next_forward_reads_them);
     RUN(test_compiler__scrambled_operands_read_through_tables);
     RUN(test_compiler__million_value_conv_freezes_to_a_few_nests);
     TAP_DONE();

@@ -20,6 +20,8 @@
  *   graph, from the op table's formulas), which bounds what reordering a sum can change. Both
  *   non-finite is fine; one non-finite is fine only where that bound is not finite;
  * - predict: outputs bitwise equal;
+ * - fit at batch 1 in order: bitwise what forward, backward and step per sample give (fused and
+ *   deferred steps included), on each tape;
  * - fit (1 epoch, batch 1 and 3, each tape): parameters and mean loss bitwise equal on 1 and 2
  *   threads.
  * A broken property prints what differed and aborts, so libFuzzer keeps the input.
@@ -948,9 +950,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (mg_tape_get_stats(t[0], &ts) == MG_OK)
             fprintf(
                 stderr,
-                "stats: nodes %zu statements %zu nests %zu+%zu loops %zu packed %zu rerolled %d\n",
+                "stats: nodes %zu statements %zu nests %zu+%zu loops %zu packed %zu rerolled %d "
+                "deferred %zu\n",
                 ts.nodes, ts.statements, ts.forward_nests, ts.backward_nests, ts.loops, ts.packed,
-                ts.rerolled);
+                ts.rerolled, ts.deferred_steps);
     }
     size_t np = mg_tape_nparams(t[0]), no = B0.noutputs;
     if (np != B0.np || mg_tape_nparams(t[1]) != np || mg_tape_noutputs(t[0]) != no ||
@@ -1045,6 +1048,29 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                              "threads)",
                              k, batch, j, after[j], mg_tape_data(t[k])[j]);
             }
+        /* batch 1 in order is the per-sample definition, forward, backward and step, bitwise
+         * (fused steps, and steps deferred to the next sample's forward, included) */
+        for (int k = 0; k < 2; k++) {
+            double ml, sum = 0.0;
+            memcpy(mg_tape_data(t[k]), p0, np * sizeof *p0);
+            mg_fit_options fo = {1, 0.05, 0, 0, 0, 1};
+            if (mg_tape_fit(t[k], xr, ny ? yr : NULL, NS, &fo, &ml) != MG_OK)
+                FAIL("fit (no_raise=%d, batch 1): %s", k, mg_tape_last_error(t[k]));
+            memcpy(after, mg_tape_data(t[k]), np * sizeof *after);
+            memcpy(mg_tape_data(t[k]), p0, np * sizeof *p0);
+            for (int s = 0; s < NS; s++) {
+                if (mg_tape_forward(t[k], xr + s * nx, ny ? yr + s * ny : NULL) != MG_OK ||
+                    mg_tape_backward(t[k]) != MG_OK || mg_tape_step(t[k], 0.05, 1) != MG_OK)
+                    FAIL("sample %d by hand (no_raise=%d): %s", s, k, mg_tape_last_error(t[k]));
+                sum += mg_tape_loss(t[k]);
+            }
+            if (!same(ml, sum / NS))
+                FAIL("fit (no_raise=%d, batch 1): mean loss %a vs %a by hand", k, ml, sum / NS);
+            for (size_t j = 0; j < np; j++)
+                if (!same(after[j], mg_tape_data(t[k])[j]))
+                    FAIL("fit (no_raise=%d, batch 1): parameter %zu: %a vs %a by hand", k, j,
+                         after[j], mg_tape_data(t[k])[j]);
+        }
         free(after);
     }
     free(mag);

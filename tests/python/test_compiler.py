@@ -780,6 +780,38 @@ def test_float32_storage_runs_on_the_one_driver():
         )
 
 
+@pytest.mark.parametrize(
+    "kind", ["tape", pytest.param("c", marks=needs_cc), pytest.param("float32", marks=needs_cc)]
+)
+def test_batch1_fit_steps_each_layer_as_the_next_sample_reads_it(kind):
+    """Issue 13, item 2: at batch 1 a layer's weight update for sample s waits for sample s+1's
+    forward through the layer, which applies it to each weight as it reads it (one pass over the
+    weights per sample). The same bits as forward, backward and step per sample, in fit's order;
+    the last sample's update runs in its own backward."""
+    backend = "tape" if kind == "tape" else "c"
+    # 20 hidden units: two full vector blocks in one register tile and a partial one
+    _, prog = mlp_program(backend, sizes=(30, [20, 10]), seed=4, float32=kind == "float32")
+    assert prog.info["deferred_steps"] == 2
+    assert prog.describe().count("[steps its weights first]") == 2
+    rng = np.random.RandomState(2)
+    X, Y = rng.rand(25, 30) - 0.5, rng.randint(0, 10, (25, 1)).astype(float)
+    start = prog.parameters.copy()
+    for n in (25, 1):  # one sample: nothing waits
+        prog.parameters[:] = start
+        (mean,) = prog.fit(X[:n], Y[:n], epochs=1, lr=0.3, batch_size=1, shuffle=False)
+        fitted = prog.parameters.copy()
+        prog.parameters[:] = start
+        total = 0.0
+        for i in range(n):
+            prog.forward(X[i], Y[i])
+            total += prog.loss
+            prog.backward()
+            prog.step(0.3)
+        assert np.array_equal(fitted, prog.parameters), n
+        assert mean == total / n
+        assert not np.array_equal(fitted, start)
+
+
 @pytest.mark.parametrize("backend", ["tape", pytest.param("c", marks=needs_cc)])
 def test_a_loss_that_is_a_packed_parameter_trains(backend):
     """The loss is one of the weights the schedule packs (a 5x5 stride-2 convolution over 8

@@ -110,6 +110,8 @@ typedef struct mg_tape_stats {
     size_t loops;          /**< Sequential loops (recovered time steps). */
     size_t packed;         /**< Parameters kept in packed, vector-friendly order during calls. */
     int rerolled;          /**< 1 when loops were recovered, 0 for a scalar program. */
+    size_t deferred_steps; /**< Layers whose weights batch-1 training steps as the next sample's
+                                forward reads them (one pass over those weights per sample). */
 } mg_tape_stats;
 
 /**
