@@ -259,9 +259,18 @@ MGK_HOT void mgk_point1(const mgk_nest *N, const mgk_run *R, const int term, con
                                   q3 = p3 + MGK_RPOS(&X[3], r4, r5, r6, 0);
                     r7 = 0;
                     if (N->flags & MGK_F_SPLIT) {
-                        mgk_real part[MGK_LANES], sum;
-                        int l;
-                        for (l = 0; l < MGK_LANES; l++) part[l] = (mgk_real)0;
+                        mgk_real part[MGK_LANES], sum = (mgk_real)0;
+                        int l, tree = 0; /* tree: the partial sums were added in registers */
+/* the fixed order in which the partial sums are added: lanes o..o+7 of P(lane), in pairs */
+#define MGK_TREE8(P, o)                                                                            \
+    (((P(o) + P((o) + 1)) + (P((o) + 2) + P((o) + 3))) +                                           \
+     ((P((o) + 4) + P((o) + 5)) + (P((o) + 6) + P((o) + 7))))
+#if MGK_LANES == 8
+#define MGK_TREE(P) MGK_TREE8(P, 0)
+#else
+#define MGK_TREE(P) (MGK_TREE8(P, 0) + MGK_TREE8(P, 8))
+#endif
+#define MGK_PART(l) part[l]
 #if MGK_VECTOR
                         if ((term == MGK_T_MUL || term == MGK_T_ONE) && !X[0].gather &&
                             !X[1].gather && (X[0].s[7] == 0 || X[0].s[7] == 1) &&
@@ -288,24 +297,26 @@ MGK_HOT void mgk_point1(const mgk_nest *N, const mgk_run *R, const int term, con
                                     }
                                 }
                             }
-                            MGK_UNROLL
-                            for (k = 0; k < MGK_NV; k++) MGK_VSTORE(part + k * MGK_VW, v[k]);
+                    /* added lane from register (through memory, each lane's load
+                     * waited for the vector's store: a fifth of an RNN's backward) */
+#define MGK_VLANE(l) v[(l) / MGK_VW][(l) % MGK_VW]
+                            sum = MGK_TREE(MGK_VLANE);
+#undef MGK_VLANE
+                            tree = 1;
                         }
 #endif
-                        for (; r7 + MGK_LANES <= n[7]; r7 += MGK_LANES)
-                            for (l = 0; l < MGK_LANES; l++)
-                                part[l] += MGK_TERM_AT(N, R, term, op, q0 + (r7 + l) * X[0].s[7],
-                                                       q1 + (r7 + l) * X[1].s[7],
-                                                       q2 + (r7 + l) * X[2].s[7],
-                                                       q3 + (r7 + l) * X[3].s[7], so);
-#define MGK_TREE8(p, o)                                                                            \
-    ((((p)[o] + (p)[(o) + 1]) + ((p)[(o) + 2] + (p)[(o) + 3])) +                                   \
-     (((p)[(o) + 4] + (p)[(o) + 5]) + ((p)[(o) + 6] + (p)[(o) + 7])))
-#if MGK_LANES == 8
-                        sum = MGK_TREE8(part, 0);
-#else
-                        sum = MGK_TREE8(part, 0) + MGK_TREE8(part, 8);
-#endif
+                        if (!tree) {
+                            for (l = 0; l < MGK_LANES; l++) part[l] = (mgk_real)0;
+                            for (; r7 + MGK_LANES <= n[7]; r7 += MGK_LANES)
+                                for (l = 0; l < MGK_LANES; l++)
+                                    part[l] += MGK_TERM_AT(
+                                        N, R, term, op, q0 + (r7 + l) * X[0].s[7],
+                                        q1 + (r7 + l) * X[1].s[7], q2 + (r7 + l) * X[2].s[7],
+                                        q3 + (r7 + l) * X[3].s[7], so);
+                            sum = MGK_TREE(MGK_PART);
+                        }
+#undef MGK_PART
+#undef MGK_TREE
 #undef MGK_TREE8
                         for (; r7 < n[7]; r7++)
                             sum += MGK_TERM_AT(N, R, term, op, q0 + r7 * X[0].s[7],
