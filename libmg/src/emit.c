@@ -368,6 +368,7 @@ char *mg_tape_emit_c(mg_tape *t, const mg_emit_options *opt, size_t *len) {
              "    size_t i;\n"
              "    mgk_run R;\n"
              "    R.a[MGK_D] = d;\n    R.a[MGK_G] = R.a[MGK_PG] = R.a[MGK_BG] = NULL;\n"
+             "    R.a[MGK_QD] = R.a[MGK_QG] = NULL; /* no pre-steps in inference */\n"
              "    R.a[MGK_PW] = %s; /* read only */\n"
              "    R.a[MGK_BD] = d + %zu; /* one sample: its slots follow the shared ones */\n"
              "    R.ix = mg_ix;\n    R.t = 0;\n    R.nb = 1;\n    R.ss = 0;\n    R.lr = 0.0;\n"
@@ -463,7 +464,7 @@ static void describe_nest(sbuf *b, const mg_tape *t, size_t k, const char *inden
         describe_ref(b, N, &N->x[j], xn[j]);
         puts_(b, " ");
     }
-    static const char *const tiles[4] = {"", " [tiles: rows]", " [tiles: samples]",
+    static const char *const tiles[4] = {"", " [tiles: rows]", " [tiles: samples of a batch]",
                                          " [tiles: rows of each sample]"};
     putf(b, "%s%s%s%s%s%s%s%s\n", N->flags & MGK_F_BLOCK ? " [blocks]" : "",
          tiles[MGK_TILE_KIND(N)], N->flags & MGK_F_SPLIT ? " [split sums]" : "",

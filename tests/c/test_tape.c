@@ -419,6 +419,9 @@ static void test_tape__attach_refuses_code_for_another_program(void) {
     bad.fingerprint ^= 1;
     bad.abi = MG_COMPILED_ABI + 1;
     CHECK(mg_tape_attach(c.t, &bad) == MG_EINVAL);
+    bad.abi = 1; /* code whose kernels read the run of 6 arrays, before pre-steps: it would read
+                    the run's other fields at the wrong offsets */
+    CHECK(mg_tape_attach(c.t, &bad) == MG_EINVAL && strstr(mg_tape_last_error(c.t), "ABI 1"));
     CHECK(mg_tape_attach(c.t, NULL) == MG_EINVAL);
     CHECK(mg_tape_fingerprint(c.t) != 0);
     /* slots of another size; float32 code with a nest libmg would have to interpret */

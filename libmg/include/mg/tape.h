@@ -260,8 +260,10 @@ typedef struct mg_emit_options {
 /** A compiled program's kernel: one nest over a `mgk_run` (see the generated code). */
 typedef void (*mg_kernel_fn)(const void *run);
 
-/** Version of the mg_compiled layout; generated code records the one it was written for. */
-#define MG_COMPILED_ABI 1
+/** Version of the mg_compiled layout and of the run its kernels read (2: the run gained the
+ * arrays of pre-steps); generated code records the one it was written for, and
+ * mg_tape_attach() refuses any other. */
+#define MG_COMPILED_ABI 2
 
 /** What generated training code exports as `<prefix>program`. */
 typedef struct mg_compiled {
