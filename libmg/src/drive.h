@@ -68,18 +68,17 @@ static mgk_real *slot_at(const mg_tape *t, const mgk_run *R, int grad, mgk_idx s
 }
 
 /* A deferred step: what its gradient nest would read, kept for the next sample's forward. */
-static void keep(const mg_tape *t, const mg_prestep *P, mg_exec *E) {
+static void keep(const mg_prestep *P, mg_exec *E) {
     const mgk_run *R = &E->R;
     memcpy(E->keep_g + P->glo, R->a[MGK_BG] + P->glo, (size_t)(P->ghi - P->glo) * sizeof(mgk_real));
     memcpy(E->keep_d + P->xlo, R->a[MGK_BD] + P->xlo, (size_t)(P->xhi - P->xlo) * sizeof(mgk_real));
-    (void)t;
 }
 
 static void run_one(const mg_tape *t, const mg_instr *in, mg_exec *E) {
     mgk_run *R = &E->R;
     switch (in->kind) {
     case MG_I_NEST:
-        if (E->defer && t->info[in->a].pre) keep(t, &t->pre[t->info[in->a].pre - 1], E);
+        if (E->defer && t->info[in->a].pre) keep(&t->pre[t->info[in->a].pre - 1], E);
         else MG_RUN_NEST(t, in->a, R);
         break;
     case MG_I_NARY:
