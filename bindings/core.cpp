@@ -630,10 +630,11 @@ PYBIND11_MODULE(_core, m, py::mod_gil_used()) {
                 d["packed"] = s.packed;
                 d["rerolled"] = s.rerolled != 0;
                 d["deferred_steps"] = s.deferred_steps;
+                d["hoisted"] = s.hoisted;
                 return d;
             },
             "What freezing made of the graph: nodes, statements, loop nests, sequential loops, "
-            "packed parameters, deferred weight steps.")
+            "packed parameters, deferred weight steps, nests hoisted out of sequential loops.")
         .def(
             "data",
             [](py::object self) {

@@ -3,6 +3,8 @@
  *   freeze.c     graph -> frozen graph (nodes, roles, constants), then drives the stages
  *   reroll.c     frozen graph -> statements -> loop nests (grouping, affine fit, slot layout)
  *   roll.c       repeated runs of nests -> sequential loops (a recurrent model's time steps)
+ *   hoist.c      nests that do not depend on their loop leave it (before it in the forward
+ *                program, after it in the backward one), the iterations becoming one of their dims
  *   autodiff.c   forward program -> backward program (gradient nests)
  *   schedule.c   how each nest runs: vector blocks, split reductions, packed weights, fused SGD,
  *                pre-steps (fused SGD deferred to the next sample's forward)
@@ -163,6 +165,7 @@ struct mg_tape {
     size_t nzero;
     /* statistics */
     size_t nstatements, ngroups, nseq, nfolded;
+    size_t nhoisted; /* nests hoist.c moved out of sequential loops (both programs) */
     int rerolled;
     /* write-back */
     mg_value **param_values;
@@ -197,6 +200,9 @@ int mg_tape__push_instr(mg_tape *t, mg_instr **prog, size_t *len, size_t *cap, c
 int mg_reroll(mg_tape *t, const mg_fz *fz, int scalar);
 /* roll.c: compresses repeated runs of the forward program into sequential loops. */
 int mg_roll(mg_tape *t);
+/* hoist.c: moves the nests of the forward (backward 0) or backward (1) program's sequential
+ * loops that do not depend on the loop out of it. */
+int mg_hoist(mg_tape *t, int backward);
 /* autodiff.c: the backward program. */
 int mg_autodiff(mg_tape *t);
 /* schedule.c: block/split flags, packing, fused SGD, pre-steps. */

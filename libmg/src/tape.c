@@ -106,6 +106,7 @@ int mg_tape_get_stats(const mg_tape *t, mg_tape_stats *out) {
     out->packed = t->npacked;
     out->rerolled = t->rerolled;
     out->deferred_steps = t->npre;
+    out->hoisted = t->nhoisted;
     return MG_OK;
 }
 

@@ -255,20 +255,48 @@ static void test_compiler__roll_finds_the_time_steps(void) {
         if (t->fwd[i].kind == MG_I_SEQ) {
             seqs++;
             CHECK(t->fwd[i].b == T - 1);
-            /* the input term moves by one row per step, the weights do not move */
-            const mgk_nest *N = &t->nests[t->fwd[i + 1].a];
+            /* the recurrent term stays in the loop: h moves by one step, Wh does not */
+            int recurrent = 0, input = 0;
             for (size_t q = 1; q <= t->fwd[i].a; q++) {
                 const mgk_nest *M = &t->nests[t->fwd[i + q].a];
-                if (M->term == MGK_T_MUL && M->mode == MGK_SUMI) N = M;
+                recurrent += M->term == MGK_T_MUL && M->mode == MGK_ACC &&
+                             (M->x[0].ts == 0) != (M->x[1].ts == 0);
+                input += M->term == MGK_T_MUL && M->mode == MGK_SUMI;
             }
-            CHECK(N->x[1].ts == NI && N->x[0].ts == 0);
+            CHECK(recurrent == 1 && input == 0);
+            /* the input term (bias + Wx x_t) does not depend on the loop: hoisted before it, one
+             * nest whose steps are a dim along which x moves by a row and Wx does not */
+            CHECK(i > 0 && t->fwd[i - 1].kind == MG_I_NEST);
+            if (i > 0) {
+                const mgk_nest *N = &t->nests[t->fwd[i - 1].a];
+                int step_dim = 0;
+                for (int d = 0; d < MGK_MAXD; d++)
+                    step_dim += N->n[d] == T - 1 && N->x[0].ts == 0 && N->x[1].ts == 0 &&
+                                ((N->x[1].s[d] == NI && N->x[0].s[d] == 0) ||
+                                 (N->x[0].s[d] == NI && N->x[1].s[d] == 0));
+                CHECK(N->term == MGK_T_MUL && N->mode == MGK_SUMI && step_dim == 1);
+                CHECK(t->info[t->fwd[i - 1].a].seq == 1);
+            }
         }
     CHECK(seqs == 1 && t->nseq == 1);
-    /* the backward program runs the same loop in reverse */
+    /* the backward program runs the same loop in reverse; Wh's gradient, which every step adds
+     * into and nothing else in the loop touches, is summed after it, the steps a reduction dim */
     size_t rseqs = 0;
     for (size_t i = 0; i < t->nbwd; i++)
-        if (t->bwd[i].kind == MG_I_SEQ) rseqs += t->bwd[i].flags == 1 && t->bwd[i].b == T - 1;
+        if (t->bwd[i].kind == MG_I_SEQ) {
+            rseqs += t->bwd[i].flags == 1 && t->bwd[i].b == T - 1;
+            const size_t after = i + 1 + t->bwd[i].a;
+            int sums_steps = 0;
+            for (size_t j = after; j < t->nbwd && t->bwd[j].kind == MG_I_NEST; j++) {
+                const mgk_nest *N = &t->nests[t->bwd[j].a];
+                for (int d = MGK_MAXO; d < MGK_MAXD; d++)
+                    sums_steps += N->n[d] == T - 1 && N->out.ts == 0 && N->term == MGK_T_MUL;
+            }
+            CHECK(sums_steps >= 1);
+        }
     CHECK(rseqs == 1);
+    mg_tape_stats st;
+    CHECK(mg_tape_get_stats(t, &st) == MG_OK && st.loops == 1 && st.hoisted >= 2);
     mg_tape_free(t);
     double xs[T * NI], yv = 0.5;
     for (int i = 0; i < T * NI; i++) xs[i] = 0.1 * ((i * 7) % 5) - 0.2;

@@ -112,6 +112,9 @@ typedef struct mg_tape_stats {
     int rerolled;          /**< 1 when loops were recovered, 0 for a scalar program. */
     size_t deferred_steps; /**< Layers whose weights batch-1 training steps as the next sample's
                                 forward reads them (one pass over those weights per sample). */
+    size_t hoisted;        /**< Nests moved out of sequential loops because they do not depend
+                                on them (a recurrent model's input projections before the loop,
+                                its weight gradients after it), the iterations one of their dims. */
 } mg_tape_stats;
 
 /**
