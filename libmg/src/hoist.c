@@ -17,13 +17,16 @@
  *     every element N writes at time T is touched in the loop at T or later only (so no other
  *     nest's access, and no other iteration of N, comes between the old and the new order);
  *   sinking N: every element N reads through its operands is last written in the loop before the
- *     time N reads it (its value then is its value after the loop), and no other nest of the loop
- *     touches the elements N writes.
+ *     time N reads it (its value then is its value after the loop), and not by N itself (whose
+ *     iterations become a dim: they may not read each other's results), and no other nest of the
+ *     loop touches the elements N writes.
  * Each moved nest's iterations then run in the loop's order along the new dim; a reduction over
  * it adds each iteration's terms in the order the loop did, so at batch size 1 the results are
  * bitwise those of the loop. (In a batch, a shared gradient now sums iteration by iteration
  * inside each sample rather than sample by sample inside each iteration: the order of the
- * unbatched definition.) Loops reading through index tables are left as they are. */
+ * unbatched definition. The gradients of a nest hoisted in the forward program come from
+ * autodiff as a reduction over its new dim, in forward order rather than the reversed loop's:
+ * the same to rounding.) Loops reading through index tables are left as they are. */
 #include "ir.h"
 
 #include <string.h>
@@ -31,14 +34,16 @@
 #define NONE UINT32_MAX
 #define MANY (UINT32_MAX - 1)
 
-/* Per element of a loop's range of slots (data, then gradients): first write, first access,
- * last write + 1 (0: none) and the body position of the only nest touching it (or MANY). */
+/* Per slot of the array the program writes (data in forward programs, gradients in backward
+ * ones; the other array is only read, so it constrains nothing): first write, first access,
+ * last write + 1 (0: none), and the body position of the only nest touching it (or MANY).
+ * Allocated once per program, over every slot, and reset after each loop by visiting what the
+ * loop touched, so the work is linear in the loops' accesses. */
 typedef struct loop_map {
-    mgk_i64 lo[2], len[2];
+    int arr; /* MGK_D or MGK_G */
+    size_t n;
     uint32_t *first_w, *first_a, *last_w1, *owner;
 } loop_map;
-
-static int space(const mgk_ref *X) { return X->arr == MGK_G; }
 
 /* The refs nest N reads (x operands, init) and whether it reads its output (MGK_ACC). */
 static int read_refs(const mgk_nest *N, const mgk_ref **refs) {
@@ -69,7 +74,7 @@ static void ref_bounds(const mgk_nest *N, const mgk_ref *X, mgk_i64 T, mgk_i64 *
     *hi = b;
 }
 
-enum { V_MARK_R, V_MARK_W, V_HOIST_R, V_HOIST_W, V_SINK_R, V_SINK_W };
+enum { V_MARK_R, V_MARK_W, V_HOIST_R, V_HOIST_W, V_SINK_R, V_SINK_W, V_RESET };
 
 /* Visits every element ref X of the nest at body position q reaches, in the iterations that
  * matter: all of them when X moves with the loop; else, where the elements are the same every
@@ -78,12 +83,14 @@ enum { V_MARK_R, V_MARK_W, V_HOIST_R, V_HOIST_W, V_SINK_R, V_SINK_W };
  * fails. */
 static int visit(loop_map *M, const mgk_nest *N, const mgk_ref *X, uint32_t T, int rev, uint32_t q,
                  uint32_t p, int what) {
-    int dims[MGK_MAXD], nd = 0, sp = space(X);
+    int dims[MGK_MAXD], nd = 0;
+    if (X->arr != M->arr) return 1; /* never written in this program */
     for (int d = 0; d < MGK_MAXD; d++)
         if (N->n[d] > 1 && X->s[d] != 0) dims[nd++] = d;
     for (uint32_t e = 0; e < T; e++) {
         if (X->ts == 0) { /* the same elements every iteration: only the binding ones */
-            const int want = what == V_MARK_R || what == V_MARK_W ? e == 0 || e + 1 == T
+            const int want = what == V_MARK_R || what == V_MARK_W || what == V_RESET
+                                 ? e == 0 || e + 1 == T
                              : what == V_HOIST_R || what == V_HOIST_W ? e + 1 == T
                                                                       : e == 0;
             if (!want) continue;
@@ -94,7 +101,7 @@ static int visit(loop_map *M, const mgk_nest *N, const mgk_ref *X, uint32_t T, i
         for (;;) {
             mgk_i64 pos = X->base + it * X->ts;
             for (int k = 0; k < nd; k++) pos += idx[k] * X->s[dims[k]];
-            const size_t i = (size_t)(pos - M->lo[sp]) + (sp ? (size_t)M->len[0] : 0);
+            const size_t i = (size_t)pos; /* within [0, M->n): plain_body checked the bounds */
             switch (what) {
             case V_MARK_W:
                 /* nests are marked one after another, not in time order: min and max */
@@ -113,6 +120,13 @@ static int visit(loop_map *M, const mgk_nest *N, const mgk_ref *X, uint32_t T, i
                 break;
             case V_SINK_R:
                 if (M->last_w1[i] > tau) return 0; /* written at or after the read */
+                /* written by N itself (the only nest touching what N writes, once sunk): its
+                 * iterations would read each other's results, which a dim cannot order */
+                if (M->last_w1[i] && M->owner[i] == q) return 0;
+                break;
+            case V_RESET:
+                M->first_w[i] = M->first_a[i] = M->owner[i] = NONE;
+                M->last_w1[i] = 0;
                 break;
             default: /* V_SINK_W */
                 if (M->owner[i] != q) return 0;
@@ -125,14 +139,21 @@ static int visit(loop_map *M, const mgk_nest *N, const mgk_ref *X, uint32_t T, i
     return 1;
 }
 
-/* Whether the loop's body may be analysed: nests only, no index tables. */
-static int plain_body(const mg_tape *t, const mg_instr *body, uint32_t p) {
+/* Whether the loop's body may be analysed: nests only, no index tables, every element within
+ * the slots, outputs in the array the map follows. */
+static int plain_body(const mg_tape *t, const mg_instr *body, uint32_t p, uint32_t T,
+                      const loop_map *M) {
     for (uint32_t q = 0; q < p; q++) {
         if (body[q].kind != MG_I_NEST) return 0;
         const mgk_nest *N = &t->nests[body[q].a];
+        if (N->out.arr != M->arr) return 0;
         const mgk_ref *refs[6] = {&N->out, &N->init, &N->x[0], &N->x[1], &N->x[2], &N->x[3]};
-        for (int j = 0; j < 6; j++)
+        for (int j = 0; j < 6; j++) {
             if (refs[j]->gather || (refs[j]->arr != MGK_D && refs[j]->arr != MGK_G)) return 0;
+            mgk_i64 lo, hi;
+            ref_bounds(N, refs[j], T, &lo, &hi);
+            if (refs[j]->arr == M->arr && (lo < 0 || hi >= (mgk_i64)M->n)) return 0;
+        }
     }
     return 1;
 }
@@ -186,41 +207,11 @@ static int reshape(mg_tape *t, size_t k, uint32_t T, int rev) {
 
 /* One loop of `prog` at `at`: moves what may leave it, rewriting prog[at .. at + p] in place.
  * `sink`: the backward program (nests move after the loop), else before it. */
-static int hoist_loop(mg_tape *t, mg_instr *prog, size_t at, int sink, loop_map *M,
-                      size_t *moved) {
+static int hoist_loop(mg_tape *t, mg_instr *prog, size_t at, int sink, loop_map *M, size_t *moved) {
     mg_instr *body = prog + at + 1;
     const uint32_t p = prog[at].a, T = prog[at].b;
     const int rev = prog[at].flags & 1;
-    if (T < 2 || p == 0 || (uint64_t)T * p >= MANY || !plain_body(t, body, p)) return MG_OK;
-    /* the loop's range of elements, per space */
-    mgk_i64 lo[2] = {INT64_MAX, INT64_MAX}, hi[2] = {INT64_MIN, INT64_MIN};
-    for (uint32_t q = 0; q < p; q++) {
-        const mgk_nest *N = &t->nests[body[q].a];
-        const mgk_ref *refs[6];
-        int nr = read_refs(N, refs);
-        refs[nr++] = &N->out;
-        for (int j = 0; j < nr; j++) {
-            mgk_i64 a, b;
-            ref_bounds(N, refs[j], T, &a, &b);
-            int sp = space(refs[j]);
-            if (a < lo[sp]) lo[sp] = a;
-            if (b > hi[sp]) hi[sp] = b;
-        }
-    }
-    for (int sp = 0; sp < 2; sp++) {
-        M->lo[sp] = lo[sp] <= hi[sp] ? lo[sp] : 0;
-        M->len[sp] = lo[sp] <= hi[sp] ? hi[sp] - lo[sp] + 1 : 0;
-    }
-    const size_t len = (size_t)(M->len[0] + M->len[1]);
-    M->first_w = mg_tape__alloc(t, len, 4 * sizeof(uint32_t));
-    if (!M->first_w) return MG_ENOMEM;
-    M->first_a = M->first_w + len;
-    M->last_w1 = M->first_a + len;
-    M->owner = M->last_w1 + len;
-    for (size_t i = 0; i < len; i++) {
-        M->first_w[i] = M->first_a[i] = M->owner[i] = NONE;
-        M->last_w1[i] = 0;
-    }
+    if (T < 2 || p == 0 || (uint64_t)T * p >= MANY || !plain_body(t, body, p, T, M)) return MG_OK;
     for (uint32_t q = 0; q < p; q++) {
         const mgk_nest *N = &t->nests[body[q].a];
         const mgk_ref *refs[6];
@@ -232,22 +223,28 @@ static int hoist_loop(mg_tape *t, mg_instr *prog, size_t at, int sink, loop_map 
     /* which nests move: checked against the loop as it stands, all together (a pair of nests
      * whose order would change with an access in common fails one of the checks) */
     uint8_t *go = mg_tape__alloc(t, p, 1);
-    if (!go) {
-        t->alloc.free_fn(M->first_w, t->alloc.ctx);
-        return MG_ENOMEM;
-    }
+    int ok = go != NULL;
     uint32_t ngo = 0;
-    for (uint32_t q = 0; q < p; q++) {
+    for (uint32_t q = 0; q < p && go; q++) {
         const mgk_nest *N = &t->nests[body[q].a];
         const mgk_ref *refs[6];
-        int nr = read_refs(N, refs), ok = 1;
+        int nr = read_refs(N, refs);
+        ok = 1;
         for (int j = 0; j < nr && ok; j++)
             ok = visit(M, N, refs[j], T, rev, q, p, sink ? V_SINK_R : V_HOIST_R);
         if (ok) ok = visit(M, N, &N->out, T, rev, q, p, sink ? V_SINK_W : V_HOIST_W);
         go[q] = (uint8_t)(ok && reshape(t, body[q].a, T, rev));
         ngo += go[q];
     }
-    t->alloc.free_fn(M->first_w, t->alloc.ctx);
+    /* the map cleared for the next loop: a moved nest's new dim covers the same elements */
+    for (uint32_t q = 0; q < p; q++) {
+        const mgk_nest *N = &t->nests[body[q].a];
+        const mgk_ref *refs[6];
+        int nr = read_refs(N, refs);
+        for (int j = 0; j < nr; j++) visit(M, N, refs[j], T, rev, q, p, V_RESET);
+        visit(M, N, &N->out, T, rev, q, p, V_RESET);
+    }
+    if (!go) return MG_ENOMEM;
     if (ngo) { /* [moved][loop][rest] or [loop][rest][moved], each in body order */
         mg_instr *tmp = mg_tape__alloc(t, p, sizeof(mg_instr));
         if (!tmp) {
@@ -295,14 +292,28 @@ int mg_hoist(mg_tape *t, int backward) {
     size_t *len = backward ? &t->nbwd : &t->nfwd;
     loop_map M;
     memset(&M, 0, sizeof M);
-    for (size_t i = 0; i < *len; i++) {
+    M.arr = backward ? MGK_G : MGK_D;
+    M.n = t->nslots;
+    int st = MG_OK;
+    for (size_t i = 0; i < *len && st == MG_OK; i++) {
         if (prog[i].kind != MG_I_SEQ) continue;
         const uint32_t p = prog[i].a;
-        int st = hoist_loop(t, prog, i, backward, &M, &t->nhoisted);
-        if (st != MG_OK) return st;
+        if (!M.first_w) { /* the first loop: the map, all clear */
+            M.first_w = mg_tape__alloc(t, M.n ? M.n : 1, 4 * sizeof(uint32_t));
+            if (!M.first_w) return MG_ENOMEM;
+            M.first_a = M.first_w + M.n;
+            M.last_w1 = M.first_a + M.n;
+            M.owner = M.last_w1 + M.n;
+            for (size_t k = 0; k < M.n; k++) {
+                M.first_w[k] = M.first_a[k] = M.owner[k] = NONE;
+                M.last_w1[k] = 0;
+            }
+        }
+        st = hoist_loop(t, prog, i, backward, &M, &t->nhoisted);
         /* past the loop, whatever moved: its p + 1 instructions stay p + 1 */
         i += p;
     }
-    drop_empty(t, prog, len, backward);
-    return MG_OK;
+    if (M.first_w) t->alloc.free_fn(M.first_w, t->alloc.ctx);
+    if (st == MG_OK) drop_empty(t, prog, len, backward);
+    return st;
 }

@@ -3,6 +3,8 @@
  * on x86-64 with gcc or clang, again with AVX2 and with AVX-512 enabled (MG_ISA names the build);
  * interpret.c picks the widest the CPU runs. Each build adds the same terms in the same order
  * (lanewise IEEE arithmetic, no contraction), so all compute the same bits. */
+/* elementwise rows without per-block set-up (nest_kernels.h, mgk_elem_rows) */
+#define MGK_ELEM_ROWS 1
 #include "ir.h"
 
 #ifndef MG_ISA

@@ -475,6 +475,81 @@ MGK_HOT void mgk_block(const mgk_nest *N, const mgk_run *R, const int term, cons
     }
 }
 
+#if MGK_VECTOR && defined(MGK_ELEM_ROWS)
+/* A row of `len` points of an elementwise term (an op, dA or dB) along the vector dim of a nest
+ * with no reduction: what mgk_block computes for each block, lane by lane the same terms,
+ * without its per-block set-up. Each operand's lanes are read from consecutive elements (in place
+ * where its stride is 1, else copied into a block first: a broadcast repeated, a strided operand
+ * gathered), so that the C compiler vectorises the op's formula over the block with plain vector
+ * loads. The last block computes every lane and stores its valid ones: an operand read in place
+ * reads at most MGK_LANES - 1 elements past the row, which the padding allows; a copied one
+ * copies only the valid lanes (the others are zeros). The interpreter's instances define
+ * MGK_ELEM_ROWS: with strides known only at run time, mgk_block built every lane of every
+ * operand on its own; generated code, whose strides are constants, does not need it. */
+MGK_HOT void mgk_elem_rows(const mgk_nest *N, const mgk_run *R, const int term, const int op,
+                           const mgk_i64 len, mgk_i64 po, mgk_i64 pi, mgk_i64 p0, mgk_i64 p1,
+                           mgk_i64 p2, mgk_i64 p3) {
+    const mgk_ref *X = N->x;
+    mgk_real *o = R->a[N->out.arr] + po;
+    const mgk_real *in = R->a[N->init.arr] + pi;
+    const mgk_real *x0 = R->a[X[0].arr] + p0, *x1 = R->a[X[1].arr] + p1;
+    const mgk_real *x2 = R->a[X[2].arr] + p2, *x3 = R->a[X[3].arr] + p3;
+    const mgk_i64 so = N->out.s[3], si = N->init.s[3];
+    const mgk_i64 s0 = X[0].s[3], s1 = X[1].s[3], s2 = X[2].s[3], s3 = X[3].s[3];
+    const int four = term >= MGK_T_DA; /* dA and dB read x2 and x3 */
+/* an operand's lanes into block B: a broadcast in every lane, else the valid lanes, zeros after */
+#define MGK_COPY_LANES(B, x, st)                                                                   \
+    do {                                                                                           \
+        if ((st) == 0) {                                                                           \
+            for (l = 0; l < MGK_LANES; l++) B[l] = *(x);                                           \
+        } else {                                                                                   \
+            for (l = 0; l < nv; l++) B[l] = (x)[l * (st)];                                         \
+            for (; l < MGK_LANES; l++) B[l] = (mgk_real)0;                                         \
+        }                                                                                          \
+    } while (0)
+    for (mgk_i64 i = 0; i < len; i += MGK_LANES) {
+        const int nv = len - i < MGK_LANES ? (int)(len - i) : MGK_LANES;
+        mgk_real f[MGK_LANES], b0[MGK_LANES], b1[MGK_LANES], b2[MGK_LANES], b3[MGK_LANES];
+        const mgk_real *z0 = x0, *z1 = x1, *z2 = x2, *z3 = x3;
+        int l;
+        if (s0 != 1) {
+            MGK_COPY_LANES(b0, x0, s0);
+            z0 = b0;
+        }
+        if (s1 != 1) {
+            MGK_COPY_LANES(b1, x1, s1);
+            z1 = b1;
+        }
+        if (four && s2 != 1) {
+            MGK_COPY_LANES(b2, x2, s2);
+            z2 = b2;
+        }
+        if (four && s3 != 1) {
+            MGK_COPY_LANES(b3, x3, s3);
+            z3 = b3;
+        }
+        for (l = 0; l < MGK_LANES; l++)
+            f[l] = mgk_term(term, op, N->k, z0 + l, z1 + l, z2 + l, z3 + l);
+        /* the start of each sum as mgk_block takes it, then the one term added */
+        if (N->mode == MGK_SET)
+            for (l = 0; l < nv; l++) o[l * so] = f[l];
+        else if (N->mode == MGK_SUM0)
+            for (l = 0; l < nv; l++) o[l * so] = (mgk_real)0 + f[l];
+        else if (N->mode == MGK_SUMI)
+            for (l = 0; l < nv; l++) o[l * so] = in[l * si] + f[l];
+        else
+            for (l = 0; l < nv; l++) o[l * so] = o[l * so] + f[l];
+        o += MGK_LANES * so;
+        in += MGK_LANES * si;
+        x0 += MGK_LANES * s0;
+        x1 += MGK_LANES * s1;
+        x2 += MGK_LANES * s2;
+        x3 += MGK_LANES * s3;
+    }
+#undef MGK_COPY_LANES
+}
+#endif
+
 #if MGK_VECTOR
 /* A register tile: `nt` rows (at most MGK_TS) of MGK_LANES outputs, the rows `ro` (out), `ri`
  * (init) and `rb` (operand b) elements apart, for sums of products x0 * x1 where x0 is the same
@@ -757,6 +832,14 @@ MGK_HOT void mgk_nest_path(const mgk_nest *N, const mgk_run *R, const int term, 
                                 q3 += nt * MGK_LANES * s3;
                             }
                             i3 = full * MGK_LANES;
+                        }
+#endif
+#if MGK_VECTOR && defined(MGK_ELEM_ROWS)
+                        if (term >= MGK_T_OP && !step && !pre && nbr == 1 &&
+                            (small || (n[4] == 1 && n[5] == 1)) && n[6] == 1 && n[7] == 1) {
+                            /* an elementwise term with no reduction: the row in one go */
+                            mgk_elem_rows(N, Rb, term, op, n[3], po, pi, q0, q1, q2, q3);
+                            continue;
                         }
 #endif
                         for (; i3 < n[3]; i3 += MGK_LANES) {

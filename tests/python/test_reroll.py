@@ -1408,6 +1408,31 @@ def test_elementwise_ops(data):
     check_case(finish(ctx, x, X, vals))
 
 
+@pytest.mark.parametrize("shape", ["scale", "tanh", "inputs", "permuted"])
+def test_recurrent_chains_keep_their_order(shape):
+    """A state carried through one op per step (a chain of width 1, or a small state permuted
+    each step) rolls into a loop whose backward nest reads its own result of the step before:
+    it must stay in the loop (hoisting it out once gave zero gradients)."""
+    r = np.random.default_rng(5)
+    n = 12
+    X = r.uniform(-1, 1, size=(4, n))
+    x = [Value(float(v)) for v in X[0]]
+    w = [Value(0.5), Value(-0.3), Value(0.8)]
+    if shape == "permuted":
+        h = [x[0] * w[0], x[1] * w[1], x[2] * w[2]]
+        for _ in range(20):
+            h = [h[2 - i].tanh() for i in range(3)]
+        loss = h[0] + 2 * h[1] + 3 * h[2]
+    else:
+        h = x[0] * w[0]
+        for t in range(1, n):
+            h = h * 0.9 if shape == "scale" else h.tanh() if shape == "tanh" else h * x[t]
+        loss = h * h + w[1] * w[2]
+    case = Case(x=x, y=[], params=w, loss=loss, outputs=[], X=X, Y=None)
+    info = check_case(case)
+    assert info["loops"] >= 1, info
+
+
 @examples(100)
 @given(data=st.data())
 def test_recurrent(data):
