@@ -45,17 +45,12 @@ typedef struct loop_map {
     uint32_t *first_w, *first_a, *last_w1, *owner;
 } loop_map;
 
-/* The refs nest N reads (x operands, init) and whether it reads its output (MGK_ACC). */
+/* The refs nest N reads besides its output (which an MGK_ACC nest also reads): init, x used. */
 static int read_refs(const mgk_nest *N, const mgk_ref **refs) {
-    int k = 0, ar = mg_op__arity[N->op];
+    int k = 0;
     if (N->mode == MGK_SUMI) refs[k++] = &N->init;
-    for (int j = 0; j < 4; j++) {
-        int used = N->term == MGK_T_ONE   ? j == 0
-                   : N->term == MGK_T_MUL ? j < 2
-                   : N->term == MGK_T_OP  ? j < ar
-                                          : j != 1 || ar == 2;
-        if (used) refs[k++] = &N->x[j];
-    }
+    for (int j = 0; j < 4; j++)
+        if (mg_nest__x_used(N, j)) refs[k++] = &N->x[j];
     return k;
 }
 

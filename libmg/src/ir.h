@@ -237,6 +237,17 @@ enum { MG_F32_DATA = 1, MG_F32_GRAD = 2 };
 void mg_tape__f32_in(mg_tape *t, int what);
 void mg_tape__f32_out(mg_tape *t, int what);
 
+/* Whether term operand j of nest N is read: dA/dB of a unary op ignore their B operand (the one
+ * rule every pass that walks a nest's reads uses: schedule.c, hoist.c). */
+static inline int mg_nest__x_used(const mgk_nest *N, int j) {
+    int ar = mg_op__arity[N->op];
+    switch (N->term) {
+    case MGK_T_ONE: return j == 0;
+    case MGK_T_MUL: return j < 2;
+    case MGK_T_OP: return j < ar;
+    default: return j != 1 || ar == 2;
+    }
+}
 /* Canonical form of a nest's dims: outer dims right-aligned at 3, reduction dims at 7. */
 void mg_nest__canon(mgk_nest *N, int no, int nr);
 /* Whether ref X is injective over dims with nonzero stride (1), or may repeat elements (0). */

@@ -19,24 +19,13 @@
 /* ---- refs -------------------------------------------------------------------------------------
  */
 
-/* Whether term operand j is read: dA/dB of a unary op ignore their B operand. */
-static int x_used(const mgk_nest *N, int j) {
-    int ar = mg_op__arity[N->op];
-    switch (N->term) {
-    case MGK_T_ONE: return j == 0;
-    case MGK_T_MUL: return j < 2;
-    case MGK_T_OP: return j < ar;
-    default: return j != 1 || ar == 2;
-    }
-}
-
 /* The refs a nest reads or writes; returns their count. */
 static int active_refs(mgk_nest *N, mgk_ref **refs) {
     int k = 0;
     refs[k++] = &N->out;
     if (N->mode == MGK_SUMI || (N->flags & MGK_F_STEP)) refs[k++] = &N->init;
     for (int j = 0; j < 4; j++)
-        if (x_used(N, j)) refs[k++] = &N->x[j];
+        if (mg_nest__x_used(N, j)) refs[k++] = &N->x[j];
     return k;
 }
 
@@ -499,7 +488,7 @@ static int plan_zeroing(mg_tape *t) {
                 /* mark_elems walks every iteration of the loop itself */
                 if (N->out.arr == MGK_G) mark_elems(t, N, &N->out, written, zero);
                 for (int j = 0; j < 4; j++)
-                    if (N->x[j].arr == MGK_G && x_used(N, j))
+                    if (N->x[j].arr == MGK_G && mg_nest__x_used(N, j))
                         mark_elems(t, N, &N->x[j], written, zero);
             }
             i += in->a;
@@ -519,7 +508,8 @@ static int plan_zeroing(mg_tape *t) {
         int fresh = 1;
         /* gradients it reads must exist: any not written yet reads zero */
         for (int j = 0; j < 4; j++)
-            if (N->x[j].arr == MGK_G && x_used(N, j)) mark_elems(t, N, &N->x[j], written, zero);
+            if (N->x[j].arr == MGK_G && mg_nest__x_used(N, j))
+                mark_elems(t, N, &N->x[j], written, zero);
         if (N->out.arr != MGK_G) continue; /* a parameter's packed gradient */
         if (N->mode == MGK_ACC && !I->alias && !N->out.gather &&
             N->out.base >= (mgk_i64)t->first_op && !(N->flags & (MGK_F_SCATTER | MGK_F_STEP))) {
@@ -654,7 +644,7 @@ static int to_sample_arrays(mg_tape *t) {
             mgk_ref *X = refs[j];
             if (X->arr != MGK_D && X->arr != MGK_G) continue;
             if (j == 1 && !(N->mode == MGK_SUMI || (N->flags & MGK_F_STEP))) continue;
-            if (j >= 2 && !x_used(N, j - 2)) continue;
+            if (j >= 2 && !mg_nest__x_used(N, j - 2)) continue;
             if (!X->gather) {
                 if (per_sample(t, X->base)) {
                     X->arr = X->arr == MGK_D ? MGK_BD : MGK_BG;
