@@ -5,6 +5,7 @@
 #include "ir.h"
 
 #include <stdatomic.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* The kernel builds (interp_kernels.c), the widest the CPU runs chosen on first use. */
@@ -17,14 +18,27 @@ void mg__run_nest_avx512(const mgk_nest *N, const mgk_run *R);
 
 static _Atomic(run_fn) chosen;
 
+/* The environment variable MG_ISA (`baseline`, `avx2` or `avx512`) caps the choice: valgrind
+ * 3.19, for one, reports AVX2 but cannot decode all of it (`vmovq xmm, xmm`); it also lets one
+ * kernel build be compared with another. Other values are ignored. */
+static int isa_cap(void) {
+    const char *s = getenv("MG_ISA");
+    if (!s) return 2;
+    if (!strcmp(s, "baseline")) return 0;
+    if (!strcmp(s, "avx2")) return 1;
+    return 2;
+}
+
 static run_fn choose(void) {
     run_fn fn = mg__run_nest_base;
+    int cap = isa_cap();
+    (void)cap;
 #if defined(MG_HAVE_ISA_BUILDS)
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
+    if (cap >= 2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw"))
         fn = mg__run_nest_avx512;
-    else if (__builtin_cpu_supports("avx2")) fn = mg__run_nest_avx2;
+    else if (cap >= 1 && __builtin_cpu_supports("avx2")) fn = mg__run_nest_avx2;
 #endif
     atomic_store_explicit(&chosen, fn, memory_order_relaxed);
     return fn;
