@@ -13,11 +13,12 @@
 #define MG__CAT2(a, b) a##b
 #define MG__CAT(a, b) MG__CAT2(a, b)
 
-/* Nests with at most two outer and two reduction dims (nearly all) run an instance for their term
- * and op that skips the other loops (mgk_nest_shape's `small`); the others run one instance per
- * term kind with the op dispatched per element (rare, and kept few: every instance costs compile
- * time, three times over). */
-#define MG__SMALL(N) ((N)->n[0] == 1 && (N)->n[1] == 1 && (N)->n[4] == 1 && (N)->n[5] == 1)
+/* Nests with at most three outer and two reduction dims (nearly all: the third outer dim is, for
+ * example, the steps of a recurrent chain that hoist.c sank out of its loop) run an instance for
+ * their term and op that skips the other loops (mgk_nest_shape's `small`); the others run one
+ * instance per term kind with the op dispatched per element (rare, and kept few: every instance
+ * costs compile time, three times over). */
+#define MG__SMALL(N) ((N)->n[0] == 1 && (N)->n[4] == 1 && (N)->n[5] == 1)
 
 static void general_op(const mgk_nest *N, const mgk_run *R) {
     mgk_nest_shape(N, R, MGK_T_OP, N->op, 0);

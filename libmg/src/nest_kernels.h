@@ -212,10 +212,11 @@ MGK_HOT mgk_real mgk_term(const int term, const int op, const double k, const mg
     mgk_term(term, op, (N)->k, MGK_ATS(R, &(N)->x[0], q0, so), MGK_ATS(R, &(N)->x[1], q1, so),     \
              MGK_ATS(R, &(N)->x[2], q2, so), MGK_ATS(R, &(N)->x[3], q3, so))
 
-/* The sizes with `small` applied: dims 0, 1, 4 and 5 known to be 1. */
+/* The sizes with `small` applied: dims 0, 4 and 5 known to be 1. */
 #define MGK_SIZES(n, nn, small)                                                                    \
-    const mgk_i64 n[MGK_MAXD] = {(small) ? 1 : (nn)[0], (small) ? 1 : (nn)[1], (nn)[2], (nn)[3],   \
-                                 (small) ? 1 : (nn)[4], (small) ? 1 : (nn)[5], (nn)[6], (nn)[7]}
+    const mgk_i64 n[MGK_MAXD] = {                                                                  \
+        (small) ? 1 : (nn)[0], (nn)[1], (nn)[2], (nn)[3], (small) ? 1 : (nn)[4],                   \
+        (small) ? 1 : (nn)[5], (nn)[6], (nn)[7]}
 
 /* One output point, scalar (also what is neither blocked nor tiled): positions at the outer point
  * are po (out), pi (init), p0..p3 (term operands). `step`: the run applies SGD (MGK_F_STEP).
@@ -484,8 +485,12 @@ MGK_HOT void mgk_block(const mgk_nest *N, const mgk_run *R, const int term, cons
  * loads. The last block computes every lane and stores its valid ones: an operand read in place
  * reads at most MGK_LANES - 1 elements past the row, which the padding allows; a copied one
  * copies only the valid lanes (the others are zeros). The interpreter's instances define
- * MGK_ELEM_ROWS: with strides known only at run time, mgk_block built every lane of every
- * operand on its own; generated code, whose strides are constants, does not need it. */
+ * MGK_ELEM_ROWS 1, every such row: with strides known only at run time, mgk_block built every
+ * lane of every operand on its own. Generated code, whose strides and sizes are constants,
+ * defines it 2: only rows of more than one block that end in a partial one, which mgk_block
+ * computes lane by lane (a 2x2 max-pool's rows of 14: cnn48 1.2x faster); its full blocks are as
+ * fast as these (rows of 16, as in an RNN cell: slower here), and a row shorter than a block
+ * would compute every lane of an op that may be costly (a softmax's exp over 7 tokens). */
 MGK_HOT void mgk_elem_rows(const mgk_nest *N, const mgk_run *R, const int term, const int op,
                            const mgk_i64 len, mgk_i64 po, mgk_i64 pi, mgk_i64 p0, mgk_i64 p1,
                            mgk_i64 p2, mgk_i64 p3) {
@@ -497,15 +502,17 @@ MGK_HOT void mgk_elem_rows(const mgk_nest *N, const mgk_run *R, const int term, 
     const mgk_i64 so = N->out.s[3], si = N->init.s[3];
     const mgk_i64 s0 = X[0].s[3], s1 = X[1].s[3], s2 = X[2].s[3], s3 = X[3].s[3];
     const int four = term >= MGK_T_DA; /* dA and dB read x2 and x3 */
-/* an operand's lanes into block B: a broadcast in every lane, else the valid lanes, zeros after */
+/* an operand's lanes into block B: a broadcast in every lane, else the valid lanes, zeros after.
+ * Built in vector registers and stored a native vector at a time: lanes stored one by one and
+ * then loaded as one vector cannot be forwarded from the store buffer, and that stall (one per
+ * operand and block) was most of the time of a strided row (a 2x2 max-pool's, 13 wide). */
 #define MGK_COPY_LANES(B, x, st)                                                                   \
     do {                                                                                           \
-        if ((st) == 0) {                                                                           \
-            for (l = 0; l < MGK_LANES; l++) B[l] = *(x);                                           \
-        } else {                                                                                   \
-            for (l = 0; l < nv; l++) B[l] = (x)[l * (st)];                                         \
-            for (; l < MGK_LANES; l++) B[l] = (mgk_real)0;                                         \
-        }                                                                                          \
+        MGK_UNROLL                                                                                 \
+        for (int k_ = 0; k_ < MGK_NV; k_++)                                                        \
+            MGK_VSTORE(B + k_ * MGK_VW,                                                            \
+                       (st) == 0 ? MGK_VSPLAT(*(x))                                                \
+                                 : MGK_VGATHER((x) + k_ * MGK_VW * (st), (st), nv - k_ * MGK_VW)); \
     } while (0)
     for (mgk_i64 i = 0; i < len; i += MGK_LANES) {
         const int nv = len - i < MGK_LANES ? (int)(len - i) : MGK_LANES;
@@ -530,8 +537,18 @@ MGK_HOT void mgk_elem_rows(const mgk_nest *N, const mgk_run *R, const int term, 
         }
         for (l = 0; l < MGK_LANES; l++)
             f[l] = mgk_term(term, op, N->k, z0 + l, z1 + l, z2 + l, z3 + l);
-        /* the start of each sum as mgk_block takes it, then the one term added */
-        if (N->mode == MGK_SET)
+        /* the start of each sum as mgk_block takes it, then the one term added; a full block
+         * of a unit-stride output is stored as vectors, which the next nest's vector loads of
+         * it can be forwarded from */
+        if (so == 1 && nv == MGK_LANES && N->mode == MGK_SET)
+            for (l = 0; l < MGK_LANES; l++) o[l] = f[l];
+        else if (so == 1 && nv == MGK_LANES && N->mode == MGK_SUM0)
+            for (l = 0; l < MGK_LANES; l++) o[l] = (mgk_real)0 + f[l];
+        else if (so == 1 && nv == MGK_LANES && N->mode == MGK_SUMI && si == 1)
+            for (l = 0; l < MGK_LANES; l++) o[l] = in[l] + f[l];
+        else if (so == 1 && nv == MGK_LANES && N->mode != MGK_SUMI)
+            for (l = 0; l < MGK_LANES; l++) o[l] = o[l] + f[l];
+        else if (N->mode == MGK_SET)
             for (l = 0; l < nv; l++) o[l * so] = f[l];
         else if (N->mode == MGK_SUM0)
             for (l = 0; l < nv; l++) o[l * so] = (mgk_real)0 + f[l];
@@ -699,7 +716,7 @@ MGK_HOT void mgk_tile(const mgk_nest *N, const mgk_run *R, const int small, cons
 
 /* Runs a nest. `term` and `op` repeat N->term and N->op as constants, so that each call site (an
  * interpreter instance, or a generated function) keeps only its own term's code. `small`: dims 0,
- * 1, 4 and 5 have size 1 (a nest with at most two outer and two reduction dims, which is nearly
+ * 4 and 5 have size 1 (a nest with at most three outer and two reduction dims, which is nearly
  * every nest once contiguous dims are merged), so the interpreter's instances for such nests skip
  * those loops. The paths: `ps`, the output is per-sample; `tile`, MGK_TILE_KIND; `block`,
  * MGK_F_BLOCK. Generated functions give them as constants, so the C compiler never keeps the
@@ -728,7 +745,7 @@ MGK_HOT void mgk_nest_path(const mgk_nest *N, const mgk_run *R, const int term, 
             Rs.a[MGK_BD] += sm * ss;
             Rs.a[MGK_BG] += sm * ss;
             for (i0 = 0; i0 < (small ? 1 : n[0]); i0++)
-                for (i1 = 0; i1 < (small ? 1 : n[1]); i1++)
+                for (i1 = 0; i1 < n[1]; i1++)
                     for (i2 = 0; i2 < n[2]; i2++)
                         for (i3 = 0; i3 < n[3]; i3 += MGK_LANES) {
                             const int nl = n[3] - i3 < MGK_LANES ? (int)(n[3] - i3) : MGK_LANES;
@@ -775,7 +792,7 @@ MGK_HOT void mgk_nest_path(const mgk_nest *N, const mgk_run *R, const int term, 
                          (N->mode != MGK_SUMI || I->s[3] <= 1) && n[3] >= 2 * MGK_LANES;
         (void)wide;
         (void)tile2; /* both unused without vectors (MGK_NO_VECTOR, tcc) */
-        const mgk_i64 n0 = small ? 1 : n[0], n1 = small ? 1 : n[1];
+        const mgk_i64 n0 = small ? 1 : n[0], n1 = n[1];
         const mgk_i64 so = O->s[3], si = I->s[3], s0 = X[0].s[3], s1 = X[1].s[3], s2 = X[2].s[3],
                       s3 = X[3].s[3];
         mgk_i64 i0, i1, i2, i3;
@@ -836,7 +853,8 @@ MGK_HOT void mgk_nest_path(const mgk_nest *N, const mgk_run *R, const int term, 
 #endif
 #if MGK_VECTOR && defined(MGK_ELEM_ROWS)
                         if (term >= MGK_T_OP && !step && !pre && nbr == 1 &&
-                            (small || (n[4] == 1 && n[5] == 1)) && n[6] == 1 && n[7] == 1) {
+                            (small || (n[4] == 1 && n[5] == 1)) && n[6] == 1 && n[7] == 1 &&
+                            (MGK_ELEM_ROWS == 1 || (n[3] > MGK_LANES && n[3] % MGK_LANES))) {
                             /* an elementwise term with no reduction: the row in one go */
                             mgk_elem_rows(N, Rb, term, op, n[3], po, pi, q0, q1, q2, q3);
                             continue;
