@@ -15,7 +15,7 @@
 #include <string.h>
 
 /* Raised whenever the generated code changes; part of compiled-code cache keys. */
-#define MG_EMITTER_VERSION 11
+#define MG_EMITTER_VERSION 12
 #define MG_DEFAULT_KERNELS 32
 
 int mg_tape_emitter_version(void) { return MG_EMITTER_VERSION; }
@@ -327,6 +327,7 @@ char *mg_tape_emit_c(mg_tape *t, const mg_emit_options *opt, size_t *len) {
     puts_(&b, mg__kernels_text);
     puts_(&b, "\n/* ---- the op table's formulas ---- */\n");
     emit_ops(&b);
+    puts_(&b, "#define MGK_ELEM_ROWS 2 /* rows that end in a partial block (nest_kernels.h) */\n");
     puts_(&b, mg__nest_kernels_text);
     puts_(&b, "\n/* ---- the program's nests ---- */\n");
     emit_kernels(&b, t, hot, map);
