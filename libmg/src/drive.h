@@ -439,8 +439,10 @@ static void run_chunk(fit_run *F, fit_chunk *c) {
     R->ss = (mgk_i64)ss;
     E.scratch = c->scratch;
     c->loss = 0.0;
-    /* this batch's gradients start from zero (step_share only reads them) */
-    memset(c->g, 0, t->input0 * sizeof(mgk_real));
+    /* this batch's gradients start from zero (step_share only reads them): the parameters
+     * outside packs (a packed parameter's gradient is in pg; its slot in g, like a constant's,
+     * is never read, as in step_all) */
+    for (size_t i = 0; i < t->nstep_d; i++) c->g[t->step_d[i]] = 0;
     if (t->npacked) memset(c->pg, 0, t->npacked * sizeof(mgk_real));
     for (size_t k0 = c->from; k0 < c->to; k0 += F->sub) {
         size_t nb = c->to - k0 < F->sub ? c->to - k0 : F->sub;
