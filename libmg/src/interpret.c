@@ -44,16 +44,6 @@ static run_fn choose(void) {
     return fn;
 }
 
-const char *mg_ir__isa(void) {
-    run_fn fn = atomic_load_explicit(&chosen, memory_order_relaxed);
-    if (!fn) fn = choose();
-#if defined(MG_HAVE_ISA_BUILDS)
-    if (fn == mg__run_nest_avx512) return "avx512";
-    if (fn == mg__run_nest_avx2) return "avx2";
-#endif
-    return "baseline";
-}
-
 void mg_ir__run_nest(const mg_tape *t, size_t k, const mgk_run *R) {
     if (t->kern && t->kern[k]) {
         t->kern[k](R);

@@ -213,8 +213,6 @@ int mg_schedule(mg_tape *t);
 void mg_ir__run_nest(const mg_tape *t, size_t nest, const mgk_run *R);
 #endif
 uint64_t mg_ir__fingerprint(const mg_tape *t);
-/* The kernel build the interpreter runs: "baseline", "avx2" or "avx512". */
-const char *mg_ir__isa(void);
 
 /* fit.c: the packed copy of the parameters as a call would make it, into `pw` (t->npacked
  * doubles), without touching the tape (the inference-only emitter inlines it). */
