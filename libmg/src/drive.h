@@ -618,12 +618,14 @@ MG_DRV_LINK int MG_DRV(fit)(mg_tape *t, const double *X, const double *Y, size_t
     size_t fits = F.ss ? MG_FIT_SUB_BYTES / (2 * F.ss * sizeof(mgk_real)) : sub;
     if (sub > fits) sub = fits ? fits : 1;
     F.sub = sub;
+    /* the per-sample arrays hold whole register tiles of samples (mgk_run) */
+    const size_t held = (sub + MGK_TS_MAX - 1) / MGK_TS_MAX * MGK_TS_MAX;
     if (threads > nch) threads = nch;
     F.threads = threads;
     for (size_t c = 0; c < nch && st == MG_OK; c++) {
         fit_chunk *ch = &F.ch[c];
-        ch->bd = mg_tape__alloc(t, sub, F.ss * sizeof(mgk_real));
-        ch->bg = mg_tape__alloc(t, sub, F.ss * sizeof(mgk_real));
+        ch->bd = mg_tape__alloc(t, held, F.ss * sizeof(mgk_real));
+        ch->bg = mg_tape__alloc(t, held, F.ss * sizeof(mgk_real));
         ch->g = mg_tape__alloc(t, t->input0 + MGK_PAD, sizeof(mgk_real));
         ch->pg = mg_tape__alloc(t, t->npacked + MGK_PAD, sizeof(mgk_real));
         ch->scratch = mg_tape__alloc(t, 2 * t->nary_max + 2, sizeof(mgk_real));
@@ -632,9 +634,9 @@ MG_DRV_LINK int MG_DRV(fit)(mg_tape *t, const double *X, const double *Y, size_t
             break;
         }
         /* the values' initial slots (what a nest does not write reads as the frozen value) */
-        for (size_t q = 0; q < sub; q++)
+        for (size_t q = 0; q < held; q++)
             memcpy(ch->bd + q * F.ss, MG_R_DATA(t) + t->input0, F.ss * sizeof(mgk_real));
-        memset(ch->bg, 0, sub * F.ss * sizeof(mgk_real));
+        memset(ch->bg, 0, held * F.ss * sizeof(mgk_real));
         memset(ch->g, 0, (t->input0 + MGK_PAD) * sizeof(mgk_real));
         memset(ch->pg, 0, (t->npacked + MGK_PAD) * sizeof(mgk_real));
     }

@@ -15,7 +15,7 @@
 #include <string.h>
 
 /* Raised whenever the generated code changes; part of compiled-code cache keys. */
-#define MG_EMITTER_VERSION 12
+#define MG_EMITTER_VERSION 13
 #define MG_DEFAULT_KERNELS 32
 
 int mg_tape_emitter_version(void) { return MG_EMITTER_VERSION; }
@@ -215,23 +215,57 @@ static void emit_header(sbuf *b, const mg_tape *t, int inference) {
 }
 
 /* Training code compiles as one file, or as MG_NPARTS files in parallel (micrograd_c's
- * toolchain does so where it has several cores): part p defines the nest functions whose
- * descriptor index is p modulo MG_NPARTS, part 0 also the program table. */
+ * toolchain does so where it has several cores). The emitter assigns the nest functions to the
+ * parts for 2, 3 and 4 parts, balancing their estimated compile costs (kernel_cost); any other
+ * count takes descriptor index modulo MG_NPARTS. Part 0 also holds the program table. */
 static const char emit_parts_note[] =
     "/* Compile as one file, or as MG_NPARTS parts (-DMG_PART=p -DMG_NPARTS=n, p = 0 .. n-1) "
     "linked\n"
-    " * together: part p holds the nest functions whose index is p modulo n, part 0 the program. "
-    "*/\n"
+    " * together. MG_HAS(k, p2, p3, p4): the nest function of descriptor k is in part p2 of 2, p3 "
+    "of 3,\n"
+    " * p4 of 4, or k modulo n of any other n; part 0 also holds the program. */\n"
     "#ifdef MG_PART\n"
-    "#define MG_HAS(k) ((k) % MG_NPARTS == MG_PART)\n"
+    "#define MG_HAS(k, p2, p3, p4)                                                             "
+    "\\\n"
+    "    ((MG_NPARTS == 2 ? (p2) : MG_NPARTS == 3 ? (p3) : MG_NPARTS == 4 ? (p4) : (k) % "
+    "MG_NPARTS) == \\\n"
+    "     MG_PART)\n"
     "#if defined(__GNUC__)\n#define MG_KFN __attribute__((visibility(\"hidden\")))\n#else\n#define "
     "MG_KFN\n#endif\n"
     "#else\n"
-    "#define MG_HAS(k) 1\n#define MG_KFN static\n"
+    "#define MG_HAS(k, p2, p3, p4) 1\n#define MG_KFN static\n"
     "#endif\n";
 
-/* Specialised nests: descriptors and one function each. `map[k]` gets the descriptor index. */
-static void emit_kernels(sbuf *b, const mg_tape *t, const uint8_t *hot, size_t *map) {
+/* A nest function's compile cost, relative (gcc -O2 instructions per function, measured with
+ * callgrind on the model zoo's CNN and GRU): a matrix product whose samples run in register tiles
+ * keeps the most code (twice that with rows in tiles at batch size 1 too), one with rows in tiles
+ * less, every other about the same. */
+#define MG_KCOST_MAX 9
+static size_t kernel_cost(const mgk_nest *N) {
+    const int tile = MGK_TILE_KIND(N);
+    if (tile == 2) return MGK_ROWS2(N) ? MG_KCOST_MAX : 5;
+    return tile ? 3 : 2;
+}
+
+/* The part of each of the `nk` nest functions (costs in `cost`) when there are `P` parts:
+ * heaviest first, each to the least loaded part so far (the lowest on ties). */
+static void assign_parts(const size_t *cost, size_t nk, unsigned P, uint8_t *part) {
+    size_t load[4] = {0, 0, 0, 0};
+    for (size_t w = MG_KCOST_MAX; w >= 1; w--)
+        for (size_t j = 0; j < nk; j++) {
+            if (cost[j] != w) continue;
+            unsigned best = 0;
+            for (unsigned q = 1; q < P; q++)
+                if (load[q] < load[best]) best = q;
+            part[j] = (uint8_t)best;
+            load[best] += w;
+        }
+}
+
+/* Specialised nests: descriptors and one function each. `map[k]` gets the descriptor index;
+ * `cost` (one per nest) and `part` (three per nest) are scratch. */
+static void emit_kernels(sbuf *b, const mg_tape *t, const uint8_t *hot, size_t *map, size_t *cost,
+                         uint8_t *part) {
     size_t j = 0;
     puts_(b, "static const mgk_nest mg_nests[] = {\n");
     for (size_t k = 0; k < t->nnests; k++) {
@@ -243,13 +277,17 @@ static void emit_kernels(sbuf *b, const mg_tape *t, const uint8_t *hot, size_t *
     }
     puts_(b, j ? "\n};\n" : "    {0}\n};\n");
     for (size_t k = 0; k < t->nnests; k++)
+        if (hot[k]) cost[map[k]] = kernel_cost(&t->nests[k]);
+    for (unsigned P = 2; P <= 4; P++) assign_parts(cost, j, P, part + (P - 2) * j);
+    for (size_t k = 0; k < t->nnests; k++)
         if (hot[k])
             putf(b,
-                 "#if MG_HAS(%zu)\n"
+                 "#if MG_HAS(%zu, %u, %u, %u)\n"
                  "MG_KFN void mg_k%zu(const void *r) {\n"
                  "    mgk_nest_path(&mg_nests[%zu], (const mgk_run *)r, %d, %d, 0, %d, %d, "
                  "%d);\n}\n#endif\n",
-                 map[k], k, map[k], t->nests[k].term, t->nests[k].op,
+                 map[k], (unsigned)part[map[k]], (unsigned)part[j + map[k]],
+                 (unsigned)part[2 * j + map[k]], k, map[k], t->nests[k].term, t->nests[k].op,
                  MGK_PS(&t->nests[k].out) ? 1 : 0, (int)MGK_TILE_KIND(&t->nests[k]),
                  (t->nests[k].flags & MGK_F_BLOCK) ? 1 : 0);
 }
@@ -313,14 +351,16 @@ char *mg_tape_emit_c(mg_tape *t, const mg_emit_options *opt, size_t *len) {
     int f32 = o.float32 && !inference;
     size_t budget = o.max_kernels ? o.max_kernels : MG_DEFAULT_KERNELS;
     if (inference) budget = SIZE_MAX;
-    uint8_t *hot = mg_tape__alloc(t, t->nnests ? t->nnests : 1, 1);
-    size_t *map = mg_tape__alloc(t, t->nnests ? t->nnests : 1, sizeof(size_t));
+    const size_t nn = t->nnests ? t->nnests : 1;
+    uint8_t *hot = mg_tape__alloc(t, nn, 4);                 /* and the parts (emit_kernels) */
+    size_t *map = mg_tape__alloc(t, nn, 2 * sizeof(size_t)); /* and the costs */
     sbuf b = {&t->alloc, NULL, 0, 0, 0};
     if (!hot || !map) goto fail;
     pick_hot(t, budget, hot, inference);
 
     emit_header(&b, t, inference);
-    puts_(&b, inference ? "#define MG_HAS(k) 1\n#define MG_KFN static\n" : emit_parts_note);
+    puts_(&b,
+          inference ? "#define MG_HAS(k, p2, p3, p4) 1\n#define MG_KFN static\n" : emit_parts_note);
     if (f32) /* twice the lanes per block: the same vector registers hold 16 floats */
         puts_(&b, "#define MGK_REAL float /* float32 storage */\n#define MGK_REAL_BYTES 4\n"
                   "#define MGK_LANES 16\n");
@@ -330,7 +370,7 @@ char *mg_tape_emit_c(mg_tape *t, const mg_emit_options *opt, size_t *len) {
     puts_(&b, "#define MGK_ELEM_ROWS 2 /* rows that end in a partial block (nest_kernels.h) */\n");
     puts_(&b, mg__nest_kernels_text);
     puts_(&b, "\n/* ---- the program's nests ---- */\n");
-    emit_kernels(&b, t, hot, map);
+    emit_kernels(&b, t, hot, map, map + nn, hot + nn);
 
     if (inference) {
         emit_ix(&b, t); /* training code's nests read libmg's copy */

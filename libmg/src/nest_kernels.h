@@ -89,7 +89,10 @@ typedef struct mgk_nest {
 
 /* What a nest runs over: the arrays, the gather tables, the sequential loop's iteration, the batch
  * (nb samples, ss elements apart in BD and BG), and the learning rate of nests that apply SGD as
- * they go (MGK_F_STEP, batch size 1 only). Its layout does not depend on mgk_real. */
+ * they go (MGK_F_STEP, batch size 1 only). Its layout does not depend on mgk_real. With nb > 1, BD
+ * and BG hold nb rounded up to a multiple of MGK_TS_MAX samples: a tile of samples may run into
+ * the ones past nb, whose values nothing else reads. */
+#define MGK_TS_MAX 8 /* the most rows of a register tile (MGK_TS), a multiple of every MGK_TS */
 typedef struct mgk_run {
     mgk_real *a[MGK_NARR];
     const mgk_idx *ix;
@@ -731,16 +734,21 @@ MGK_HOT void mgk_tile(const mgk_nest *N, const mgk_run *R, const int small, cons
 MGK_HOT void mgk_nest_path(const mgk_nest *N, const mgk_run *R, const int term, const int op,
                            const int small, const int ps, const int tile, const int block) {
     const mgk_i64 nb = R->nb > 1 ? R->nb : 1;
-    mgk_i64 sm;
+    mgk_i64 sm, sm0 = 0; /* sm0: the first sample the per-sample passes below run */
 #if MGK_VECTOR
-    if (ps && tile == 2 && nb > 1) {
-        /* samples in tiles: x0 (a shared weight) loaded once for several samples */
+    if (ps && tile == 2 && nb >= MGK_TS / 2) {
+        /* samples in tiles of MGK_TS: x0 (a shared weight) loaded once for all of them. At least
+         * half a tile left over runs as a whole tile, into the samples past nb (mgk_run); fewer
+         * run one by one below, as at batch size 1. Each sample's sums are in the same order on
+         * either path. A second copy of the tile for a run-time number of samples was a sixth of
+         * the C compiler's time on generated code. */
         const mgk_i64 *n = N->n, t = R->t, ss = R->ss;
         const mgk_ref *O = &N->out, *I = &N->init, *X = N->x;
         const mgk_i64 ri = MGK_PS(I) ? ss : 0;
+        const mgk_i64 tiled = nb % MGK_TS >= MGK_TS / 2 ? nb : nb - nb % MGK_TS;
         mgk_i64 i0, i1, i2, i3;
-        for (sm = 0; sm < nb; sm += MGK_TS) {
-            const int nt = nb - sm < MGK_TS ? (int)(nb - sm) : MGK_TS;
+        _Static_assert(MGK_TS_MAX % MGK_TS == 0, "a batch's samples hold whole tiles");
+        for (sm = 0; sm < tiled; sm += MGK_TS) {
             mgk_run Rs = *R;
             Rs.a[MGK_BD] += sm * ss;
             Rs.a[MGK_BG] += sm * ss;
@@ -755,19 +763,15 @@ MGK_HOT void mgk_nest_path(const mgk_nest *N, const mgk_run *R, const int term, 
                                 Rs.a[X[0].arr] + MGK_OPOS(&X[0], t, i0, i1, i2, i3);
                             const mgk_real *b0 =
                                 Rs.a[X[1].arr] + MGK_OPOS(&X[1], t, i0, i1, i2, i3);
-                            if (nt == MGK_TS)
-                                mgk_tile(N, &Rs, small, 1, MGK_TS, nl, o, in, a0, b0, ss, ri, 0, ss,
-                                         0);
-                            else
-                                mgk_tile(N, &Rs, small, 1, nt, nl, o, in, a0, b0, ss, ri, 0, ss, 0);
+                            mgk_tile(N, &Rs, small, 1, MGK_TS, nl, o, in, a0, b0, ss, ri, 0, ss, 0);
                         }
         }
-        return;
+        sm0 = tiled;
     }
 #endif
     /* A shared output sums over the samples inside each output point (one pass, nb samples);
      * a per-sample output makes one pass per sample. */
-    for (sm = 0; sm < (ps ? nb : 1); sm++) {
+    for (sm = sm0; sm < (ps ? nb : 1); sm++) {
         mgk_run Rs = *R;
         const mgk_run *const Rb = &Rs;
         const mgk_i64 nbr = ps ? 1 : nb;
@@ -800,25 +804,25 @@ MGK_HOT void mgk_nest_path(const mgk_nest *N, const mgk_run *R, const int term, 
             for (i1 = 0; i1 < n1; i1++) {
 #if MGK_VECTOR
                 if (tile2 && term == MGK_T_MUL && !step && !pre) {
-                    /* rows along dim 2 in tiles: x0 is the same for every row (stride 0) */
-                    for (i2 = 0; i2 < n[2]; i2 += MGK_TS) {
-                        const int nt = n[2] - i2 < MGK_TS ? (int)(n[2] - i2) : MGK_TS;
-                        for (i3 = 0; i3 < n[3]; i3 += MGK_LANES) {
-                            const int nl = n[3] - i3 < MGK_LANES ? (int)(n[3] - i3) : MGK_LANES;
-                            mgk_real *o = Rb->a[O->arr] + MGK_OPOS(O, t, i0, i1, i2, i3);
-                            const mgk_real *in = Rb->a[I->arr] + MGK_OPOS(I, t, i0, i1, i2, i3);
-                            const mgk_real *a0 =
-                                Rb->a[X[0].arr] + MGK_OPOS(&X[0], t, i0, i1, i2, i3);
-                            const mgk_real *b0 =
-                                Rb->a[X[1].arr] + MGK_OPOS(&X[1], t, i0, i1, i2, i3);
-                            if (nt == MGK_TS)
-                                mgk_tile(N, Rb, small, nbr, MGK_TS, nl, o, in, a0, b0, O->s[2],
-                                         I->s[2], 0, X[1].s[2], 0);
-                            else
-                                mgk_tile(N, Rb, small, nbr, nt, nl, o, in, a0, b0, O->s[2], I->s[2],
-                                         0, X[1].s[2], 0);
-                        }
+                /* rows along dim 2 in tiles: x0 is the same for every row (stride 0). The
+                 * full tiles, then the rows left (n[2] % MGK_TS), so that in generated code
+                 * (constant sizes) the tile is kept once per row count that occurs, not
+                 * once more for a run-time count. */
+#define MGK_ROW_TILES(NT)                                                                          \
+    for (i3 = 0; i3 < n[3]; i3 += MGK_LANES) {                                                     \
+        const int nl = n[3] - i3 < MGK_LANES ? (int)(n[3] - i3) : MGK_LANES;                       \
+        mgk_tile(N, Rb, small, nbr, NT, nl, Rb->a[O->arr] + MGK_OPOS(O, t, i0, i1, i2, i3),        \
+                 Rb->a[I->arr] + MGK_OPOS(I, t, i0, i1, i2, i3),                                   \
+                 Rb->a[X[0].arr] + MGK_OPOS(&X[0], t, i0, i1, i2, i3),                             \
+                 Rb->a[X[1].arr] + MGK_OPOS(&X[1], t, i0, i1, i2, i3), O->s[2], I->s[2], 0,        \
+                 X[1].s[2], 0);                                                                    \
+    }
+                    for (i2 = 0; i2 + MGK_TS <= n[2]; i2 += MGK_TS) MGK_ROW_TILES(MGK_TS)
+                    if (i2 < n[2]) {
+                        const int nt = (int)(n[2] - i2);
+                        MGK_ROW_TILES(nt)
                     }
+#undef MGK_ROW_TILES
                     continue;
                 }
 #endif

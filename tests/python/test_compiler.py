@@ -253,6 +253,67 @@ def test_a_batch_too_large_for_the_cache_is_still_the_mean_of_its_samples():
         assert np.array_equal(params_after, got["tape", 1]), key
 
 
+@pytest.mark.parametrize("batch_size", [5, 10, 12, 20, 24, 32])
+def test_batches_that_end_in_part_of_a_register_tile(batch_size):
+    """A matrix product runs the samples of a batch in register tiles (MGK_TS, 8 rows with
+    AVX-512 or AVX2, 4 with SSE2). The samples a chunk has past its last full tile run as one
+    more tile over the per-sample arrays' padding when they fill at least half of it, else one
+    by one. Chunks of 3, 5, 6, 10, 12 and 16 samples take every one of those paths: the
+    parameters equal the definition (per-sample gradients in sample order, one step of their
+    mean per batch) to 1e-12, bitwise for 1 and 2 threads and between the tape and compiled
+    code, so nothing computed in the padding reaches them."""
+    r = np.random.default_rng(batch_size)
+    X, Y = r.uniform(-1, 1, size=(2 * batch_size, 6)), r.integers(0, 3, size=2 * batch_size)
+    Y = Y.astype(np.float64)
+    got = {}
+    for backend in ["tape"] + (["c"] if HAVE_CC else []):
+        _, prog = mlp_program(backend, sizes=(6, [16, 16, 3]), seed=4)
+        p0 = prog.parameters.copy()
+        for threads in (1, 2):
+            prog.parameters[:] = p0
+            prog.fit(X, Y, epochs=1, lr=0.1, batch_size=batch_size, shuffle=False, threads=threads)
+            got[backend, threads] = prog.parameters.copy()
+    _, ref = mlp_program("tape", sizes=(6, [16, 16, 3]), seed=4)
+    for b in range(0, 2 * batch_size, batch_size):
+        for s in range(b, b + batch_size):
+            ref.forward(X[s], Y[s : s + 1])
+            ref.backward()
+        ref.step(0.1, batch_size)
+    want = ref.parameters.copy()
+    for key, params_after in got.items():
+        assert np.allclose(params_after, want, rtol=1e-12, atol=1e-15), key
+        assert np.array_equal(params_after, got["tape", 1]), key
+
+
+@needs_cc
+@pytest.mark.parametrize("nparts", [1, 2, 3, 4])
+def test_generated_code_built_in_any_number_of_parts(nparts, monkeypatch):
+    """Training code compiles as MG_NPARTS files in parallel, one per core (at most four). The
+    emitter assigns each nest function to one part for 2, 3 and 4 parts, heaviest first to the
+    least loaded part: every function is defined exactly once whatever the machine's core count,
+    and the library trains bitwise like the tape interpreter."""
+    import re
+
+    from micrograd_c.compiler import codecache
+
+    _, tape = mlp_program("tape", sizes=(6, [16, 16, 3]), seed=2)
+    src = tape.c_source()
+    has = re.findall(r"#if MG_HAS\((\d+), (\d+), (\d+), (\d+)\)\nMG_KFN void mg_k", src)
+    assert len(has) >= 8
+    for P, col in ((2, 1), (3, 2), (4, 3)):
+        parts = [int(h[col]) for h in has]
+        assert set(parts) == set(range(P)), (P, parts)  # each part holds some, none is out of range
+    assert [int(h[0]) for h in has] == list(range(len(has)))
+    monkeypatch.setattr(codecache, "_parts", lambda source, tc: nparts)
+    _, prog = mlp_program("c", sizes=(6, [16, 16, 3]), seed=2)
+    r = np.random.default_rng(0)
+    X, Y = r.uniform(-1, 1, size=(20, 6)), r.integers(0, 3, size=20).astype(np.float64)
+    for p in (tape, prog):
+        p.fit(X, Y, epochs=1, lr=0.1, batch_size=1)
+        p.fit(X, Y, epochs=1, lr=0.1, batch_size=8)
+    assert np.array_equal(prog.parameters, tape.parameters)
+
+
 def _shuffled_order(prog, X, Y, batch_size):
     """The visiting order of epoch 0, seed 11: the documented Fisher-Yates over the kernels'
     generator (xoshiro256** seeded by splitmix64), reimplemented here independently."""
