@@ -931,7 +931,8 @@ def main() -> None:
         cc_text = f"{tc0.version} ({tc0.path}){march_native(tc0, flags0)}" if tc0 else "none"
         print(
             f"python {sys.version.split()[0]}, numpy {np.__version__}, "
-            f"micrograd_c {mc.__version__} ({os.path.dirname(mc.__file__)})"
+            f"micrograd_c {mc.__version__} ({os.path.dirname(mc.__file__)}), "
+            f"tape interpreter kernels: {compiler.kernel_isa()}"
         )
         print(f"C compiler: {cc_text}")
         print(f"PyTorch: {torch_ver}")

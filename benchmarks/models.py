@@ -276,7 +276,8 @@ def main() -> None:
         torch = None
     print(
         f"CPU: {cpu_model()}; {os.cpu_count()} logical CPUs; python {sys.version.split()[0]}, "
-        f"{tc.version}; flags {' '.join(flags)}; PyTorch {tver or 'not installed'}"
+        f"{tc.version}; flags {' '.join(flags)}; PyTorch {tver or 'not installed'}; tape "
+        f"interpreter kernels: {compiler.kernel_isa()}"
     )
     print(
         f"data: {src}, {len(X)} samples; images/s: medians of {args.repeat} epochs, one thread, "

@@ -797,4 +797,9 @@ PYBIND11_MODULE(_core, m, py::mod_gil_used()) {
             "write_back", [](const Tape &tp) { return mg_tape_write_back(tp.t.get(), graph()); },
             "Copies the parameters into the Values they were frozen from; returns how many.");
     m.attr("EMITTER_VERSION") = mg_tape_emitter_version();
+    m.def(
+        "kernel_isa", [] { return std::string(mg_tape_kernel_isa()); },
+        "Which build of the tape interpreter's kernels this process runs: 'avx512', 'avx2' or "
+        "'baseline' (the widest the CPU supports, capped by the environment variable MG_ISA at "
+        "first use). Every build computes the same bits.");
 }

@@ -18,7 +18,8 @@ void mg__run_nest_avx512(const mgk_nest *N, const mgk_run *R);
 
 static _Atomic(run_fn) chosen;
 
-/* The environment variable MG_ISA (`baseline`, `avx2` or `avx512`) caps the choice: valgrind
+/* The environment variable MG_ISA (`baseline`, `avx2` or `avx512`) caps the choice, read once (the
+first nest run or mg_tape_kernel_isa() call): valgrind
  * 3.19, for one, reports AVX2 but cannot decode all of it (`vmovq xmm, xmm`); it also lets one
  * kernel build be compared with another. Other values are ignored. */
 static int isa_cap(void) {
@@ -42,6 +43,16 @@ static run_fn choose(void) {
 #endif
     atomic_store_explicit(&chosen, fn, memory_order_relaxed);
     return fn;
+}
+
+const char *mg_tape_kernel_isa(void) {
+    run_fn fn = atomic_load_explicit(&chosen, memory_order_relaxed);
+    if (!fn) fn = choose();
+#if defined(MG_HAVE_ISA_BUILDS)
+    if (fn == mg__run_nest_avx512) return "avx512";
+    if (fn == mg__run_nest_avx2) return "avx2";
+#endif
+    return "baseline";
 }
 
 void mg_ir__run_nest(const mg_tape *t, size_t k, const mgk_run *R) {

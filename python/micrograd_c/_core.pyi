@@ -116,6 +116,8 @@ class MLP(metaclass=_pybind11_type):
 
 EMITTER_VERSION: int
 
+def kernel_isa() -> str: ...
+
 class Tape(metaclass=_pybind11_type):
     def __init__(
         self,

@@ -498,6 +498,17 @@ static void test_compiler__million_value_conv_freezes_to_a_few_nests(void) {
     mg_graph_free(g);
 }
 
+/* The interpreter's kernel build: one of the three names, chosen once; MG_ISA=baseline (the
+ * valgrind stage) caps it to the baseline build. */
+static void test_compiler__kernel_isa_names_the_build_it_runs(void) {
+    const char *isa = mg_tape_kernel_isa();
+    CHECK(isa && (!strcmp(isa, "avx512") || !strcmp(isa, "avx2") || !strcmp(isa, "baseline")));
+    const char *cap = getenv("MG_ISA");
+    if (isa && cap && !strcmp(cap, "baseline")) CHECK(!strcmp(isa, "baseline"));
+    if (isa && cap && !strcmp(cap, "avx2")) CHECK(strcmp(isa, "avx512") != 0);
+    CHECK(mg_tape_kernel_isa() == isa);
+}
+
 int main(void) {
     RUN(test_compiler__reroll_finds_the_convolution);
     RUN(test_compiler__schedule_runs_a_strided_convolution_along_its_channels);
@@ -506,5 +517,6 @@ int main(void) {
     RUN(test_compiler__batch1_fit_steps_weights_as_the_next_forward_reads_them);
     RUN(test_compiler__scrambled_operands_read_through_tables);
     RUN(test_compiler__million_value_conv_freezes_to_a_few_nests);
+    RUN(test_compiler__kernel_isa_names_the_build_it_runs);
     TAP_DONE();
 }

@@ -1549,6 +1549,77 @@ def test_zoo_families_partly_compiled(name):
         )
 
 
+# A subprocess per kernel build (MG_ISA is read once per process): zoo families trained on the
+# tape interpreter, batch 1 and batch 12 (a whole tile of 8 samples and a padded half tile), the
+# parameters' bytes hashed.
+ISA_SCRIPT = r"""
+import hashlib, os, random, sys
+import numpy as np
+sys.path.insert(0, sys.argv[1])
+import zoo, micrograd_c as mc
+from micrograd_c import compiler
+h = hashlib.sha256()
+r = np.random.default_rng(1)
+X = r.uniform(0, 1, size=(24, 784))
+Y = r.integers(0, 10, size=(24, 1)).astype(np.float64)
+for name, build in [
+    ("mlp", lambda x: zoo.mlp(x, hidden=(20,))),
+    ("cnn", lambda x: zoo.cnn(x, ((2, 3, 1, 1),), pool="max")),
+    ("cnn5s2", lambda x: zoo.cnn(x, ((2, 5, 2, 2),), pool="avg")),
+    ("elman", lambda x: zoo.elman(x, hidden=5, steps=7)),
+    ("gru", lambda x: zoo.gru(x, hidden=3, steps=4)),
+    ("attention", lambda x: zoo.attention(x, tokens=4, dim=4)),
+]:
+    random.seed(0)
+    x, y = mc.inputs(784), mc.inputs(1)
+    logits, params = build(x)
+    loss = mc.cross_entropy(logits[:10], y[0])
+    prog = mc.compile(loss, inputs=x, targets=y, params=params, outputs=logits[:10], backend="tape")
+    p0 = prog.parameters.copy()
+    for batch in (1, 12):
+        prog.parameters[:] = p0
+        losses = prog.fit(X, Y, epochs=1, lr=0.01, batch_size=batch, shuffle=False)
+        h.update(np.asarray(prog.parameters).tobytes())
+        h.update(np.asarray(losses, dtype=np.float64).tobytes())
+    h.update(np.asarray(prog.forward(X[0], Y[0])).tobytes())
+print(compiler.kernel_isa(), h.hexdigest())
+"""
+
+
+def test_every_kernel_build_computes_the_same_bits():
+    """libmg's interpreter kernels exist once per vector extension (baseline, AVX2, AVX-512 on
+    x86-64); MG_ISA caps which one a process runs and kernel_isa() says which it is. Every build
+    must give the same bits: zoo families trained at batch 1 and 12 under each cap."""
+    import subprocess
+
+    runs = {}
+    for cap in ("baseline", "avx2", None):
+        env = dict(os.environ)
+        env.pop("MG_ISA", None)
+        if cap:
+            env["MG_ISA"] = cap
+        out = subprocess.run(
+            [sys.executable, "-c", ISA_SCRIPT, os.path.join(ROOT, "benchmarks")],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert out.returncode == 0, out.stderr
+        isa, digest = out.stdout.split()
+        runs[cap] = (isa, digest)
+    assert runs["baseline"][0] == "baseline"
+    assert runs["avx2"][0] in ("avx2", "baseline")
+    assert runs[None][0] in ("avx512", "avx2", "baseline")
+    if runs[None][0] == "avx512":
+        assert runs["avx2"][0] == "avx2"  # a CPU with AVX-512 has AVX2
+    for cap, (isa, digest) in runs.items():
+        assert digest == runs["baseline"][1], (
+            f"the {isa} build (MG_ISA={cap}) differs from baseline"
+        )
+    assert mc.compiler.kernel_isa() in ("avx512", "avx2", "baseline")
+
+
 def assert_float32_close(got: Any, want: Any, what: str, rtol: float = 2e-4) -> None:
     """float32 storage against the double tape: float32 values, equal to double's within float32
     rounding propagated through a few steps (relative to the array's scale)."""

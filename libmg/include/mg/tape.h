@@ -311,6 +311,17 @@ MG_API void mg_tape_free_source(const mg_tape *t, char *src);
 MG_API int mg_tape_emitter_version(void);
 
 /**
+ * @brief Which build of the interpreter's loop-nest kernels this process runs: libmg carries one
+ * for the baseline target and, on x86-64 built with gcc or clang, one for AVX2 and one for
+ * AVX-512, and picks the widest the CPU supports on first use. The environment variable `MG_ISA`
+ * (`baseline`, `avx2` or `avx512`), read at that first use, caps the pick. Every build computes
+ * the same bits; the choice changes only speed. (Process-wide, so no tape argument: named for its
+ * header's noun.)
+ * @return "avx512", "avx2" or "baseline", a static string.
+ */
+MG_API const char *mg_tape_kernel_isa(void);
+
+/**
  * @brief A hash of the tape's programs and layout: generated code carries the one it was
  * emitted from, and mg_tape_attach() refuses code for another program.
  * @param t the tape

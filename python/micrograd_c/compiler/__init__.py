@@ -18,7 +18,7 @@ emitter's version; a cache hit loads in milliseconds.
 from __future__ import annotations
 
 from .codecache import build_library, cache_dir, load_library
-from .program import Program, compile, inputs
+from .program import Program, compile, inputs, kernel_isa
 from .toolchain import (
     CANDIDATES,
     DEFAULT_FLAGS,
@@ -32,6 +32,7 @@ from .toolchain import (
 __all__ = [
     "compile",
     "inputs",
+    "kernel_isa",
     "Program",
     "CompileError",
     "find_compiler",

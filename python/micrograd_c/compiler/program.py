@@ -21,6 +21,19 @@ from .toolchain import CompileError, default_flags, find_compiler
 _SIZE_MAX = 2**64 - 1  # the largest count libmg takes (size_t, uint64_t)
 
 
+def kernel_isa() -> str:
+    """Which build of the tape interpreter's loop-nest kernels this process runs.
+
+    ``"avx512"``, ``"avx2"`` or ``"baseline"``: libmg carries one build per vector extension on
+    x86-64 and picks the widest the CPU supports the first time a program runs (or this is
+    called); the environment variable ``MG_ISA`` (``baseline``, ``avx2`` or ``avx512``), read at
+    that moment, caps the pick. Every build computes the same bits, so this changes only speed;
+    benchmarks print it next to their figures. Compiled programs (``backend="c"``) run their own
+    code, built for the flags they were compiled with.
+    """
+    return str(_core.kernel_isa())
+
+
 def _count(name: str, value: Any, least: int, most: int = _SIZE_MAX) -> int:
     """An integer argument in ``[least, most]``, or a one-line ``TypeError``/``ValueError``."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
