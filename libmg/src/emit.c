@@ -15,7 +15,7 @@
 #include <string.h>
 
 /* Raised whenever the generated code changes; part of compiled-code cache keys. */
-#define MG_EMITTER_VERSION 14
+#define MG_EMITTER_VERSION 15
 #define MG_DEFAULT_KERNELS 32
 
 int mg_tape_emitter_version(void) { return MG_EMITTER_VERSION; }
@@ -291,7 +291,7 @@ static void emit_kernels(sbuf *b, const mg_tape *t, const uint8_t *hot, size_t *
             putf(b,
                  "#if MG_HAS(%zu, %u, %u, %u)\n"
                  "MG_KFN void mg_k%zu(const void *r) {\n"
-                 "    mgk_nest_path(&mg_nests[%zu], (const mgk_run *)r, %d, %d, 0, %d, %d, "
+                 "    MGK_NEST_PATH(&mg_nests[%zu], (const mgk_run *)r, %d, %d, 0, %d, %d, "
                  "%d);\n}\n#endif\n",
                  map[k], (unsigned)part[map[k]], (unsigned)part[j + map[k]],
                  (unsigned)part[2 * j + map[k]], k, map[k], t->nests[k].term, t->nests[k].op,

@@ -727,87 +727,51 @@ MGK_HOT void mgk_tile(const mgk_nest *N, const mgk_run *R, const int small, cons
  * time); one writing a shared array (a parameter's gradient) sums over the samples inside each
  * output.
  *
- * This is one function over mgk_point1, mgk_block and mgk_tile, not a chain of inline functions:
- * the C compiler optimises each function of such a chain on its own, with every inner one inlined,
+ * This is one body over mgk_point1, mgk_block and mgk_tile, not a chain of inline functions: the
+ * C compiler optimises each function of such a chain on its own, with every inner one inlined,
  * before it copies the outermost into a nest's function; a chain five deep was most of the time
- * gcc spent on generated code. */
-MGK_HOT void mgk_nest_path(const mgk_nest *N, const mgk_run *R, const int term, const int op,
-                           const int small, const int ps, const int tile, const int block) {
-    const mgk_i64 nb = R->nb > 1 ? R->nb : 1;
-    mgk_i64 sm, sm0 = 0; /* sm0: the first sample the per-sample passes below run */
+ * gcc spent on generated code. For the same reason the body is a macro, MGK_NEST_PATH_BODY, over
+ * the names N, R, term, op, small, ps, tile and block: the interpreter's instances call the
+ * function mgk_nest_path, and each nest function of generated code is MGK_NEST_PATH(...), the
+ * body itself with its constants, so gcc never optimises a generic copy of it first (that copy,
+ * every path with run-time conditions, was 8-9% of gcc's instructions on a generated file).
+ *
+ * The paths that need vectors, as statements of the body: */
 #if MGK_VECTOR
-    if (ps && tile == 2 && nb >= MGK_TS / 2) {
-        /* samples in tiles of MGK_TS: x0 (a shared weight) loaded once for all of them. At least
-         * half a tile left over runs as a whole tile, into the samples past nb (mgk_run); fewer
-         * run one by one below, as at batch size 1. Each sample's sums are in the same order on
-         * either path. A second copy of the tile for a run-time number of samples was a sixth of
-         * the C compiler's time on generated code. */
-        const mgk_i64 *n = N->n, t = R->t, ss = R->ss;
-        const mgk_ref *O = &N->out, *I = &N->init, *X = N->x;
-        const mgk_i64 ri = MGK_PS(I) ? ss : 0;
-        const mgk_i64 tiled = nb % MGK_TS >= MGK_TS / 2 ? nb : nb - nb % MGK_TS;
-        mgk_i64 i0, i1, i2, i3;
-        _Static_assert(MGK_TS_MAX % MGK_TS == 0, "a batch's samples hold whole tiles");
-        for (sm = 0; sm < tiled; sm += MGK_TS) {
-            mgk_run Rs = *R;
-            Rs.a[MGK_BD] += sm * ss;
-            Rs.a[MGK_BG] += sm * ss;
-            for (i0 = 0; i0 < (small ? 1 : n[0]); i0++)
-                for (i1 = 0; i1 < n[1]; i1++)
-                    for (i2 = 0; i2 < n[2]; i2++)
-                        for (i3 = 0; i3 < n[3]; i3 += MGK_LANES) {
-                            const int nl = n[3] - i3 < MGK_LANES ? (int)(n[3] - i3) : MGK_LANES;
-                            mgk_real *o = Rs.a[O->arr] + MGK_OPOS(O, t, i0, i1, i2, i3);
-                            const mgk_real *in = Rs.a[I->arr] + MGK_OPOS(I, t, i0, i1, i2, i3);
-                            const mgk_real *a0 =
-                                Rs.a[X[0].arr] + MGK_OPOS(&X[0], t, i0, i1, i2, i3);
-                            const mgk_real *b0 =
-                                Rs.a[X[1].arr] + MGK_OPOS(&X[1], t, i0, i1, i2, i3);
-                            mgk_tile(N, &Rs, small, 1, MGK_TS, nl, o, in, a0, b0, ss, ri, 0, ss, 0);
-                        }
-        }
-        sm0 = tiled;
+#define MGK_NP_SAMPLE_TILES                                                                        \
+    if (ps && tile == 2 && nb >= MGK_TS / 2) {                                                     \
+        /* samples in tiles of MGK_TS: x0 (a shared weight) loaded once for all of them. At least  \
+         * half a tile left over runs as a whole tile, into the samples past nb (mgk_run); fewer   \
+         * run one by one below, as at batch size 1. Each sample's sums are in the same order on   \
+         * either path. A second copy of the tile for a run-time number of samples was a sixth of  \
+         * the C compiler's time on generated code. */                                             \
+        const mgk_i64 *n = N->n, t = R->t, ss = R->ss;                                             \
+        const mgk_ref *O = &N->out, *I = &N->init, *X = N->x;                                      \
+        const mgk_i64 ri = MGK_PS(I) ? ss : 0;                                                     \
+        const mgk_i64 tiled = nb % MGK_TS >= MGK_TS / 2 ? nb : nb - nb % MGK_TS;                   \
+        mgk_i64 i0, i1, i2, i3;                                                                    \
+        _Static_assert(MGK_TS_MAX % MGK_TS == 0, "a batch's samples hold whole tiles");            \
+        for (sm = 0; sm < tiled; sm += MGK_TS) {                                                   \
+            mgk_run Rs = *R;                                                                       \
+            Rs.a[MGK_BD] += sm * ss;                                                               \
+            Rs.a[MGK_BG] += sm * ss;                                                               \
+            for (i0 = 0; i0 < (small ? 1 : n[0]); i0++)                                            \
+                for (i1 = 0; i1 < n[1]; i1++)                                                      \
+                    for (i2 = 0; i2 < n[2]; i2++)                                                  \
+                        for (i3 = 0; i3 < n[3]; i3 += MGK_LANES) {                                 \
+                            const int nl = n[3] - i3 < MGK_LANES ? (int)(n[3] - i3) : MGK_LANES;   \
+                            mgk_real *o = Rs.a[O->arr] + MGK_OPOS(O, t, i0, i1, i2, i3);           \
+                            const mgk_real *in = Rs.a[I->arr] + MGK_OPOS(I, t, i0, i1, i2, i3);    \
+                            const mgk_real *a0 =                                                   \
+                                Rs.a[X[0].arr] + MGK_OPOS(&X[0], t, i0, i1, i2, i3);               \
+                            const mgk_real *b0 =                                                   \
+                                Rs.a[X[1].arr] + MGK_OPOS(&X[1], t, i0, i1, i2, i3);               \
+                            mgk_tile(N, &Rs, small, 1, MGK_TS, nl, o, in, a0, b0, ss, ri, 0, ss,   \
+                                     0);                                                           \
+                        }                                                                          \
+        }                                                                                          \
+        sm0 = tiled;                                                                               \
     }
-#endif
-    /* A shared output sums over the samples inside each output point (one pass, nb samples);
-     * a per-sample output makes one pass per sample. */
-    for (sm = sm0; sm < (ps ? nb : 1); sm++) {
-        mgk_run Rs = *R;
-        const mgk_run *const Rb = &Rs;
-        const mgk_i64 nbr = ps ? 1 : nb;
-        /* rows along dim 2 in tiles (at batch size 1, tile 2 reaches here) */
-        const int tile2 = ps ? tile == 3 || (tile == 2 && MGK_ROWS2(N)) : tile == 1;
-        if (ps) {
-            Rs.a[MGK_BD] += sm * R->ss;
-            Rs.a[MGK_BG] += sm * R->ss;
-        }
-        const mgk_i64 *n = N->n;
-        const mgk_ref *O = &N->out, *I = &N->init, *X = N->x;
-        const mgk_i64 t = Rb->t;
-        const int step = (N->flags & MGK_F_STEP) && Rb->lr != 0.0 && Rb->nb <= 1;
-        /* the weights stepped as they are read, with the previous sample's gradient */
-        const int pre = (N->flags & MGK_F_PRESTEP) && Rb->a[MGK_QD] && Rb->a[MGK_QG] &&
-                        Rb->lr != 0.0 && Rb->nb <= 1;
-        /* sums of products along the vector dim of a unit-stride x0 and a broadcast x1 (a
-         * matrix-vector product): full blocks in tiles of blocks */
-        const int wide = MGK_VECTOR && term == MGK_T_MUL && !step && N->mode != MGK_SET &&
-                         O->s[3] == 1 && X[0].s[3] == 1 && X[1].s[3] == 0 && !O->gather &&
-                         !X[0].gather && !X[1].gather && I->s[3] >= 0 &&
-                         (N->mode != MGK_SUMI || I->s[3] <= 1) && n[3] >= 2 * MGK_LANES;
-        (void)wide;
-        (void)tile2; /* both unused without vectors (MGK_NO_VECTOR, tcc) */
-        const mgk_i64 n0 = small ? 1 : n[0], n1 = n[1];
-        const mgk_i64 so = O->s[3], si = I->s[3], s0 = X[0].s[3], s1 = X[1].s[3], s2 = X[2].s[3],
-                      s3 = X[3].s[3];
-        mgk_i64 i0, i1, i2, i3;
-        for (i0 = 0; i0 < n0; i0++)
-            for (i1 = 0; i1 < n1; i1++) {
-#if MGK_VECTOR
-                if (tile2 && term == MGK_T_MUL && !step && !pre) {
-                /* rows along dim 2 in tiles: x0 is the same for every row (stride 0). The
-                 * full tiles, then the rows left (n[2] % MGK_TS), so that in generated code
-                 * (constant sizes) the tile is kept once per row count that occurs, not
-                 * once more for a run-time count. */
 #define MGK_ROW_TILES(NT)                                                                          \
     for (i3 = 0; i3 < n[3]; i3 += MGK_LANES) {                                                     \
         const int nl = n[3] - i3 < MGK_LANES ? (int)(n[3] - i3) : MGK_LANES;                       \
@@ -817,90 +781,157 @@ MGK_HOT void mgk_nest_path(const mgk_nest *N, const mgk_run *R, const int term, 
                  Rb->a[X[1].arr] + MGK_OPOS(&X[1], t, i0, i1, i2, i3), O->s[2], I->s[2], 0,        \
                  X[1].s[2], 0);                                                                    \
     }
-                    for (i2 = 0; i2 + MGK_TS <= n[2]; i2 += MGK_TS) MGK_ROW_TILES(MGK_TS)
-                    if (i2 < n[2]) {
-                        const int nt = (int)(n[2] - i2);
-                        MGK_ROW_TILES(nt)
-                    }
-#undef MGK_ROW_TILES
-                    continue;
-                }
-#endif
-                for (i2 = 0; i2 < n[2]; i2++) {
-                    /* positions at (i0, i1, i2, 0), advanced along the vector dim */
-                    mgk_i64 po = MGK_OPOS(O, t, i0, i1, i2, 0), pi = MGK_OPOS(I, t, i0, i1, i2, 0);
-                    mgk_i64 q0 = MGK_OPOS(&X[0], t, i0, i1, i2, 0),
-                            q1 = MGK_OPOS(&X[1], t, i0, i1, i2, 0);
-                    mgk_i64 q2 = MGK_OPOS(&X[2], t, i0, i1, i2, 0),
-                            q3 = MGK_OPOS(&X[3], t, i0, i1, i2, 0);
-                    if (block) {
-                        i3 = 0;
-#if MGK_VECTOR
-                        if (wide) { /* full blocks, up to MGK_TS at a time (mgk_tile's `ra`) */
-                            const mgk_i64 full = n[3] / MGK_LANES;
-                            mgk_i64 bq;
-                            for (bq = 0; bq < full; bq += MGK_TS) {
-                                const int nt = full - bq < MGK_TS ? (int)(full - bq) : MGK_TS;
-                                mgk_tile(N, Rb, small, nbr, nt, MGK_LANES, Rb->a[O->arr] + po,
-                                         Rb->a[I->arr] + pi, Rb->a[X[0].arr] + q0,
-                                         Rb->a[X[1].arr] + q1, MGK_LANES * so, MGK_LANES * si,
-                                         MGK_LANES * s0, MGK_LANES * s1, pre);
-                                po += nt * MGK_LANES * so;
-                                pi += nt * MGK_LANES * si;
-                                q0 += nt * MGK_LANES * s0;
-                                q1 += nt * MGK_LANES * s1;
-                                q2 += nt * MGK_LANES * s2;
-                                q3 += nt * MGK_LANES * s3;
-                            }
-                            i3 = full * MGK_LANES;
-                        }
+#define MGK_NP_ROWS                                                                                \
+    if (tile2 && term == MGK_T_MUL && !step && !pre) {                                             \
+        /* rows along dim 2 in tiles: x0 is the same for every row (stride 0). The                 \
+         * full tiles, then the rows left (n[2] % MGK_TS), so that in generated code               \
+         * (constant sizes) the tile is kept once per row count that occurs, not                   \
+         * once more for a run-time count. */                                                      \
+        for (i2 = 0; i2 + MGK_TS <= n[2]; i2 += MGK_TS) MGK_ROW_TILES(MGK_TS)                      \
+        if (i2 < n[2]) {                                                                           \
+            const int nt = (int)(n[2] - i2);                                                       \
+            MGK_ROW_TILES(nt)                                                                      \
+        }                                                                                          \
+        continue;                                                                                  \
+    }
+#define MGK_NP_WIDE                                                                                \
+    if (wide) { /* full blocks, up to MGK_TS at a time (mgk_tile's `ra`) */                        \
+        const mgk_i64 full = n[3] / MGK_LANES;                                                     \
+        mgk_i64 bq;                                                                                \
+        for (bq = 0; bq < full; bq += MGK_TS) {                                                    \
+            const int nt = full - bq < MGK_TS ? (int)(full - bq) : MGK_TS;                         \
+            mgk_tile(N, Rb, small, nbr, nt, MGK_LANES, Rb->a[O->arr] + po, Rb->a[I->arr] + pi,     \
+                     Rb->a[X[0].arr] + q0, Rb->a[X[1].arr] + q1, MGK_LANES * so, MGK_LANES * si,   \
+                     MGK_LANES * s0, MGK_LANES * s1, pre);                                         \
+            po += nt * MGK_LANES * so;                                                             \
+            pi += nt * MGK_LANES * si;                                                             \
+            q0 += nt * MGK_LANES * s0;                                                             \
+            q1 += nt * MGK_LANES * s1;                                                             \
+            q2 += nt * MGK_LANES * s2;                                                             \
+            q3 += nt * MGK_LANES * s3;                                                             \
+        }                                                                                          \
+        i3 = full * MGK_LANES;                                                                     \
+    }
+#else
+#define MGK_NP_SAMPLE_TILES
+#define MGK_NP_ROWS
+#define MGK_NP_WIDE
 #endif
 #if MGK_VECTOR && defined(MGK_ELEM_ROWS)
-                        if (term >= MGK_T_OP && !step && !pre && nbr == 1 &&
-                            (small || (n[4] == 1 && n[5] == 1)) && n[6] == 1 && n[7] == 1 &&
-                            (MGK_ELEM_ROWS == 1 || (n[3] > MGK_LANES && n[3] % MGK_LANES))) {
-                            /* an elementwise term with no reduction: the row in one go */
-                            mgk_elem_rows(N, Rb, term, op, n[3], po, pi, q0, q1, q2, q3);
-                            continue;
-                        }
-#endif
-                        for (; i3 < n[3]; i3 += MGK_LANES) {
-                            const int nl = n[3] - i3 < MGK_LANES ? (int)(n[3] - i3) : MGK_LANES;
-                            if (nl == MGK_LANES)
-                                mgk_block(N, Rb, term, op, step, pre, small, nbr, MGK_LANES, po, pi,
-                                          q0, q1, q2, q3);
-                            else /* the partial last block */
-                                mgk_block(N, Rb, term, op, step, pre, small, nbr, nl, po, pi, q0,
-                                          q1, q2, q3);
-                            po += MGK_LANES * so;
-                            pi += MGK_LANES * si;
-                            q0 += MGK_LANES * s0;
-                            q1 += MGK_LANES * s1;
-                            q2 += MGK_LANES * s2;
-                            q3 += MGK_LANES * s3;
-                        }
-                    } else {
-                        for (i3 = 0; i3 < n[3]; i3++) {
-                            /* a gathered output whose entry here is a per-sample element is no sum
-                             * over the batch: each sample's point runs on its own */
-                            const int each = O->gather && nbr > 1 && !(N->flags & MGK_F_SCATTER) &&
-                                             (Rb->ix[po] & MGK_IX_PS);
-                            mgk_i64 sp;
-                            for (sp = 0; sp < (each ? nbr : 1); sp++)
-                                mgk_point1(N, Rb, term, op, step, small, each ? 1 : nbr,
-                                           each ? sp * Rb->ss : 0, po, pi, q0, q1, q2, q3);
-                            po += so;
-                            pi += si;
-                            q0 += s0;
-                            q1 += s1;
-                            q2 += s2;
-                            q3 += s3;
-                        }
-                    }
-                }
-            }
+#define MGK_NP_ELEM_ROWS                                                                           \
+    if (term >= MGK_T_OP && !step && !pre && nbr == 1 && (small || (n[4] == 1 && n[5] == 1)) &&    \
+        n[6] == 1 && n[7] == 1 &&                                                                  \
+        (MGK_ELEM_ROWS == 1 || (n[3] > MGK_LANES && n[3] % MGK_LANES))) {                          \
+        /* an elementwise term with no reduction: the row in one go */                             \
+        mgk_elem_rows(N, Rb, term, op, n[3], po, pi, q0, q1, q2, q3);                              \
+        continue;                                                                                  \
     }
-}
+#else
+#define MGK_NP_ELEM_ROWS
+#endif
+
+#define MGK_NEST_PATH_BODY                                                                         \
+    const mgk_i64 nb = R->nb > 1 ? R->nb : 1;                                                      \
+    mgk_i64 sm, sm0 = 0; /* sm0: the first sample the per-sample passes below run */               \
+    MGK_NP_SAMPLE_TILES                                                                            \
+    /* A shared output sums over the samples inside each output point (one pass, nb samples);      \
+     * a per-sample output makes one pass per sample. */                                           \
+    for (sm = sm0; sm < (ps ? nb : 1); sm++) {                                                     \
+        mgk_run Rs = *R;                                                                           \
+        const mgk_run *const Rb = &Rs;                                                             \
+        const mgk_i64 nbr = ps ? 1 : nb;                                                           \
+        /* rows along dim 2 in tiles (at batch size 1, tile 2 reaches here) */                     \
+        const int tile2 = ps ? tile == 3 || (tile == 2 && MGK_ROWS2(N)) : tile == 1;               \
+        if (ps) {                                                                                  \
+            Rs.a[MGK_BD] += sm * R->ss;                                                            \
+            Rs.a[MGK_BG] += sm * R->ss;                                                            \
+        }                                                                                          \
+        const mgk_i64 *n = N->n;                                                                   \
+        const mgk_ref *O = &N->out, *I = &N->init, *X = N->x;                                      \
+        const mgk_i64 t = Rb->t;                                                                   \
+        const int step = (N->flags & MGK_F_STEP) && Rb->lr != 0.0 && Rb->nb <= 1;                  \
+        /* the weights stepped as they are read, with the previous sample's gradient */            \
+        const int pre = (N->flags & MGK_F_PRESTEP) && Rb->a[MGK_QD] && Rb->a[MGK_QG] &&            \
+                        Rb->lr != 0.0 && Rb->nb <= 1;                                              \
+        /* sums of products along the vector dim of a unit-stride x0 and a broadcast x1 (a         \
+         * matrix-vector product): full blocks in tiles of blocks */                               \
+        const int wide = MGK_VECTOR && term == MGK_T_MUL && !step && N->mode != MGK_SET &&         \
+                         O->s[3] == 1 && X[0].s[3] == 1 && X[1].s[3] == 0 && !O->gather &&         \
+                         !X[0].gather && !X[1].gather && I->s[3] >= 0 &&                           \
+                         (N->mode != MGK_SUMI || I->s[3] <= 1) && n[3] >= 2 * MGK_LANES;           \
+        (void)wide;                                                                                \
+        (void)tile2; /* both unused without vectors (MGK_NO_VECTOR, tcc) */                        \
+        const mgk_i64 n0 = small ? 1 : n[0], n1 = n[1];                                            \
+        const mgk_i64 so = O->s[3], si = I->s[3], s0 = X[0].s[3], s1 = X[1].s[3], s2 = X[2].s[3],  \
+                      s3 = X[3].s[3];                                                              \
+        mgk_i64 i0, i1, i2, i3;                                                                    \
+        for (i0 = 0; i0 < n0; i0++)                                                                \
+            for (i1 = 0; i1 < n1; i1++) {                                                          \
+                MGK_NP_ROWS                                                                        \
+                for (i2 = 0; i2 < n[2]; i2++) {                                                    \
+                    /* positions at (i0, i1, i2, 0), advanced along the vector dim */              \
+                    mgk_i64 po = MGK_OPOS(O, t, i0, i1, i2, 0),                                    \
+                            pi = MGK_OPOS(I, t, i0, i1, i2, 0);                                    \
+                    mgk_i64 q0 = MGK_OPOS(&X[0], t, i0, i1, i2, 0),                                \
+                            q1 = MGK_OPOS(&X[1], t, i0, i1, i2, 0);                                \
+                    mgk_i64 q2 = MGK_OPOS(&X[2], t, i0, i1, i2, 0),                                \
+                            q3 = MGK_OPOS(&X[3], t, i0, i1, i2, 0);                                \
+                    if (block) {                                                                   \
+                        i3 = 0;                                                                    \
+                        MGK_NP_WIDE                                                                \
+                        MGK_NP_ELEM_ROWS                                                           \
+                        for (; i3 < n[3]; i3 += MGK_LANES) {                                       \
+                            const int nl = n[3] - i3 < MGK_LANES ? (int)(n[3] - i3) : MGK_LANES;   \
+                            if (nl == MGK_LANES)                                                   \
+                                mgk_block(N, Rb, term, op, step, pre, small, nbr, MGK_LANES, po,   \
+                                          pi, q0, q1, q2, q3);                                     \
+                            else /* the partial last block */                                      \
+                                mgk_block(N, Rb, term, op, step, pre, small, nbr, nl, po, pi, q0,  \
+                                          q1, q2, q3);                                             \
+                            po += MGK_LANES * so;                                                  \
+                            pi += MGK_LANES * si;                                                  \
+                            q0 += MGK_LANES * s0;                                                  \
+                            q1 += MGK_LANES * s1;                                                  \
+                            q2 += MGK_LANES * s2;                                                  \
+                            q3 += MGK_LANES * s3;                                                  \
+                        }                                                                          \
+                    } else {                                                                       \
+                        for (i3 = 0; i3 < n[3]; i3++) {                                            \
+                            /* a gathered output whose entry here is a per-sample element is no    \
+                             * sum over the batch: each sample's point runs on its own */          \
+                            const int each = O->gather && nbr > 1 &&                               \
+                                             !(N->flags & MGK_F_SCATTER) &&                        \
+                                             (Rb->ix[po] & MGK_IX_PS);                             \
+                            mgk_i64 sp;                                                            \
+                            for (sp = 0; sp < (each ? nbr : 1); sp++)                              \
+                                mgk_point1(N, Rb, term, op, step, small, each ? 1 : nbr,           \
+                                           each ? sp * Rb->ss : 0, po, pi, q0, q1, q2, q3);        \
+                            po += so;                                                              \
+                            pi += si;                                                              \
+                            q0 += s0;                                                              \
+                            q1 += s1;                                                              \
+                            q2 += s2;                                                              \
+                            q3 += s3;                                                              \
+                        }                                                                          \
+                    }                                                                              \
+                }                                                                                  \
+            }                                                                                      \
+    }
+
+MGK_HOT void mgk_nest_path(const mgk_nest *N, const mgk_run *R, const int term, const int op,
+                           const int small, const int ps, const int tile,
+                           const int block){MGK_NEST_PATH_BODY}
+
+/* A nest function of generated code: the body above with the nest's descriptor, its term and op
+ * and its paths as constants. */
+#define MGK_NEST_PATH(N_, R_, term_, op_, small_, ps_, tile_, block_)                              \
+    do {                                                                                           \
+        const mgk_nest *const N = (N_);                                                            \
+        const mgk_run *const R = (R_);                                                             \
+        const int term = (term_), op = (op_), small = (small_), ps = (ps_), tile = (tile_),        \
+                  block = (block_);                                                                \
+        MGK_NEST_PATH_BODY                                                                         \
+    } while (0)
 
 /* The same, the paths taken read from the descriptor (the interpreter's instances). */
 MGK_HOT void mgk_nest_shape(const mgk_nest *N, const mgk_run *R, const int term, const int op,
