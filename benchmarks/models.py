@@ -385,15 +385,19 @@ def main() -> None:
             f"{'tape':>9s} {'compiled':>9s} {'PyTorch':>9s} {'hand C':>8s} "
             f"{'c/torch':>8s} {'c/hand':>7s}"
         )
+
+        def cell(value: float | None, width: int, spec: str, unit: str = "") -> str:
+            """``value`` formatted, or a dash where the system was not run."""
+            return f"{format(value, spec)}{unit}".rjust(width) if value else "-".rjust(width)
+
         for r in summary:
             pt, hc = r.get("PyTorch"), r.get("hand C")
-            nan = float("nan")
             print(
                 f"{r['family']:10s} {r['batch']:5d} {r['values']:9,d} {r['source_kb']:6.1f} "
                 f"{r['total_s']:7.2f}s {r['tape']:9,.0f} {r['compiled']:9,.0f} "
-                f"{pt or nan:9,.0f} {hc or nan:8,.0f} "
-                f"{(r['compiled'] / pt) if pt else nan:7.1f}x "
-                f"{(r['compiled'] / hc) if hc else nan:6.2f}x"
+                f"{cell(pt, 9, ',.0f')} {cell(hc, 8, ',.0f')} "
+                f"{cell(r['compiled'] / pt if pt else None, 8, '.1f', 'x')} "
+                f"{cell(r['compiled'] / hc if hc else None, 7, '.2f', 'x')}"
             )
     finally:
         shutil.rmtree(work, ignore_errors=True)
