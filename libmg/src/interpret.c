@@ -18,15 +18,24 @@ void mg__run_nest_avx512(const mgk_nest *N, const mgk_run *R);
 
 static _Atomic(run_fn) chosen;
 
-/* The environment variable MG_ISA (`baseline`, `avx2` or `avx512`) caps the choice, read once (the
-first nest run or mg_tape_kernel_isa() call): valgrind
- * 3.19, for one, reports AVX2 but cannot decode all of it (`vmovq xmm, xmm`); it also lets one
- * kernel build be compared with another. Other values are ignored. */
+/* Whether `s`, without blanks around it and in any case, is `word` (lower case). */
+static int is_word(const char *s, const char *word) {
+    while (*s == ' ' || *s == '\t') s++;
+    for (; *word; s++, word++)
+        if ((*s >= 'A' && *s <= 'Z' ? *s - 'A' + 'a' : *s) != *word) return 0;
+    while (*s == ' ' || *s == '\t') s++;
+    return *s == '\0';
+}
+
+/* The environment variable MG_ISA (`baseline`, `avx2` or `avx512`, in any case) caps the choice,
+ * read once (the first nest run or mg_tape_kernel_isa() call): valgrind 3.19, for one, reports
+ * AVX2 but cannot decode all of it (`vmovq xmm, xmm`); it also lets one kernel build be compared
+ * with another. Other values are ignored (mg_tape_kernel_isa() says which build runs). */
 static int isa_cap(void) {
     const char *s = getenv("MG_ISA");
     if (!s) return 2;
-    if (!strcmp(s, "baseline")) return 0;
-    if (!strcmp(s, "avx2")) return 1;
+    if (is_word(s, "baseline")) return 0;
+    if (is_word(s, "avx2")) return 1;
     return 2;
 }
 

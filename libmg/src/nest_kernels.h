@@ -923,7 +923,9 @@ MGK_HOT void mgk_nest_path(const mgk_nest *N, const mgk_run *R, const int term, 
                            const int block){MGK_NEST_PATH_BODY}
 
 /* A nest function of generated code: the body above with the nest's descriptor, its term and op
- * and its paths as constants. */
+ * and its paths as constants. The body's names are locals initialised from the arguments, so an
+ * argument must not mention N, R, term, op, small, ps, tile or block (the emitter passes
+ * `&mg_nests[k]`, `(const mgk_run *)r` and integer constants). */
 #define MGK_NEST_PATH(N_, R_, term_, op_, small_, ps_, tile_, block_)                              \
     do {                                                                                           \
         const mgk_nest *const N = (N_);                                                            \
