@@ -19,10 +19,11 @@
  * per-sample arrays `ss` slots apart): each nest runs over all of them
  * (several samples per register tile where the nest is a matrix product), and a parameter's
  * gradient sums over the samples in sample order inside the nest. The chunks' gradients are added
- * in chunk order, then the step; both split over the threads by parameter ranges. A thread only
- * decides which chunk or range it runs, so parameters come out bitwise the same for any thread
- * count. Threads meet at spin-then-yield barriers: a batch lasts microseconds, and a sleeping wait
- * per phase would cost a large part of it. */
+ * in chunk order, then the step, in ranges of the parameters. The chunks and the ranges are work
+ * items that threads claim (see "threads" below); a thread only decides which item it runs, so
+ * parameters come out bitwise the same for any thread count. Threads wait for each other by
+ * spinning, then yielding: a batch lasts microseconds, and a sleeping wait per phase would cost a
+ * large part of it. */
 #include <math.h>
 #include <pthread.h>
 #include <sched.h>
@@ -376,50 +377,34 @@ typedef struct fit_chunk {
     size_t from, to; /* positions in the epoch's order */
 } fit_chunk;
 
-typedef struct spin_barrier {
-    atomic_uint count;
-    atomic_uint sense;
-    unsigned n;
-} spin_barrier;
-
-static void sb_init(spin_barrier *b, unsigned n) {
-    atomic_init(&b->count, 0);
-    atomic_init(&b->sense, 0);
-    b->n = n;
-}
-
-static void sb_arrive(spin_barrier *b, unsigned s) {
-    if (atomic_fetch_add(&b->count, 1) + 1 == b->n) {
-        atomic_store(&b->count, 0);
-        atomic_store(&b->sense, s);
-    }
-}
-
-static void sb_wait(spin_barrier *b, unsigned *local_sense) {
-    unsigned s = !*local_sense;
-    *local_sense = s;
-    if (atomic_fetch_add(&b->count, 1) + 1 == b->n) {
-        atomic_store(&b->count, 0);
-        atomic_store(&b->sense, s);
-    } else {
-        unsigned spins = 0;
-        while (atomic_load(&b->sense) != s)
-            if (++spins > 2000) sched_yield(); /* oversubscribed machine: let the others run */
-    }
-}
+/* ---- threads ---------------------------------------------------------------------------------
+ * A batch is two phases of work items: its chunks (an item each), then the sum of the chunks'
+ * gradients and the step (MG_FIT_STEP_ITEMS items, ranges of the parameters). Phases run in
+ * order: a thread starts on phase p once every item of the phases before it is done (`done`
+ * counts finished items, and every thread knows how many items precede a phase). In a phase a
+ * thread first claims its own items (item i is thread i % threads's: with every thread on a CPU,
+ * each keeps the same chunk and the same ranges, whose memory stays in its cache), then any item
+ * still unclaimed. So a thread the OS has taken off its CPU (a busy machine) holds the others up
+ * by the one item it has claimed at most, not by a time slice per phase: on a machine whose cores
+ * were all busy, two threads waiting at barriers for each other trained 60 times slower than one.
+ * Which thread runs an item never changes what it computes. A thread that waits spins, then
+ * yields. */
+#define MG_FIT_STEP_ITEMS 4
+#define MG_FIT_ITEMS 4 /* the most items of a phase */
+_Static_assert(MG_FIT_CHUNKS <= MG_FIT_ITEMS && MG_FIT_STEP_ITEMS <= MG_FIT_ITEMS, "items");
 
 typedef struct fit_run {
     mg_tape *t;
     fit_chunk ch[MG_FIT_CHUNKS];
-    size_t nch, ss, sub; /* sub: samples in flight per chunk */
+    size_t nch, ss, sub; /* nch: the chunks of a whole batch; sub: samples in flight per chunk */
+    size_t n, batch;
     const double *X, *Y;
     const size_t *perm;
     size_t threads;
-    double scale;
-    atomic_int phase; /* 0: the chunks' samples; 1: add the chunks' gradients and step */
-    spin_barrier start, done;
-    unsigned main_start, main_done;
-    atomic_int stop;
+    double lr;
+    double total;                      /* the batches' losses so far, in batch and chunk order */
+    atomic_size_t done;                /* items finished */
+    atomic_size_t claim[MG_FIT_ITEMS]; /* 1 + the last phase each item was claimed in */
 } fit_run;
 
 /* A chunk's samples, F->sub at a time, through forward and backward. */
@@ -484,26 +469,59 @@ static void step_range(mgk_real *restrict w, mgk_real *restrict g0, mgk_real *re
         for (size_t q = from; q < to; q++) w[q] -= scale * g0[q];
 }
 
-/* Thread w's share of adding the chunks' gradients (in chunk order) and the step. */
-_Static_assert(MG_FIT_CHUNKS == 2, "step_share adds one or two chunks");
-static void step_share(fit_run *F, size_t w) {
+/* Step item i of MG_FIT_STEP_ITEMS of a batch of bn samples in nch chunks: its ranges of the
+ * parameters, each the sum of the chunks' gradients (in chunk order) and the step. */
+_Static_assert(MG_FIT_CHUNKS == 2, "step_item adds one or two chunks");
+static void step_item(fit_run *F, size_t i, size_t bn, size_t nch) {
     mg_tape *t = F->t;
-    const size_t D = t->nstep_d, Q = t->npacked, T = F->threads;
-    const size_t d0 = D * w / T, d1 = D * (w + 1) / T, q0 = Q * w / T, q1 = Q * (w + 1) / T;
-    const mgk_real scale = (mgk_real)F->scale;
-    const mgk_real *g0 = F->ch[0].g, *g1 = F->nch > 1 ? F->ch[1].g : NULL;
+    const size_t D = t->nstep_d, Q = t->npacked, S = MG_FIT_STEP_ITEMS;
+    const size_t d0 = D * i / S, d1 = D * (i + 1) / S, q0 = Q * i / S, q1 = Q * (i + 1) / S;
+    const mgk_real scale = (mgk_real)(F->lr / (double)bn);
+    const mgk_real *g0 = F->ch[0].g, *g1 = nch > 1 ? F->ch[1].g : NULL;
     mgk_real *data = MG_R_DATA(t);
-    for (size_t i = d0; i < d1; i++) { /* the parameters outside packs */
-        const mgk_idx p = t->step_d[i];
+    for (size_t k = d0; k < d1; k++) { /* the parameters outside packs */
+        const mgk_idx p = t->step_d[k];
         data[p] -= scale * (g1 ? g0[p] + g1[p] : g0[p]);
     }
-    step_range(MG_R_PW(t), F->ch[0].pg, F->nch > 1 ? F->ch[1].pg : NULL, q0, q1, scale, T == 1);
+    step_range(MG_R_PW(t), F->ch[0].pg, nch > 1 ? F->ch[1].pg : NULL, q0, q1, scale,
+               F->threads == 1);
 }
 
-static void run_share(fit_run *F, size_t w) {
-    if (atomic_load(&F->phase) == 0)
-        for (size_t c = w; c < F->nch; c += F->threads) run_chunk(F, &F->ch[c]);
-    else step_share(F, w);
+/* Waits until `count` items are done; the items' writes are then visible. */
+static void wait_done(fit_run *F, size_t count) {
+    unsigned spins = 0;
+    while (atomic_load_explicit(&F->done, memory_order_acquire) < count)
+        if (++spins > 2000) sched_yield(); /* a busy machine: let the others run */
+}
+
+/* Thread w's part of an epoch: every phase in order, its own items first, then the others'. */
+static void fit_share(fit_run *F, size_t w) {
+    const size_t T = F->threads, S = MG_FIT_STEP_ITEMS;
+    const size_t nbatches = (F->n + F->batch - 1) / F->batch;
+    for (size_t p = 0; p < 2 * nbatches; p++) {
+        const size_t k = p / 2, b0 = k * F->batch;
+        const size_t bn = F->n - b0 < F->batch ? F->n - b0 : F->batch;
+        const size_t nch = bn < F->nch ? bn : F->nch, items = p % 2 ? S : nch;
+        /* every batch before this one is whole: nch chunks and S step items */
+        wait_done(F, k * (F->nch + S) + (p % 2 ? nch : 0));
+        for (int pass = 0; pass < 2; pass++)
+            for (size_t i = 0; i < items; i++) {
+                if ((i % T == w) != (pass == 0)) continue;
+                size_t v = atomic_load_explicit(&F->claim[i], memory_order_relaxed);
+                if (v > p || !atomic_compare_exchange_strong(&F->claim[i], &v, p + 1)) continue;
+                if (p % 2 == 0) {
+                    fit_chunk *c = &F->ch[i];
+                    c->from = b0 + bn * i / nch;
+                    c->to = b0 + bn * (i + 1) / nch;
+                    run_chunk(F, c);
+                } else {
+                    if (i == 0)
+                        for (size_t c = 0; c < nch; c++) F->total += F->ch[c].loss; /* in order */
+                    step_item(F, i, bn, nch);
+                }
+                atomic_fetch_add_explicit(&F->done, 1, memory_order_release);
+            }
+    }
 }
 
 typedef struct worker_arg {
@@ -513,24 +531,8 @@ typedef struct worker_arg {
 
 static void *fit_worker(void *p) {
     worker_arg *w = p;
-    unsigned s_start = 0, s_done = 0;
-    for (;;) {
-        sb_wait(&w->F->start, &s_start);
-        if (atomic_load(&w->F->stop)) return NULL;
-        run_share(w->F, w->id);
-        sb_wait(&w->F->done, &s_done);
-    }
-}
-
-static void run_phase(fit_run *F, int phase) {
-    atomic_store(&F->phase, phase);
-    if (F->threads > 1) {
-        sb_wait(&F->start, &F->main_start);
-        run_share(F, 0);
-        sb_wait(&F->done, &F->main_done);
-    } else {
-        run_share(F, 0);
-    }
+    fit_share(w->F, w->id);
+    return NULL;
 }
 
 static int check_fit_args(mg_tape *t, const double *X, const double *Y, size_t n,
@@ -614,6 +616,7 @@ MG_DRV_LINK int MG_DRV(fit)(mg_tape *t, const double *X, const double *Y, size_t
     F.perm = perm;
     F.ss = sample_stride(t);
     size_t nch = batch < MG_FIT_CHUNKS ? batch : MG_FIT_CHUNKS;
+    F.nch = nch;
     size_t per = (batch + nch - 1) / nch, sub = per < MG_FIT_SUB ? per : MG_FIT_SUB;
     size_t fits = F.ss ? MG_FIT_SUB_BYTES / (2 * F.ss * sizeof(mgk_real)) : sub;
     if (sub > fits) sub = fits ? fits : 1;
@@ -640,52 +643,27 @@ MG_DRV_LINK int MG_DRV(fit)(mg_tape *t, const double *X, const double *Y, size_t
         memset(ch->g, 0, (t->input0 + MGK_PAD) * sizeof(mgk_real));
         memset(ch->pg, 0, (t->npacked + MGK_PAD) * sizeof(mgk_real));
     }
-    pthread_t tid[MG_FIT_CHUNKS];
-    worker_arg wa[MG_FIT_CHUNKS];
-    size_t started = 0;
-    if (st == MG_OK && threads > 1) {
-        sb_init(&F.start, (unsigned)threads);
-        sb_init(&F.done, (unsigned)threads);
-        atomic_init(&F.stop, 0);
-        atomic_init(&F.phase, 0);
+    if (st == MG_OK) {
+        pack_in(t);
+        F.n = n;
+        F.batch = batch;
+        F.lr = o.lr;
+        atomic_init(&F.done, 0);
+        for (size_t i = 0; i < MG_FIT_ITEMS; i++) atomic_init(&F.claim[i], 0);
+        /* the workers; where one cannot start, the others claim its items */
+        pthread_t tid[MG_FIT_CHUNKS];
+        worker_arg wa[MG_FIT_CHUNKS];
+        size_t started = 0;
         for (size_t w = 1; w < threads; w++) {
             wa[w].F = &F;
             wa[w].id = w;
-            if (pthread_create(&tid[w], NULL, fit_worker, &wa[w]) != 0) break;
+            if (pthread_create(&tid[started + 1], NULL, fit_worker, &wa[w]) != 0) break;
             started++;
         }
-        if (started + 1 < threads) {
-            /* fewer threads than asked: release and end the started ones, run on this thread
-             * (the same result: the split of the work does not change the sums) */
-            atomic_store(&F.stop, 1);
-            for (size_t w = started + 1; w < threads; w++) sb_arrive(&F.start, !F.main_start);
-            sb_wait(&F.start, &F.main_start);
-            for (size_t w = 1; w <= started; w++) pthread_join(tid[w], NULL);
-            atomic_store(&F.stop, 0);
-            started = 0;
-            F.threads = threads = 1;
-        }
-    }
-    if (st == MG_OK) {
-        pack_in(t);
-        for (size_t b0 = 0; b0 < n; b0 += batch) {
-            size_t bn = n - b0 < batch ? n - b0 : batch;
-            F.nch = bn < nch ? bn : nch;
-            for (size_t c = 0; c < F.nch; c++) {
-                F.ch[c].from = b0 + bn * c / F.nch;
-                F.ch[c].to = b0 + bn * (c + 1) / F.nch;
-            }
-            run_phase(&F, 0);
-            for (size_t c = 0; c < F.nch; c++) total += F.ch[c].loss; /* chunk order */
-            F.scale = o.lr / (double)bn;
-            run_phase(&F, 1);
-        }
-        pack_out(t);
-    }
-    if (threads > 1 && started) {
-        atomic_store(&F.stop, 1);
-        sb_wait(&F.start, &F.main_start);
+        fit_share(&F, 0);
         for (size_t w = 1; w <= started; w++) pthread_join(tid[w], NULL);
+        total = F.total;
+        pack_out(t);
     }
     free_chunks(t, &F);
     t->alloc.free_fn(perm, t->alloc.ctx);
