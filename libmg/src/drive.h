@@ -386,7 +386,7 @@ typedef struct fit_chunk {
  * each keeps the same chunk and the same ranges, whose memory stays in its cache), then any item
  * still unclaimed. So a thread the OS has taken off its CPU (a busy machine) holds the others up
  * by the one item it has claimed at most, not by a time slice per phase: on a machine whose cores
- * were all busy, two threads waiting at barriers for each other trained 60 times slower than one.
+ * were all busy, two threads waiting at barriers for each other trained 50 times slower than one.
  * Which thread runs an item never changes what it computes. A thread that waits spins, then
  * yields. */
 #define MG_FIT_STEP_ITEMS 4
