@@ -390,8 +390,8 @@ typedef struct fit_chunk {
  * Which thread runs an item never changes what it computes. A thread that waits spins, then
  * yields. */
 #define MG_FIT_STEP_ITEMS 4
-#define MG_FIT_ITEMS 4 /* the most items of a phase */
-_Static_assert(MG_FIT_CHUNKS <= MG_FIT_ITEMS && MG_FIT_STEP_ITEMS <= MG_FIT_ITEMS, "items");
+/* the most items of a phase */
+#define MG_FIT_ITEMS (MG_FIT_CHUNKS > MG_FIT_STEP_ITEMS ? MG_FIT_CHUNKS : MG_FIT_STEP_ITEMS)
 
 typedef struct fit_run {
     mg_tape *t;
