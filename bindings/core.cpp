@@ -270,6 +270,7 @@ int mlp_call(mg_graph *g, const void *m, mg_value *const *x, mg_value **out) {
 // ---- frozen programs -------------------------------------------------------------------------
 
 using Array = py::array_t<double, py::array::c_style | py::array::forcecast>;
+using Array32 = py::array_t<float, py::array::c_style | py::array::forcecast>;
 
 struct Tape {
     std::unique_ptr<mg_tape, void (*)(mg_tape *)> t{nullptr, mg_tape_free};
@@ -277,10 +278,11 @@ struct Tape {
     py::object kernels_owner; // keeps a loaded compiled library alive
 };
 
-// Rows of `width` doubles: (n, width), or (width,) as one row when `allow_vector`; (n,) when
-// width is 1. Copies only when the dtype or layout requires it.
-Array rows_of(py::handle a, size_t width, const char *what, size_t *n, bool allow_vector) {
-    Array arr = Array::ensure(a);
+// Rows of `width` numbers (doubles, or A's element type): (n, width), or (width,) as one row when
+// `allow_vector`; (n,) when width is 1. Copies only when the dtype or layout requires it.
+template <class A = Array>
+A rows_of(py::handle a, size_t width, const char *what, size_t *n, bool allow_vector) {
+    A arr = A::ensure(a);
     if (!arr) {
         PyErr_Clear();
         throw py::type_error(std::string(what) + ": expected an array of numbers");
@@ -703,7 +705,13 @@ PYBIND11_MODULE(_core, m, py::mod_gil_used()) {
                uint64_t seed, uint64_t epoch, size_t threads) {
                 mg_tape *t = tp.t.get();
                 size_t n = 0, m = 0;
-                Array xa = rows_of(X, mg_tape_ninputs(t), "fit: X", &n, false);
+                // float32 rows are read as they are (mg_fit_options.X32), others as doubles
+                bool x32 = py::isinstance<py::array>(X) &&
+                           py::reinterpret_borrow<py::array>(X).dtype().is(py::dtype::of<float>());
+                Array xa;
+                Array32 xa32;
+                if (x32) xa32 = rows_of<Array32>(X, mg_tape_ninputs(t), "fit: X", &n, false);
+                else xa = rows_of(X, mg_tape_ninputs(t), "fit: X", &n, false);
                 Array ya;
                 const double *yp = nullptr; // no Y for a program with targets: libmg says so
                 if (mg_tape_ntargets(t) && !Y.is_none()) {
@@ -713,10 +721,11 @@ PYBIND11_MODULE(_core, m, py::mod_gil_used()) {
                                               " rows but Y has " + std::to_string(m));
                     yp = ya.data();
                 }
-                mg_fit_options o{batch, lr, shuffle ? 1 : 0, seed, epoch, threads};
+                mg_fit_options o{batch, lr, shuffle ? 1 : 0, seed, epoch, threads, nullptr};
                 double mean = 0.0;
                 int st;
-                const double *xp = xa.data();
+                const double *xp = x32 ? nullptr : xa.data();
+                if (x32) o.X32 = xa32.data();
                 {
                     py::gil_scoped_release nogil;
                     std::lock_guard<std::mutex> lock(tp.run);

@@ -167,8 +167,25 @@ static void copy_in(mgk_real *dst, const double *src, size_t n) {
 #if MGK_REAL_BYTES == 8
     memcpy(dst, src, n * sizeof(double));
 #else
-    for (size_t i = 0; i < n; i++) dst[i] = (mgk_real)src[i];
+    mg_ir__to_float(dst, src, n); /* in the CPU's vectors */
 #endif
+}
+
+/* n of the caller's float values (mg_fit_options.X32) into slots of this storage type. */
+static void copy_in32(mgk_real *dst, const float *src, size_t n) {
+#if MGK_REAL_BYTES == 8
+    mg_ir__from_float(dst, src, n);
+#else
+    memcpy(dst, src, n * sizeof(float));
+#endif
+}
+
+/* Input row `row` of the caller's doubles X, or floats X32 when not NULL, into `dst`. */
+static void load_row(const mg_tape *t, mgk_real *dst, const double *X, const float *X32,
+                     size_t row) {
+    if (!t->ninputs) return;
+    if (X32) copy_in32(dst, X32 + row * t->ninputs, t->ninputs);
+    else copy_in(dst, X + row * t->ninputs, t->ninputs);
 }
 
 static void load(const mg_tape *t, mgk_real *d, const double *x, const double *y) {
@@ -218,7 +235,8 @@ static void backward(const mg_tape *t, mg_exec *E) {
  * nothing). Checks rows [0, n) before anything trains, naming the first bad row and its column.
  * Labels that a graph computes, eager code passes, or inputs give hinge are not checked: the
  * ops take any real there (hinge is then the margin loss of real-valued labels). */
-static int check_targets(mg_tape *t, const double *X, const double *Y, size_t n, const char *what) {
+static int check_targets(mg_tape *t, const double *X, const float *X32, const double *Y, size_t n,
+                         const char *what) {
     for (size_t i = 0; i < t->nfwd; i++) {
         const mg_instr *in = &t->fwd[i];
         if (in->kind != MG_I_NARY || (in->op != MG_OP_XENT && in->op != MG_OP_HINGE)) continue;
@@ -226,18 +244,19 @@ static int check_targets(mg_tape *t, const double *X, const double *Y, size_t n,
         size_t count = xent ? 1 : in->n; /* the target operands follow the n scores */
         for (size_t k = 0; k < count; k++) {
             mgk_idx ts = t->ix[in->a + in->n + k];
-            const double *data;
+            const double *data = NULL;
+            const float *data32 = NULL;
             size_t col, width;
             const char *name;
             if (Y && ts >= t->target0 && ts < t->target0 + t->ntargets) {
                 data = Y, col = ts - t->target0, width = t->ntargets, name = "Y";
-            } else if (xent && X && ts >= t->input0 && ts < t->input0 + t->ninputs) {
-                data = X, col = ts - t->input0, width = t->ninputs, name = "X";
+            } else if (xent && (X || X32) && ts >= t->input0 && ts < t->input0 + t->ninputs) {
+                data = X, data32 = X32, col = ts - t->input0, width = t->ninputs, name = "X";
             } else {
                 continue;
             }
             for (size_t r = 0; r < n; r++) {
-                double y = data[r * width + col];
+                double y = data ? data[r * width + col] : (double)data32[r * width + col];
                 if (xent && !(y >= 0.0 && y < (double)in->n && y == floor(y)))
                     return mg_tape__fail(t, MG_EINVAL,
                                          "%s: the target in row %zu, column %zu of %s is %.17g, "
@@ -261,7 +280,7 @@ static int check_targets(mg_tape *t, const double *X, const double *Y, size_t n,
 MG_DRV_LINK int MG_DRV(forward)(mg_tape *t, const double *x, const double *y) {
     if (!t) return MG_EINVAL;
     t->err[0] = '\0';
-    if (check_targets(t, x, y, 1, "forward") != MG_OK) return MG_EINVAL;
+    if (check_targets(t, x, NULL, y, 1, "forward") != MG_OK) return MG_EINVAL;
     load(t, MG_R_DATA(t), x, y);
     pack_in(t);
     mg_exec E;
@@ -399,6 +418,7 @@ typedef struct fit_run {
     size_t nch, ss, sub; /* nch: the chunks of a whole batch; sub: samples in flight per chunk */
     size_t n, batch;
     const double *X, *Y;
+    const float *X32; /* the inputs as floats instead of X (mg_fit_options.X32) */
     const size_t *perm;
     size_t threads;
     double lr;
@@ -433,7 +453,7 @@ static void run_chunk(fit_run *F, fit_chunk *c) {
         size_t nb = c->to - k0 < F->sub ? c->to - k0 : F->sub;
         for (size_t q = 0; q < nb; q++) { /* inputs first in the per-sample region, then targets */
             size_t s = F->perm[k0 + q];
-            copy_in(c->bd + q * ss, F->X + s * t->ninputs, t->ninputs);
+            load_row(t, c->bd + q * ss, F->X, F->X32, s);
             if (F->Y) copy_in(c->bd + q * ss + t->ninputs, F->Y + s * t->ntargets, t->ntargets);
         }
         R->nb = (mgk_i64)nb;
@@ -443,31 +463,18 @@ static void run_chunk(fit_run *F, fit_chunk *c) {
     }
 }
 
-/* One range of an array of gradients: the sum over the chunks (in chunk order) and the step.
- * Separate arrays (restrict), so that the C compiler vectorises it: at batch 32 this phase was a
- * third of an MLP's training time. With threads, it only reads the chunks' gradients: each
- * chunk's thread zeroes its own when its next batch starts (run_chunk), so the lines stay in that
- * thread's cache instead of moving to the thread that stepped them and back. On one thread
- * (`zero`) it zeroes them as it goes, which saves the separate pass (MLP b32: 7% of a fit). (The
- * tape's own gradients stay zero through a batched fit.) */
-static void step_range(mgk_real *restrict w, mgk_real *restrict g0, mgk_real *restrict g1,
-                       size_t from, size_t to, mgk_real scale, int zero) {
-    if (g1 && zero)
-        for (size_t q = from; q < to; q++) {
-            w[q] -= scale * (g0[q] + g1[q]);
-            g0[q] = 0;
-            g1[q] = 0;
-        }
-    else if (g1)
-        for (size_t q = from; q < to; q++) w[q] -= scale * (g0[q] + g1[q]);
-    else if (zero)
-        for (size_t q = from; q < to; q++) {
-            w[q] -= scale * g0[q];
-            g0[q] = 0;
-        }
-    else
-        for (size_t q = from; q < to; q++) w[q] -= scale * g0[q];
-}
+/* One range of an array of gradients: the sum over the chunks (in chunk order) and the step, in
+ * the CPU's vectors (ir.h's mg_ir__step_d: at batch 32 this phase was a third of an MLP's training
+ * time in scalar code). With threads, it only reads the chunks' gradients: each chunk's thread
+ * zeroes its own when its next batch starts (run_chunk), so the lines stay in that thread's cache
+ * instead of moving to the thread that stepped them and back. On one thread (`zero`) it zeroes
+ * them as it goes, which saves the separate pass (MLP b32: 7% of a fit). (The tape's own
+ * gradients stay zero through a batched fit.) */
+#if MGK_REAL_BYTES == 8
+#define step_range mg_ir__step_d
+#else
+#define step_range mg_ir__step_f
+#endif
 
 /* Step item i of MG_FIT_STEP_ITEMS of a batch of bn samples in nch chunks: its ranges of the
  * parameters, each the sum of the chunks' gradients (in chunk order) and the step. */
@@ -538,7 +545,9 @@ static void *fit_worker(void *p) {
 static int check_fit_args(mg_tape *t, const double *X, const double *Y, size_t n,
                           const mg_fit_options *o) {
     if (!t->has_loss) return mg_tape__fail(t, MG_EINVAL, "fit: this program has no loss");
-    if (n && !X && t->ninputs) return mg_tape__fail(t, MG_EINVAL, "fit: NULL inputs");
+    if (X && o->X32)
+        return mg_tape__fail(t, MG_EINVAL, "fit: pass the inputs as X or as X32, not both");
+    if (n && !X && !o->X32 && t->ninputs) return mg_tape__fail(t, MG_EINVAL, "fit: NULL inputs");
     if (n && !Y && t->ntargets)
         return mg_tape__fail(t, MG_EINVAL, "fit: this program has targets: pass Y");
     if (!isfinite(o->lr))
@@ -546,7 +555,7 @@ static int check_fit_args(mg_tape *t, const double *X, const double *Y, size_t n
     if (t->ninputs && n > SIZE_MAX / t->ninputs / sizeof(double))
         return mg_tape__fail(t, MG_EINVAL, "fit: %zu rows of %zu inputs overflow the address space",
                              n, t->ninputs);
-    return check_targets(t, X, Y, n, "fit");
+    return check_targets(t, X, o->X32, Y, n, "fit");
 }
 
 static void free_chunks(mg_tape *t, fit_run *F) {
@@ -592,7 +601,8 @@ MG_DRV_LINK int MG_DRV(fit)(mg_tape *t, const double *X, const double *Y, size_t
         E.keep_g = kept ? kept + ss : NULL;
         for (size_t k = 0; k < n; k++) {
             size_t s = perm[k];
-            load(t, MG_R_DATA(t), X + s * t->ninputs, Y ? Y + s * t->ntargets : NULL);
+            load_row(t, MG_R_DATA(t) + t->input0, X, o.X32, s);
+            if (Y) copy_in(MG_R_DATA(t) + t->target0, Y + s * t->ntargets, t->ntargets);
             E.R.a[MGK_QD] = k ? E.keep_d : NULL; /* the previous sample's, once there is one */
             E.R.a[MGK_QG] = k ? E.keep_g : NULL;
             run_prog(t, t->fwd, t->nfwd, &E, MG_FZ_LOSS_CONE);
@@ -612,6 +622,7 @@ MG_DRV_LINK int MG_DRV(fit)(mg_tape *t, const double *X, const double *Y, size_t
     memset(&F, 0, sizeof F);
     F.t = t;
     F.X = X;
+    F.X32 = o.X32;
     F.Y = Y;
     F.perm = perm;
     F.ss = sample_stride(t);

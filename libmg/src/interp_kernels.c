@@ -89,3 +89,40 @@ void MG__CAT(mg__run_nest_, MG_ISA)(const mgk_nest *N, const mgk_run *R) {
     }
     if (fn) fn(N, R);
 }
+
+/* The driver's loops (ir.h, mg_ir__step_d): separate arrays (restrict), so that they vectorise. */
+#define MG__STEP_FN(name, T)                                                                       \
+    void name(T *restrict w, T *restrict g0, T *restrict g1, size_t from, size_t to, T scale,      \
+              int zero);                                                                           \
+    void name(T *restrict w, T *restrict g0, T *restrict g1, size_t from, size_t to, T scale,      \
+              int zero) {                                                                          \
+        size_t q;                                                                                  \
+        if (g1 && zero)                                                                            \
+            for (q = from; q < to; q++) {                                                          \
+                w[q] -= scale * (g0[q] + g1[q]);                                                   \
+                g0[q] = 0;                                                                         \
+                g1[q] = 0;                                                                         \
+            }                                                                                      \
+        else if (g1)                                                                               \
+            for (q = from; q < to; q++) w[q] -= scale * (g0[q] + g1[q]);                           \
+        else if (zero)                                                                             \
+            for (q = from; q < to; q++) {                                                          \
+                w[q] -= scale * g0[q];                                                             \
+                g0[q] = 0;                                                                         \
+            }                                                                                      \
+        else                                                                                       \
+            for (q = from; q < to; q++) w[q] -= scale * g0[q];                                     \
+    }
+MG__STEP_FN(MG__CAT(mg__step_d_, MG_ISA), double)
+MG__STEP_FN(MG__CAT(mg__step_f_, MG_ISA), float)
+#undef MG__STEP_FN
+
+void MG__CAT(mg__to_float_, MG_ISA)(float *restrict dst, const double *restrict src, size_t n);
+void MG__CAT(mg__to_float_, MG_ISA)(float *restrict dst, const double *restrict src, size_t n) {
+    for (size_t i = 0; i < n; i++) dst[i] = (float)src[i];
+}
+
+void MG__CAT(mg__from_float_, MG_ISA)(double *restrict dst, const float *restrict src, size_t n);
+void MG__CAT(mg__from_float_, MG_ISA)(double *restrict dst, const float *restrict src, size_t n) {
+    for (size_t i = 0; i < n; i++) dst[i] = src[i];
+}

@@ -8,15 +8,39 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* The kernel builds (interp_kernels.c), the widest the CPU runs chosen on first use. */
-typedef void (*run_fn)(const mgk_nest *, const mgk_run *);
-void mg__run_nest_base(const mgk_nest *N, const mgk_run *R);
-#if defined(MG_HAVE_ISA_BUILDS)
-void mg__run_nest_avx2(const mgk_nest *N, const mgk_run *R);
-void mg__run_nest_avx512(const mgk_nest *N, const mgk_run *R);
-#endif
+/* The kernel builds (interp_kernels.c), the widest the CPU runs chosen on first use: each one's
+ * nest kernel and the driver's loops (ir.h). */
+typedef struct isa_build {
+    const char *name;
+    void (*run_nest)(const mgk_nest *, const mgk_run *);
+    void (*step_d)(double *, double *, double *, size_t, size_t, double, int);
+    void (*step_f)(float *, float *, float *, size_t, size_t, float, int);
+    void (*to_float)(float *, const double *, size_t);
+    void (*from_float)(double *, const float *, size_t);
+} isa_build;
 
-static _Atomic(run_fn) chosen;
+#define MG__ISA_DECL(isa)                                                                          \
+    void mg__run_nest_##isa(const mgk_nest *N, const mgk_run *R);                                  \
+    void mg__step_d_##isa(double *w, double *g0, double *g1, size_t from, size_t to, double scale, \
+                          int zero);                                                               \
+    void mg__step_f_##isa(float *w, float *g0, float *g1, size_t from, size_t to, float scale,     \
+                          int zero);                                                               \
+    void mg__to_float_##isa(float *dst, const double *src, size_t n);                              \
+    void mg__from_float_##isa(double *dst, const float *src, size_t n);                            \
+    static const isa_build isa_##isa = {#isa,                                                      \
+                                        mg__run_nest_##isa,                                        \
+                                        mg__step_d_##isa,                                          \
+                                        mg__step_f_##isa,                                          \
+                                        mg__to_float_##isa,                                        \
+                                        mg__from_float_##isa};
+MG__ISA_DECL(base)
+#if defined(MG_HAVE_ISA_BUILDS)
+MG__ISA_DECL(avx2)
+MG__ISA_DECL(avx512)
+#endif
+#undef MG__ISA_DECL
+
+static _Atomic(const isa_build *) chosen;
 
 /* Whether `s`, without blanks around it and in any case, is `word` (lower case). */
 static int is_word(const char *s, const char *word) {
@@ -39,29 +63,29 @@ static int isa_cap(void) {
     return 2;
 }
 
-static run_fn choose(void) {
-    run_fn fn = mg__run_nest_base;
+static const isa_build *choose(void) {
+    const isa_build *b = &isa_base;
     int cap = isa_cap();
     (void)cap;
 #if defined(MG_HAVE_ISA_BUILDS)
     __builtin_cpu_init();
     if (cap >= 2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw"))
-        fn = mg__run_nest_avx512;
-    else if (cap >= 1 && __builtin_cpu_supports("avx2")) fn = mg__run_nest_avx2;
+        b = &isa_avx512;
+    else if (cap >= 1 && __builtin_cpu_supports("avx2")) b = &isa_avx2;
 #endif
-    atomic_store_explicit(&chosen, fn, memory_order_relaxed);
-    return fn;
+    atomic_store_explicit(&chosen, b, memory_order_relaxed);
+    return b;
+}
+
+static const isa_build *build(void) {
+    const isa_build *b = atomic_load_explicit(&chosen, memory_order_relaxed);
+    return b ? b : choose();
 }
 
 const char *mg_tape_kernel_isa(void) {
-    run_fn fn = atomic_load_explicit(&chosen, memory_order_relaxed);
-    if (!fn) fn = choose();
-#if defined(MG_HAVE_ISA_BUILDS)
-    if (fn == mg__run_nest_avx512) return "avx512";
-    if (fn == mg__run_nest_avx2) return "avx2";
-#endif
-    return "baseline";
+    const isa_build *b = build();
+    return b == &isa_base ? "baseline" : b->name;
 }
 
 void mg_ir__run_nest(const mg_tape *t, size_t k, const mgk_run *R) {
@@ -69,9 +93,22 @@ void mg_ir__run_nest(const mg_tape *t, size_t k, const mgk_run *R) {
         t->kern[k](R);
         return;
     }
-    run_fn fn = atomic_load_explicit(&chosen, memory_order_relaxed);
-    if (!fn) fn = choose();
-    fn(&t->nests[k], R);
+    build()->run_nest(&t->nests[k], R);
+}
+
+void mg_ir__step_d(double *w, double *g0, double *g1, size_t from, size_t to, double scale,
+                   int zero) {
+    build()->step_d(w, g0, g1, from, to, scale, zero);
+}
+
+void mg_ir__step_f(float *w, float *g0, float *g1, size_t from, size_t to, float scale, int zero) {
+    build()->step_f(w, g0, g1, from, to, scale, zero);
+}
+
+void mg_ir__to_float(float *dst, const double *src, size_t n) { build()->to_float(dst, src, n); }
+
+void mg_ir__from_float(double *dst, const float *src, size_t n) {
+    build()->from_float(dst, src, n);
 }
 
 /* ---- fingerprint: what generated code must have been written from --------------------------- */

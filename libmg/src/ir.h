@@ -213,6 +213,18 @@ int mg_schedule(mg_tape *t);
 void mg_ir__run_nest(const mg_tape *t, size_t nest, const mgk_run *R);
 #endif
 uint64_t mg_ir__fingerprint(const mg_tape *t);
+/* The driver's loops over parameters and data (drive.h), run by the same kernel build as the
+ * nests (interp_kernels.c, interpret.c's choice), so that they use the CPU's vectors too: at batch
+ * 32 an MLP spent a fifth of its time in them, in baseline SSE2. A step range is SGD over
+ * q in [from, to): w[q] -= scale * (g0[q] + g1[q]) (g1 NULL: scale * g0[q]), zeroing the
+ * gradients it reads when `zero` is set; to_float rounds n doubles to float, from_float widens
+ * n floats to double (exactly). Each element alike
+ * in every build: the same bits. */
+void mg_ir__step_d(double *w, double *g0, double *g1, size_t from, size_t to, double scale,
+                   int zero);
+void mg_ir__step_f(float *w, float *g0, float *g1, size_t from, size_t to, float scale, int zero);
+void mg_ir__to_float(float *dst, const double *src, size_t n);
+void mg_ir__from_float(double *dst, const float *src, size_t n);
 
 /* fit.c: the packed copy of the parameters as a call would make it, into `pw` (t->npacked
  * doubles), without touching the tape (the inference-only emitter inlines it). */

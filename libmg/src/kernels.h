@@ -177,6 +177,15 @@ MGK_FN void mgk_xent_bwd(const mgk_real *d, mgk_real *g, const mgk_idx *ix, size
         return;
     }
     m = mgk_xent_max(d, ix, n);
+    if (n <= 64) { /* each exp once (the same values as computing them again) */
+        double e[64];
+        for (i = 0; i < n; i++) {
+            e[i] = exp(d[ix[i]] - m);
+            sum += e[i];
+        }
+        for (i = 0; i < n; i++) g[ix[i]] += (e[i] / sum - (i == t ? 1.0 : 0.0)) * gy;
+        return;
+    }
     for (i = 0; i < n; i++) sum += exp(d[ix[i]] - m);
     for (i = 0; i < n; i++) g[ix[i]] += (exp(d[ix[i]] - m) / sum - (i == t ? 1.0 : 0.0)) * gy;
 }

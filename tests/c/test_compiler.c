@@ -341,7 +341,7 @@ static void test_compiler__schedule_packs_and_fuses_a_layer(void) {
     mg_tape *u = mg_tape_freeze(g, &spec);
     for (size_t batch = 1; batch <= 2; batch++) {
         memcpy(mg_tape_data(t), mg_tape_data(u), sizeof ref);
-        mg_fit_options o = {batch, 0.2, 1, 5, 0, 1};
+        mg_fit_options o = {batch, 0.2, 1, 5, 0, 1, NULL};
         double l1, l2;
         CHECK(mg_tape_fit(t, X, Y, N, &o, &l1) == MG_OK);
         memcpy(ref, mg_tape_data(u), sizeof ref);
@@ -403,7 +403,7 @@ static void test_compiler__batch1_fit_steps_weights_as_the_next_forward_reads_th
             for (int zero_lr = 0; zero_lr < 2; zero_lr++) {
                 double lr = zero_lr ? 0.0 : 0.3;
                 memcpy(mg_tape_data(t), p0, sizeof p0);
-                mg_fit_options o = {1, lr, 0, 0, 0, 1};
+                mg_fit_options o = {1, lr, 0, 0, 0, 1, NULL};
                 CHECK(mg_tape_fit(t, X, Y, (size_t)n, &o, &l_fit) == MG_OK);
                 memcpy(fit, mg_tape_data(t), sizeof fit);
                 memcpy(mg_tape_data(t), p0, sizeof p0);

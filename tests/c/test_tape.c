@@ -51,7 +51,7 @@ static const double X0[4] = {0.3, -0.8, 1.2, 0.5}, P0[6] = {0.2, -0.4, 0.9, 0.1,
 
 static int fit(mg_tape *t, const double *X, const double *Y, size_t n, size_t batch, double lr,
                int shuffle, uint64_t seed, uint64_t epoch, size_t threads, double *mean) {
-    mg_fit_options o = {batch, lr, shuffle, seed, epoch, threads};
+    mg_fit_options o = {batch, lr, shuffle, seed, epoch, threads, NULL};
     return mg_tape_fit(t, X, Y, n, &o, mean);
 }
 
@@ -390,6 +390,63 @@ static void test_tape__batches_larger_than_the_data_train(void) {
     clf_free(&c);
 }
 
+/* mg_fit_options.X32: float inputs train exactly as the same values given as doubles (bitwise,
+ * at batch 1 and in chunks, on 1 and 2 threads); X and X32 together, or neither, are refused; a
+ * class index read from float inputs is checked as one read from doubles. */
+static void test_tape__float_inputs_train_as_their_doubles(void) {
+    clf c;
+    clf_build(&c);
+    static const double X[5][2] = {{0.25, -0.5}, {1.5, 0.125}, {-2, 0.75}, {0.5, 3}, {-0.25, 1}},
+                        Y[5] = {0, 1, 1, 0, 1};
+    float X32[5][2];
+    for (int i = 0; i < 5; i++)
+        for (int j = 0; j < 2; j++) X32[i][j] = (float)X[i][j];
+    double ref[6], want[6];
+    memcpy(ref, mg_tape_data(c.t), sizeof ref);
+    static const size_t batches[] = {1, 2, 5};
+    for (size_t b = 0; b < 3; b++)
+        for (size_t threads = 1; threads <= 2; threads++) {
+            double m64 = NAN, m32 = NAN;
+            memcpy(mg_tape_data(c.t), ref, sizeof ref);
+            CHECK(fit(c.t, &X[0][0], Y, 5, batches[b], 0.3, 1, 4, 0, threads, &m64) == MG_OK);
+            memcpy(want, mg_tape_data(c.t), sizeof want);
+            memcpy(mg_tape_data(c.t), ref, sizeof ref);
+            mg_fit_options o = {batches[b], 0.3, 1, 4, 0, threads, &X32[0][0]};
+            CHECK(mg_tape_fit(c.t, NULL, Y, 5, &o, &m32) == MG_OK);
+            CHECK(memcmp(want, mg_tape_data(c.t), sizeof want) == 0 && m64 == m32);
+            CHECK(memcmp(want, ref, sizeof ref) != 0); /* it trained */
+        }
+    mg_fit_options o = {2, 0.3, 0, 0, 0, 1, &X32[0][0]};
+    CHECK(mg_tape_fit(c.t, &X[0][0], Y, 5, &o, NULL) == MG_EINVAL);
+    CHECK(strstr(mg_tape_last_error(c.t), "not both") != NULL);
+    o.X32 = NULL;
+    CHECK(mg_tape_fit(c.t, NULL, Y, 5, &o, NULL) == MG_EINVAL);
+    CHECK(strstr(mg_tape_last_error(c.t), "NULL inputs") != NULL);
+    clf_free(&c);
+
+    /* the class is input 2: float rows are checked for class indices too */
+    mg_graph *g = mg_graph_new();
+    mg_value *x[3], *p[2], *logits[2];
+    for (int i = 0; i < 3; i++) x[i] = mg_scalar(g, 0.0);
+    for (int i = 0; i < 2; i++) p[i] = mg_scalar(g, 0.5 - i);
+    for (int k = 0; k < 2; k++) logits[k] = mg_mul(g, p[k], x[k]);
+    mg_value *loss = mg_cross_entropy(g, logits, 2, x[2]);
+    mg_tape_spec spec = {loss, x, 3, NULL, 0, p, 2, logits, 2, 0};
+    mg_tape *t = mg_tape_freeze(g, &spec);
+    CHECK(t != NULL);
+    if (t) {
+        float rows[2][3] = {{0.5f, 1.0f, 1.0f}, {0.25f, -1.0f, 0.5f}};
+        mg_fit_options f = {1, 0.1, 0, 0, 0, 1, &rows[0][0]};
+        CHECK(mg_tape_fit(t, NULL, NULL, 2, &f, NULL) == MG_EINVAL);
+        CHECK(strstr(mg_tape_last_error(t), "row 1, column 2 of X is 0.5") != NULL);
+        rows[1][2] = 0.0f;
+        double mean = NAN;
+        CHECK(mg_tape_fit(t, NULL, NULL, 2, &f, &mean) == MG_OK && isfinite(mean));
+    }
+    mg_tape_free(t);
+    mg_graph_free(g);
+}
+
 /* backward() leaves gradients in the tape; fit() starts from zero gradients for every parameter,
  * whether or not a nest keeps it packed during calls. */
 static void test_tape__fit_starts_from_zero_gradients(void) {
@@ -476,6 +533,7 @@ int main(void) {
     RUN(test_tape__rerolled_mlp_equals_the_scalar_program);
     RUN(test_tape__fit_refuses_targets_that_are_not_class_indices);
     RUN(test_tape__batches_larger_than_the_data_train);
+    RUN(test_tape__float_inputs_train_as_their_doubles);
     RUN(test_tape__fit_starts_from_zero_gradients);
     RUN(test_tape__attach_refuses_code_for_another_program);
     RUN(test_tape__last_error_and_status);

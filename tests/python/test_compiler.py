@@ -749,6 +749,33 @@ def test_threads_do_not_change_the_result(backend):
         prog.fit(X, Y, threads=0)
 
 
+@pytest.mark.parametrize("kind", ["tape", "c", "float32"])
+def test_float32_inputs_train_as_their_float64_values(kind):
+    """fit reads a C-contiguous float32 X as it is (libmg's mg_fit_options.X32): the parameters
+    and losses are bitwise those of the same values in float64, at batch 1 and in chunks, on 1
+    and 2 threads; a float32 X in another layout is copied, with the same result."""
+    if kind != "tape" and not HAVE_CC:
+        pytest.skip("no C compiler")
+    kw = {"backend": "c", "float32": True} if kind == "float32" else {"backend": kind}
+    _, prog = mlp_program(sizes=(40, [16, 4]), **kw)
+    rng = np.random.RandomState(3)
+    X32 = (rng.rand(90, 40) * 4 - 2).astype(np.float32)
+    X64 = X32.astype(np.float64)
+    Y = rng.randint(0, 4, 90).astype(float)
+    p0 = prog.parameters.copy()
+    for bs in (1, 7, 32):
+        for threads in (1, 2):
+            got = []
+            for X in (X64, X32, np.asfortranarray(X32)):
+                prog.parameters[:] = p0
+                losses = prog.fit(X, Y, epochs=2, lr=0.05, batch_size=bs, seed=5, threads=threads)
+                got.append((prog.parameters.copy(), losses))
+            assert not np.array_equal(got[0][0], p0)
+            for params, losses in got[1:]:
+                assert np.array_equal(params, got[0][0]), (bs, threads)
+                assert losses == got[0][1], (bs, threads)
+
+
 @needs_cc
 def test_unusable_cache_directory_falls_back(tmp_path):
     blocker = tmp_path / "file"

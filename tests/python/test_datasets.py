@@ -52,6 +52,11 @@ def test_load_mnist_from_idx(tmp_path, gz):
     assert X.shape == (12, 784) and X.max() <= 1.0
     assert np.array_equal(X[3], images[3].reshape(784) / 255.0)
     assert np.array_equal(y, labels)
+    X32, y32 = ds.load_mnist(str(tmp_path), "test", dtype=np.float32)
+    assert X32.dtype == np.float32 and X32.flags.c_contiguous
+    assert np.array_equal(X32, X.astype(np.float32)) and np.array_equal(y32, y)
+    with pytest.raises(ValueError, match="dtype"):
+        ds.load_mnist(str(tmp_path), "test", dtype=np.int32)
 
 
 def test_real_mnist_test_set(mnist_dir):

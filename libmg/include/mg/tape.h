@@ -205,6 +205,10 @@ typedef struct mg_fit_options {
     uint64_t seed;     /**< Seed of the shuffle. */
     uint64_t epoch;    /**< Epoch number, mixed into the shuffle's seed. */
     size_t threads;    /**< Threads sharing each batch (0 means 1). Results do not depend on it. */
+    const float *X32;  /**< Non-NULL: the inputs as float (float32) values, n rows of
+                            mg_tape_ninputs(), read in place of X, which must then be NULL. Half
+                            the memory of doubles; each value is the same number in either
+                            storage type, so results equal those of the same values as doubles. */
 } mg_fit_options;
 
 /**
@@ -217,7 +221,7 @@ typedef struct mg_fit_options {
  * parameters are bitwise the same for every thread count. Targets of cross-entropy must be class
  * indices (integers in `[0, classes)`); any other target fails the call before training.
  * @param t the tape
- * @param X inputs, row-major: n rows of mg_tape_ninputs() values
+ * @param X inputs, row-major: n rows of mg_tape_ninputs() values (NULL with mg_fit_options.X32)
  * @param Y targets, row-major: n rows of mg_tape_ntargets() values (NULL when ntargets is 0)
  * @param n number of samples
  * @param opt options (NULL: batch 1, lr 0, no shuffle)
