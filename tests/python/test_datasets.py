@@ -55,8 +55,12 @@ def test_load_mnist_from_idx(tmp_path, gz):
     X32, y32 = ds.load_mnist(str(tmp_path), "test", dtype=np.float32)
     assert X32.dtype == np.float32 and X32.flags.c_contiguous
     assert np.array_equal(X32, X.astype(np.float32)) and np.array_equal(y32, y)
-    with pytest.raises(ValueError, match="dtype"):
-        ds.load_mnist(str(tmp_path), "test", dtype=np.int32)
+    for same in ("float32", np.dtype(np.float32)):
+        assert ds.load_mnist(str(tmp_path), "test", dtype=same)[0].dtype == np.float32
+    assert ds.load_mnist(str(tmp_path), "test", dtype="float64")[0].dtype == np.float64
+    for bad in (np.int32, "float16", "nonsense"):
+        with pytest.raises(ValueError, match="dtype"):
+            ds.load_mnist(str(tmp_path), "test", dtype=bad)
 
 
 def test_real_mnist_test_set(mnist_dir):
