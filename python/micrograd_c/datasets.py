@@ -166,17 +166,18 @@ def load_mnist(data_dir: str, split: str = "test", dtype: Any = np.float64) -> A
 
     ``split`` is ``"train"`` or ``"test"``; files may be gzipped or raw. Image and label counts
     must agree, images must be 28x28, labels 0-9. ``dtype`` is X's: ``np.float64`` (default) or
-    ``np.float32`` (or their names or ``np.dtype``), half the memory (the training set's 60,000 images: 188 MB instead of 376),
-    each value the float32 rounding of the float64 one: what a float32 program rounds float64
-    inputs to, and what ``fit`` reads without a copy.
+    ``np.float32`` (their names and ``np.dtype`` objects too). float32 takes half the memory (the
+    training set's 60,000 images: 188 MB instead of 376), each value the float32 rounding of the
+    float64 one: what a float32 program rounds float64 inputs to, and what ``fit`` reads without
+    a copy.
     """
     if split not in MNIST_FILES:
         raise ValueError("split must be 'train' or 'test'")
     try:
-        dt = np.dtype(dtype)
+        dt = np.dtype(dtype).name
     except TypeError:
-        dt = None
-    if dt not in (np.dtype(np.float64), np.dtype(np.float32)):
+        dt = ""
+    if dt not in ("float64", "float32"):
         raise ValueError(f"dtype must be np.float64 or np.float32, not {dtype!r}")
     images = read_idx(_find(data_dir, MNIST_FILES[split][0]))
     labels = read_idx(_find(data_dir, MNIST_FILES[split][1]))
@@ -189,7 +190,7 @@ def load_mnist(data_dir: str, split: str = "test", dtype: Any = np.float64) -> A
     if labels.size and labels.max() > 9:
         raise DatasetError(f"{data_dir}: labels outside 0-9")
     flat = images.reshape(images.shape[0], 784)
-    if dt == np.float64:
+    if dt == "float64":
         return flat / 255.0, labels.astype(np.float64)
     X = np.empty(flat.shape, dtype=np.float32)
     for r in range(0, flat.shape[0], 4096):  # through float64 a block at a time: the same rounding
