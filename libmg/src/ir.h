@@ -218,8 +218,8 @@ uint64_t mg_ir__fingerprint(const mg_tape *t);
  * 32 an MLP spent a fifth of its time in them, in baseline SSE2. A step range is SGD over
  * q in [from, to): w[q] -= scale * (g0[q] + g1[q]) (g1 NULL: scale * g0[q]), zeroing the
  * gradients it reads when `zero` is set; to_float rounds n doubles to float, from_float widens
- * n floats to double (exactly). Each element alike
- * in every build: the same bits. */
+ * n floats to double (exactly). Each element is the same operation in every build: the same
+ * bits. */
 void mg_ir__step_d(double *w, double *g0, double *g1, size_t from, size_t to, double scale,
                    int zero);
 void mg_ir__step_f(float *w, float *g0, float *g1, size_t from, size_t to, float scale, int zero);

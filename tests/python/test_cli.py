@@ -97,6 +97,30 @@ def test_backends_train_to_the_same_model(tmp_path):
             assert np.array_equal(outs["tape"][k], outs["c"][k])
 
 
+@pytest.mark.skipif(not HAVE_CC, reason="no C compiler")
+def test_float32_storage_trains_close_to_float64(tmp_path):
+    """--float32 trains on float32 storage (compiled), to a model that float64's agrees with to
+    float32's precision; it refuses backends that are not compiled code."""
+    params = {}
+    for extra in ([], ["--float32"]):
+        path = tmp_path / f"m{len(extra)}.npz"
+        r = run(
+            "train", "--dataset", "xor", "--epochs", "3", "--batch-size", "4", "--backend", "c",
+            "--no-plot", "--quiet", "--save", str(path), *extra, cwd=tmp_path,
+        )  # fmt: skip
+        assert r.returncode == 0, r.stderr
+        assert ("float32)" in r.stdout) == bool(extra), r.stdout
+        with np.load(path) as z:
+            params[bool(extra)] = np.concatenate([z[k].ravel() for k in z.files if k != "__meta__"])
+    f32, f64 = params[True], params[False]
+    assert np.array_equal(f32, f32.astype(np.float32)) and not np.array_equal(f32, f64)
+    assert np.allclose(f32, f64, rtol=1e-4, atol=1e-5)
+    r = run(
+        "train", "--dataset", "xor", "--float32", "--backend", "tape", "--no-plot", cwd=tmp_path
+    )
+    assert r.returncode == 2 and "--float32 is compiled code: --backend c or auto" in r.stderr
+
+
 def test_digits_or_a_clear_message(tmp_path):
     r = run("train", "--dataset", "digits", "--epochs", "2", "--no-plot", "--quiet", cwd=tmp_path)
     try:

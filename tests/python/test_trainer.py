@@ -112,3 +112,15 @@ def test_a_loss_that_does_not_fit_the_data_is_refused_before_training():
     with pytest.raises(ValueError, match="hinge needs a two-class dataset"):
         check_loss("hinge", 10)
     check_loss("mse", 0)
+
+
+def test_float32_storage_is_compiled_code_and_float32_data():
+    """float32 storage needs compiled code: other backends are refused before anything is built;
+    load_data gives float32 features when asked (MNIST at half the memory)."""
+    data = load_data("xor", dtype=np.float32)
+    assert data.Xtr.dtype == np.float32 and data.Xtr.flags.c_contiguous
+    assert np.array_equal(data.Xtr, load_data("xor").Xtr.astype(np.float32))
+    random.seed(0)
+    for backend in ("tape", "eager"):
+        with pytest.raises(ValueError, match="float32 storage is compiled code"):
+            Trainer(MLP(2, [4, 1]), data, TrainConfig(backend=backend, float32=True))

@@ -194,8 +194,19 @@ def cmd_train(args: argparse.Namespace) -> int:
         threads=args.threads,
         seed=args.seed,
         backend=args.backend,
+        float32=args.float32,
     )
-    data = load_data(args.dataset, args.seed, args.data_dir, args.download, args.limit, log)
+    if args.float32 and args.backend not in ("c", "auto"):
+        raise UsageError(f"--float32 is compiled code: --backend c or auto, not {args.backend}")
+    data = load_data(
+        args.dataset,
+        args.seed,
+        args.data_dir,
+        args.download,
+        args.limit,
+        log,
+        dtype=np.float32 if args.float32 else np.float64,
+    )
     if args.save and not args.no_plot:
         plot_to = plot_path or f"{data.name}.png"
         if os.path.abspath(plot_to) == os.path.abspath(args.save):

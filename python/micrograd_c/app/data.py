@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -105,6 +105,7 @@ def load_data(
     limit: int | None = None,
     log: Callable[[str], None] = lambda msg: None,
     purpose: str = "train",
+    dtype: Any = np.float64,
 ) -> Data:
     """The dataset ``name`` (one of :data:`DATASETS`) split as ``train`` trains and evaluates it.
 
@@ -113,7 +114,8 @@ def load_data(
     :func:`locate_mnist`), and with only the test set present, training uses its first 80%
     (8,000 of 10,000 images) and evaluation the rest. ``limit`` caps the training samples (and
     MNIST's held-out ones at a quarter of it). ``purpose`` ("train" or "eval") only changes what is
-    logged. Raises ``ValueError`` for an unknown name and
+    logged. ``dtype`` is the features' (np.float64, or np.float32 for float32 storage: MNIST then
+    takes half the memory). Raises ``ValueError`` for an unknown name and
     :class:`~micrograd_c.datasets.DatasetError` for missing or malformed data.
     """
     if name in ("moons", "xor"):
@@ -124,21 +126,22 @@ def load_data(
         )
         if limit:
             X, y = X[:limit], y[:limit]
+        X = np.ascontiguousarray(X, dtype=dtype)
         return Data(name, X, y, X, y, 0)
     if name == "digits":
         X, y = ds.load_digits()
         rng = np.random.RandomState(seed)
         idx = rng.permutation(len(X))
-        X, y = X[idx], y[idx]
+        X, y = np.asarray(X[idx], dtype=dtype), y[idx]
         if limit:
             X, y = X[:limit], y[:limit]
         cut = max(1, int(len(X) * 0.8))
         return Data(name, X[:cut], y[:cut], X[cut:], y[cut:], 10)
     if name == "mnist":
         d = locate_mnist(data_dir, download, log)
-        Xte, yte = ds.load_mnist(d, "test")
+        Xte, yte = ds.load_mnist(d, "test", dtype)
         if has_mnist(d, "train"):
-            Xtr, ytr = ds.load_mnist(d, "train")
+            Xtr, ytr = ds.load_mnist(d, "train", dtype)
         else:
             # only the test set is present: train on its first 80% (8,000 of MNIST's 10,000),
             # evaluate on the rest; the two never overlap, whatever the file holds

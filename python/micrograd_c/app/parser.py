@@ -184,6 +184,12 @@ def make_parser() -> argparse.ArgumentParser:
         "auto: c when a compiler works, else tape (default)",
     )
     t.add_argument(
+        "--float32",
+        action="store_true",
+        help="float32 storage (compiled code: --backend c or auto): half the memory traffic, "
+        "float32 precision; default: float64",
+    )
+    t.add_argument(
         "--save", metavar="MODEL.npz", help="write the trained model (checked before training)"
     )
     t.add_argument("--plot", metavar="PATH", help="where to write the PNG; default: DATASET.png")

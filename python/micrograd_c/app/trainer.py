@@ -84,7 +84,8 @@ def _outputs(out: Any) -> list[Value]:
 class TrainConfig:
     """What :class:`Trainer` does. ``backend``: ``"eager"`` (Values, as micrograd),
     ``"tape"`` (the frozen program, interpreted), ``"c"`` (compiled) or ``"auto"`` (``"c"`` when
-    a compiler works, else ``"tape"``)."""
+    a compiler works, else ``"tape"``). ``float32``: float32 storage, compiled code only
+    (``backend`` ``"c"`` or ``"auto"``, which then needs a compiler)."""
 
     loss: str = "hinge"
     l2: float = 0.0
@@ -94,6 +95,7 @@ class TrainConfig:
     threads: int = 1
     seed: int = 0
     backend: str = "auto"
+    float32: bool = False
 
 
 @dataclass
@@ -123,6 +125,10 @@ class Trainer:
             raise ValueError(
                 f"unknown backend {config.backend!r} (expected one of {', '.join(BACKENDS)})"
             )
+        if config.float32 and config.backend not in ("c", "auto"):
+            raise ValueError(
+                f"float32 storage is compiled code: backend 'c' or 'auto', not {config.backend!r}"
+            )
         check_loss(config.loss, data.classes)
         self.model, self.data, self.config = model, data, config
         self.batch = max(1, min(config.batch_size, len(data.Xtr)))
@@ -140,11 +146,19 @@ class Trainer:
             if config.l2:
                 loss = loss + config.l2 * F.vsum([p * p for p in self.params])
             self.program = compiler.compile(
-                loss, inputs=x, targets=y, params=self.params, outputs=out, backend=config.backend
+                loss,
+                inputs=x,
+                targets=y,
+                params=self.params,
+                outputs=out,
+                backend="c" if config.float32 else config.backend,
+                float32=config.float32,
             )
             compiler_name = self.program.info.get("compiler")
             self.backend = self.program.backend + (
-                f" ({compiler_name})" if self.program.backend == "c" else ""
+                f" ({compiler_name}{', float32' if config.float32 else ''})"
+                if self.program.backend == "c"
+                else ""
             )
         #: seconds the program took to build (0 for eager)
         self.build_seconds = time.perf_counter() - t0
