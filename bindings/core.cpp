@@ -4,6 +4,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <cstdint>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -279,7 +280,8 @@ struct Tape {
 };
 
 // Rows of `width` numbers (doubles, or A's element type): (n, width), or (width,) as one row when
-// `allow_vector`; (n,) when width is 1. Copies only when the dtype or layout requires it.
+// `allow_vector`; (n,) when width is 1. Copies only when the dtype, layout or alignment requires
+// it.
 template <class A = Array>
 A rows_of(py::handle a, size_t width, const char *what, size_t *n, bool allow_vector) {
     A arr = A::ensure(a);
@@ -287,6 +289,10 @@ A rows_of(py::handle a, size_t width, const char *what, size_t *n, bool allow_ve
         PyErr_Clear();
         throw py::type_error(std::string(what) + ": expected an array of numbers");
     }
+    // C reads the rows through a T pointer: a buffer at an odd address is copied (ensure only
+    // asks for C order)
+    if (reinterpret_cast<std::uintptr_t>(arr.data()) % alignof(typename A::value_type) != 0)
+        arr = A::ensure(arr.attr("copy")());
     if (arr.ndim() == 2 && (size_t)arr.shape(1) == width) {
         *n = (size_t)arr.shape(0);
     } else if (arr.ndim() == 1 && allow_vector && (size_t)arr.shape(0) == width) {
@@ -705,9 +711,13 @@ PYBIND11_MODULE(_core, m, py::mod_gil_used()) {
                uint64_t seed, uint64_t epoch, size_t threads) {
                 mg_tape *t = tp.t.get();
                 size_t n = 0, m = 0;
-                // float32 rows are read as they are (mg_fit_options.X32), others as doubles
-                bool x32 = py::isinstance<py::array>(X) &&
-                           py::reinterpret_borrow<py::array>(X).dtype().is(py::dtype::of<float>());
+                // float32 rows are read as they are (mg_fit_options.X32), others as doubles: any
+                // 4-byte float dtype (an unpickled array's dtype is equal to float32's, not it)
+                bool x32 = false;
+                if (py::isinstance<py::array>(X)) {
+                    py::dtype dt = py::reinterpret_borrow<py::array>(X).dtype();
+                    x32 = dt.kind() == 'f' && dt.itemsize() == 4;
+                }
                 Array xa;
                 Array32 xa32;
                 if (x32) xa32 = rows_of<Array32>(X, mg_tape_ninputs(t), "fit: X", &n, false);

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import pickle
 import random
 import stat
 import subprocess
@@ -753,7 +754,8 @@ def test_threads_do_not_change_the_result(backend):
 def test_float32_inputs_train_as_their_float64_values(kind):
     """fit reads a C-contiguous float32 X as it is (libmg's mg_fit_options.X32): the parameters
     and losses are bitwise those of the same values in float64, at batch 1 and in chunks, on 1
-    and 2 threads; a float32 X in another layout is copied, with the same result."""
+    and 2 threads; a float32 X in another layout or at an odd address is copied, with the same
+    result."""
     if kind != "tape" and not HAVE_CC:
         pytest.skip("no C compiler")
     kw = {"backend": "c", "float32": True} if kind == "float32" else {"backend": kind}
@@ -761,12 +763,16 @@ def test_float32_inputs_train_as_their_float64_values(kind):
     rng = np.random.RandomState(3)
     X32 = (rng.rand(90, 40) * 4 - 2).astype(np.float32)
     X64 = X32.astype(np.float64)
+    # at an odd address (C reads float rows: copied), and unpickled (a dtype equal to float32's)
+    odd32 = np.frombuffer(bytearray(X32.nbytes + 1), np.float32, X32.size, 1).reshape(X32.shape)
+    odd32[...] = X32
+    assert not odd32.flags.aligned
     Y = rng.randint(0, 4, 90).astype(float)
     p0 = prog.parameters.copy()
     for bs in (1, 7, 32):
         for threads in (1, 2):
             got = []
-            for X in (X64, X32, np.asfortranarray(X32)):
+            for X in (X64, X32, np.asfortranarray(X32), odd32, pickle.loads(pickle.dumps(X32))):
                 prog.parameters[:] = p0
                 losses = prog.fit(X, Y, epochs=2, lr=0.05, batch_size=bs, seed=5, threads=threads)
                 got.append((prog.parameters.copy(), losses))
