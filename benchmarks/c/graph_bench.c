@@ -2,7 +2,7 @@
  * micrograd builds it (MLP(784,[637,10]): every neuron a chain of mul and add), plus the cost of
  * a value and the 10,000,000-deep chain.
  *
- *     build/release/benchmarks/c/graph_bench [repeats]
+ *     build/release/benchmarks/graph_bench [repeats]
  *
  * Prints medians of the repeats. */
 #define _POSIX_C_SOURCE 200809L

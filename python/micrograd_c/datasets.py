@@ -166,10 +166,10 @@ def load_mnist(data_dir: str, split: str = "test", dtype: Any = np.float64) -> A
 
     ``split`` is ``"train"`` or ``"test"``; files may be gzipped or raw. Image and label counts
     must agree, images must be 28x28, labels 0-9. ``dtype`` is X's: ``np.float64`` (default) or
-    ``np.float32`` (their names and ``np.dtype`` objects too). float32 takes half the memory (the
-    training set's 60,000 images: 188 MB instead of 376), each value the float32 rounding of the
-    float64 one: what a float32 program rounds float64 inputs to, and what ``fit`` reads without
-    a copy.
+    ``np.float32`` (any spelling numpy reads as one of them; None is float64, as in numpy).
+    float32 takes half the memory (the training set's 60,000 images: 188 MB instead of 376), each
+    value the float32 rounding of the float64 one: what a float32 program rounds float64 inputs
+    to, and what ``fit`` reads without a copy.
     """
     if split not in MNIST_FILES:
         raise ValueError("split must be 'train' or 'test'")
