@@ -53,6 +53,7 @@ from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
 import micrograd_c as mc
+from micrograd_c import compiler
 from micrograd_c.engine import Value
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -1489,6 +1490,7 @@ def zoo_case(name: str, seed: int = 0) -> Case:
         "attention": lambda: zoo.attention(x, tokens=3, dim=4),
         "cnn": lambda: zoo.cnn(x, ((1, 5, 3, 0),), pool="max"),
         "cnn-zeros": lambda: zoo.cnn(x, ((1, 3, 4, 1),), pool="avg", pad_with_zeros=True),
+        "cnn-s1": lambda: zoo.cnn(x, ((2, 3, 1, 0),), pool="max"),
     }[name]
     logits, params = build()
     logits = logits[:3]
@@ -1546,6 +1548,33 @@ def test_zoo_families_partly_compiled(name):
             fit_params(part, case, p0, batch, 2, 0.01)[0],
             fit_params(tape, case, p0, batch, 1, 0.01)[0],
             f"partly compiled fit, batch {batch}",
+        )
+
+
+@needs_cc
+@pytest.mark.parametrize("name", ["cnn-s1", "gru", "attention"])
+def test_plain_lane_loops_compute_the_vector_paths_bits(name):
+    """Generated code built with MGK_NO_VECTOR (what a compiler without GNU C vectors, tcc or
+    MSVC, runs: every block, tile and split sum as plain lane loops) against the interpreter's
+    vector paths, bit for bit: one order of additions per lane whatever holds the lanes. cnn-s1's
+    kernel-weight gradients are split sums over 26 rows of 26 (3 blocks and 2 last terms each)."""
+    case = zoo_case(name)
+    tape = compile_case(case)
+    if name == "cnn-s1":
+        assert "[split sums]" in tape.describe()
+    flags = [*compiler.default_flags(compiler.find_compiler()), "-DMGK_NO_VECTOR"]
+    plain = compile_case(case, backend="c", flags=flags)
+    t_out, t_loss, t_grad = run_samples(tape, case, 3)
+    p_out, p_loss, p_grad = run_samples(plain, case, 3)
+    assert_bitwise(p_out, t_out, "plain-lane outputs vs tape")
+    assert_bitwise(p_loss, t_loss, "plain-lane losses vs tape")
+    assert_bitwise(p_grad, t_grad, "plain-lane gradients vs tape")
+    p0 = np.array([p.data for p in case.params])
+    for batch in (1, 4):
+        assert_bitwise(
+            fit_params(plain, case, p0, batch, 1, 0.01)[0],
+            fit_params(tape, case, p0, batch, 1, 0.01)[0],
+            f"plain-lane fit, batch {batch}",
         )
 
 
