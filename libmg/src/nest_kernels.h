@@ -253,17 +253,19 @@ MGK_HOT void mgk_point1(const mgk_nest *N, const mgk_run *R, const int term, con
     acc = N->mode == MGK_SUM0 || step ? (mgk_real)0
           : N->mode == MGK_SUMI       ? *MGK_ATS(R, &N->init, pi, s0)
                                       : *MGK_ATS(R, &N->out, po, s0);
-    if (N->flags & MGK_F_SPLIT) {
-        /* lane l adds, in order over (samples, r4, r5, r6), the terms at r7 = l, l + MGK_LANES,
-         * ...; the lanes are then added once, in a fixed order. A row's last terms (n[7] %
-         * MGK_LANES of them) go to the first lanes; the others add nothing (a lane starts at +0.0
-         * and so never holds -0.0, which adding +0.0 would change). One sum of lanes per output,
-         * not per row: a convolution's kernel weight sums 26 rows of 26 products in cnn48, whose
-         * per-row sums of lanes made the C compiler's code add them in a chain of dependent
-         * additions (cnn, cnn2, cnn48: 4-6% faster at batch sizes 1 and 32). */
+    {
+        /* A plain sum adds the terms into acc in order. A split sum's lane l adds, in order over
+         * (samples, r4, r5, r6), the terms at r7 = l, l + MGK_LANES, ...; the lanes are then added
+         * once, in a fixed order. A row's last terms (n[7] % MGK_LANES of them) go to the first
+         * lanes; the others add nothing (a lane starts at +0.0 and so never holds -0.0, which
+         * adding +0.0 would change). One sum of lanes per output, not per row: in cnn48 a kernel
+         * weight's gradient sums 26 rows of 26 products, and each row's sum of lanes (seven
+         * additions and the lanes' extraction, after three blocks of products) cost more than its
+         * products (cnn, cnn2, cnn48: 4-6% faster at batch sizes 1 and 32). */
         const mgk_i64 full = n[7] / MGK_LANES * MGK_LANES;
         const int m = (int)(n[7] - full);
-        mgk_real part[MGK_LANES], sum;
+        const int split = (N->flags & MGK_F_SPLIT) != 0;
+        mgk_real part[MGK_LANES];
         int l, tree = 0; /* tree: the lanes were added in vector registers */
 /* the fixed order in which the lanes are added: lanes o..o+7 of P(lane), in pairs */
 #define MGK_TREE8(P, o)                                                                            \
@@ -276,7 +278,7 @@ MGK_HOT void mgk_point1(const mgk_nest *N, const mgk_run *R, const int term, con
 #endif
 #define MGK_PART(l) part[l]
 #if MGK_VECTOR
-        if ((term == MGK_T_MUL || term == MGK_T_ONE) && !X[0].gather && !X[1].gather &&
+        if (split && (term == MGK_T_MUL || term == MGK_T_ONE) && !X[0].gather && !X[1].gather &&
             (X[0].s[7] == 0 || X[0].s[7] == 1) &&
             (term == MGK_T_ONE || X[1].s[7] == 0 || X[1].s[7] == 1)) {
             /* the same lanes, lane l of vector k holding part[k * MGK_VW + l] */
@@ -327,12 +329,12 @@ MGK_HOT void mgk_point1(const mgk_nest *N, const mgk_run *R, const int term, con
             /* added lane from register (through memory, each lane's load waited for the vector's
              * store: a fifth of an RNN's backward) */
 #define MGK_VLANE(l) v[(l) / MGK_VW][(l) % MGK_VW]
-            sum = MGK_TREE(MGK_VLANE);
+            acc += MGK_TREE(MGK_VLANE);
 #undef MGK_VLANE
             tree = 1;
         }
 #endif
-        if (!tree) {
+        if (!tree) { /* one loop for split sums' lanes and plain sums */
             for (l = 0; l < MGK_LANES; l++) part[l] = (mgk_real)0;
             for (sm = 0; sm < nbr; sm++) {
                 const mgk_i64 so = s0 + sm * R->ss;
@@ -343,34 +345,20 @@ MGK_HOT void mgk_point1(const mgk_nest *N, const mgk_run *R, const int term, con
                                           q1 = p1 + MGK_RPOS(&X[1], r4, r5, r6, 0);
                             const mgk_i64 q2 = p2 + MGK_RPOS(&X[2], r4, r5, r6, 0),
                                           q3 = p3 + MGK_RPOS(&X[3], r4, r5, r6, 0);
-                            for (r7 = 0; r7 < n[7]; r7++)
-                                part[r7 % MGK_LANES] += MGK_TERM_AT(
+                            for (r7 = 0; r7 < n[7]; r7++) {
+                                const mgk_real v = MGK_TERM_AT(
                                     N, R, term, op, q0 + r7 * X[0].s[7], q1 + r7 * X[1].s[7],
                                     q2 + r7 * X[2].s[7], q3 + r7 * X[3].s[7], so);
+                                if (split) part[r7 % MGK_LANES] += v;
+                                else acc += v;
+                            }
                         }
             }
-            sum = MGK_TREE(MGK_PART);
+            if (split) acc += MGK_TREE(MGK_PART);
         }
 #undef MGK_PART
 #undef MGK_TREE
 #undef MGK_TREE8
-        acc += sum;
-    } else {
-        for (sm = 0; sm < nbr; sm++) {
-            const mgk_i64 so = s0 + sm * R->ss;
-            for (r4 = 0; r4 < n[4]; r4++)
-                for (r5 = 0; r5 < n[5]; r5++)
-                    for (r6 = 0; r6 < n[6]; r6++) {
-                        const mgk_i64 q0 = p0 + MGK_RPOS(&X[0], r4, r5, r6, 0),
-                                      q1 = p1 + MGK_RPOS(&X[1], r4, r5, r6, 0);
-                        const mgk_i64 q2 = p2 + MGK_RPOS(&X[2], r4, r5, r6, 0),
-                                      q3 = p3 + MGK_RPOS(&X[3], r4, r5, r6, 0);
-                        for (r7 = 0; r7 < n[7]; r7++)
-                            acc += MGK_TERM_AT(N, R, term, op, q0 + r7 * X[0].s[7],
-                                               q1 + r7 * X[1].s[7], q2 + r7 * X[2].s[7],
-                                               q3 + r7 * X[3].s[7], so);
-                    }
-        }
     }
     if (step) {
         mgk_real *w = MGK_ATS(R, &N->init, pi, s0);

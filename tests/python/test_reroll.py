@@ -1537,17 +1537,30 @@ def test_zoo_families_partly_compiled(name):
     tape = compile_case(case)
     part = compile_case(case, backend="c", max_kernels=2)
     assert part.describe().count("[compiled]") == 2
+    assert_tape_bits(part, tape, case, "partly compiled", batches=(1, 3), threads=2)
+
+
+def assert_tape_bits(
+    prog: mc.Program,
+    tape: mc.Program,
+    case: Case,
+    what: str,
+    batches: Sequence[int],
+    threads: int,
+) -> None:
+    """``prog`` computes ``tape``'s bits: forward and backward on 3 samples, then fits at each
+    batch size (``prog`` on ``threads`` threads, the tape on one)."""
     t_out, t_loss, t_grad = run_samples(tape, case, 3)
-    p_out, p_loss, p_grad = run_samples(part, case, 3)
-    assert_bitwise(p_out, t_out, "partly compiled outputs vs tape")
-    assert_bitwise(p_loss, t_loss, "partly compiled losses vs tape")
-    assert_bitwise(p_grad, t_grad, "partly compiled gradients vs tape")
+    p_out, p_loss, p_grad = run_samples(prog, case, 3)
+    assert_bitwise(p_out, t_out, f"{what} outputs vs tape")
+    assert_bitwise(p_loss, t_loss, f"{what} losses vs tape")
+    assert_bitwise(p_grad, t_grad, f"{what} gradients vs tape")
     p0 = np.array([p.data for p in case.params])
-    for batch in (1, 3):
+    for batch in batches:
         assert_bitwise(
-            fit_params(part, case, p0, batch, 2, 0.01)[0],
+            fit_params(prog, case, p0, batch, threads, 0.01)[0],
             fit_params(tape, case, p0, batch, 1, 0.01)[0],
-            f"partly compiled fit, batch {batch}",
+            f"{what} fit, batch {batch}",
         )
 
 
@@ -1564,18 +1577,7 @@ def test_plain_lane_loops_compute_the_vector_paths_bits(name):
         assert "[split sums]" in tape.describe()
     flags = [*compiler.default_flags(compiler.find_compiler()), "-DMGK_NO_VECTOR"]
     plain = compile_case(case, backend="c", flags=flags)
-    t_out, t_loss, t_grad = run_samples(tape, case, 3)
-    p_out, p_loss, p_grad = run_samples(plain, case, 3)
-    assert_bitwise(p_out, t_out, "plain-lane outputs vs tape")
-    assert_bitwise(p_loss, t_loss, "plain-lane losses vs tape")
-    assert_bitwise(p_grad, t_grad, "plain-lane gradients vs tape")
-    p0 = np.array([p.data for p in case.params])
-    for batch in (1, 4):
-        assert_bitwise(
-            fit_params(plain, case, p0, batch, 1, 0.01)[0],
-            fit_params(tape, case, p0, batch, 1, 0.01)[0],
-            f"plain-lane fit, batch {batch}",
-        )
+    assert_tape_bits(plain, tape, case, "plain-lane", batches=(1, 4), threads=1)
 
 
 # A subprocess per kernel build (MG_ISA is read once per process): zoo families trained on the
