@@ -7,7 +7,7 @@
 2. The same demo with micrograd's nn.py classes copied verbatim (every w*x and + is a Value op).
 3. MLP(784,[50,10]) forward + backward on one 784-pixel input.
 
-micrograd needs about 1 s per demo step, so by default it runs --ref-steps steps and its time
+micrograd needs about 2 s per demo step, so by default it runs --ref-steps steps and its time
 is scaled to 100 steps (per-step cost is constant: each step builds the same graph); --full runs
 all 100. Times are medians of --repeat runs; ratios are micrograd / micrograd_c.
 """

@@ -251,12 +251,16 @@ def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--families", default=",".join(zoo.FAMILIES))
-    ap.add_argument("--samples", type=int, default=2000)
-    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument(
+        "--families", default=",".join(zoo.FAMILIES), help="comma-separated (default: all)"
+    )
+    ap.add_argument("--samples", type=int, default=2000, help="MNIST images (default 2000)")
+    ap.add_argument("--repeat", type=int, default=5, help="rounds, medians (default 5)")
     ap.add_argument("--batch", default="1", help="comma-separated batch sizes (default 1)")
-    ap.add_argument("--lr", type=float, default=0.01)
-    ap.add_argument("--data-dir", default=DEFAULT_MNIST)
+    ap.add_argument("--lr", type=float, default=0.01, help="SGD step (default 0.01)")
+    ap.add_argument(
+        "--data-dir", default=DEFAULT_MNIST, help=f"MNIST IDX files (default {DEFAULT_MNIST})"
+    )
     ap.add_argument("--cc", default="gcc", help="the C compiler (default gcc)")
     ap.add_argument("--no-torch", action="store_true")
     args = ap.parse_args()

@@ -157,8 +157,9 @@ typedef mgk_real mgk_vec_u
 #else
 #error "unexpected vector width"
 #endif
-/* lanes p[0], p[s], p[2s], ... of one native vector, the first m of them (a strided output, loaded
- * once per tile; lanes past the valid ones are zero, never read) */
+/* lanes p[0], p[s], p[2s], ... of one native vector, the first m of them, zeros after (a strided
+ * output loaded once per tile, whose zero lanes are never stored; a split sum's last terms in a
+ * row, whose zero lanes add +0.0 * +0.0) */
 #define MGK_GL(p, s, m, l) ((l) < (m) ? (p)[(l) * (s)] : (mgk_real)0)
 #if MGK_VW == 2
 #define MGK_VGATHER(p, s, m) ((mgk_vec){MGK_GL(p, s, m, 0), MGK_GL(p, s, m, 1)})

@@ -1569,8 +1569,10 @@ def assert_tape_bits(
 def test_plain_lane_loops_compute_the_vector_paths_bits(name):
     """Generated code built with MGK_NO_VECTOR (what a compiler without GNU C vectors, tcc or
     MSVC, runs: every block, tile and split sum as plain lane loops) against the interpreter's
-    vector paths, bit for bit: one order of additions per lane whatever holds the lanes. cnn-s1's
-    kernel-weight gradients are split sums over 26 rows of 26 (3 blocks and 2 last terms each)."""
+    vector paths, bit for bit: one order of additions per lane whatever holds the lanes (for
+    numbers; which of two NaNs an addition keeps depends on how the C compiler ordered its
+    operands). cnn-s1's kernel-weight gradients are split sums over 26 rows of 26 (3 blocks and 2
+    last terms each)."""
     case = zoo_case(name)
     tape = compile_case(case)
     if name == "cnn-s1":
