@@ -31,10 +31,10 @@
  * is element base + t*ts + sum_k s[k]*i_k of array `arr` (t: the enclosing sequential loop's
  * iteration), or, with `gather`, the element that position of the index table names.
  * MGK_F_SPLIT (gradient sums over shared weights, never forward values) adds the innermost
- * reduction dim in MGK_LANES interleaved partial sums, kept over every other reduction dim and the
- * samples and combined once per output in a fixed order: the same bits on every backend and
- * thread count. MGK_F_SCATTER (gradients whose target moves along more
- * dims than a nest has outer dims) adds every term straight into its own output element,
+ * reduction dim, where it is at least MGK_LANES long, in MGK_LANES interleaved partial sums, kept
+ * over every other reduction dim and the samples and combined once per output in a fixed order: the
+ * same bits on every backend and thread count. MGK_F_SCATTER (gradients whose target moves along
+ * more dims than a nest has outer dims) adds every term straight into its own output element,
  * out(i, r) += term(i, r), visiting the points in row-major order. */
 #ifndef MGK_NEST_KERNELS_H
 #define MGK_NEST_KERNELS_H
