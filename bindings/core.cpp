@@ -4,6 +4,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -278,6 +279,14 @@ struct Tape {
     std::mutex run;           // one C call at a time: the GIL is released while C runs
     py::object kernels_owner; // keeps a loaded compiled library alive
 };
+
+// Whether X is an array of 4-byte floats (any such dtype: an unpickled array's dtype is equal to
+// float32's, not it), which fit reads as floats and predict widens a block at a time.
+bool float32_rows(py::handle X) {
+    if (!py::isinstance<py::array>(X)) return false;
+    py::dtype dt = py::reinterpret_borrow<py::array>(X).dtype();
+    return dt.kind() == 'f' && dt.itemsize() == 4;
+}
 
 // Rows of `width` numbers (doubles, or A's element type): (n, width), or (width,) as one row when
 // `allow_vector`; (n,) when width is 1. Copies only when the dtype, layout or alignment requires
@@ -711,13 +720,8 @@ PYBIND11_MODULE(_core, m, py::mod_gil_used()) {
                uint64_t seed, uint64_t epoch, size_t threads) {
                 mg_tape *t = tp.t.get();
                 size_t n = 0, m = 0;
-                // float32 rows are read as they are (mg_fit_options.X32), others as doubles: any
-                // 4-byte float dtype (an unpickled array's dtype is equal to float32's, not it)
-                bool x32 = false;
-                if (py::isinstance<py::array>(X)) {
-                    py::dtype dt = py::reinterpret_borrow<py::array>(X).dtype();
-                    x32 = dt.kind() == 'f' && dt.itemsize() == 4;
-                }
+                // float32 rows are read as they are (mg_fit_options.X32), others as doubles
+                const bool x32 = float32_rows(X);
                 Array xa;
                 Array32 xa32;
                 if (x32) xa32 = rows_of<Array32>(X, mg_tape_ninputs(t), "fit: X", &n, false);
@@ -750,16 +754,30 @@ PYBIND11_MODULE(_core, m, py::mod_gil_used()) {
             "predict",
             [](Tape &tp, py::handle X) {
                 mg_tape *t = tp.t.get();
+                const size_t w = mg_tape_ninputs(t), no = mg_tape_noutputs(t);
                 size_t n = 0;
-                Array xa = rows_of(X, mg_tape_ninputs(t), "predict: X", &n, false);
-                py::array_t<double> out({(py::ssize_t)n, (py::ssize_t)mg_tape_noutputs(t)});
+                // float32 rows are widened to doubles (exactly) a block of rows at a time, not
+                // all at once: held-out rows as float32 stay a block's worth of doubles
+                const bool x32 = float32_rows(X);
+                Array xa;
+                Array32 xa32;
+                if (x32) xa32 = rows_of<Array32>(X, w, "predict: X", &n, false);
+                else xa = rows_of(X, w, "predict: X", &n, false);
+                py::array_t<double> out({(py::ssize_t)n, (py::ssize_t)no});
                 double *o = out.mutable_data();
-                const double *xp = xa.data();
-                int st;
+                const size_t block = 4096;
+                std::vector<double> wide(x32 ? std::min(n, block) * w : 0);
+                int st = MG_OK;
                 {
                     py::gil_scoped_release nogil;
                     std::lock_guard<std::mutex> lock(tp.run);
-                    st = mg_tape_predict(t, xp, n, o);
+                    if (!x32) st = mg_tape_predict(t, xa.data(), n, o);
+                    for (size_t k = 0; x32 && k < n && st == MG_OK; k += block) {
+                        const size_t rows = std::min(block, n - k);
+                        const float *src = xa32.data() + k * w;
+                        for (size_t i = 0; i < rows * w; i++) wide[i] = src[i];
+                        st = mg_tape_predict(t, wide.data(), rows, o + k * no);
+                    }
                 }
                 check_tape(t, st);
                 return out;

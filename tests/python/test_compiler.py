@@ -782,6 +782,30 @@ def test_float32_inputs_train_as_their_float64_values(kind):
                 assert losses == got[0][1], (bs, threads)
 
 
+@pytest.mark.parametrize("kind", ["tape", "c", "float32"])
+def test_float32_rows_predict_as_their_float64_values(kind):
+    """predict widens float32 rows a block of 4,096 at a time: every row's outputs are bitwise
+    those of the same values in float64, across block boundaries, in any layout and at odd
+    addresses; no rows gives no outputs."""
+    if kind != "tape" and not HAVE_CC:
+        pytest.skip("no C compiler")
+    kw = {"backend": "c", "float32": True} if kind == "float32" else {"backend": kind}
+    _, prog = mlp_program(sizes=(5, [6, 3]), **kw)
+    rng = np.random.RandomState(4)
+    X32 = (rng.rand(4096 * 2 + 3, 5) * 4 - 2).astype(np.float32)
+    want = prog.predict(X32.astype(np.float64))
+    odd32 = np.frombuffer(bytearray(X32.nbytes + 1), np.float32, X32.size, 1).reshape(X32.shape)
+    odd32[...] = X32
+    for X in (X32, np.asfortranarray(X32), odd32, pickle.loads(pickle.dumps(X32))):
+        got = prog.predict(X)
+        assert got.shape == want.shape and got.dtype == np.float64
+        assert np.array_equal(got, want)
+    assert np.array_equal(prog.predict(X32[4090:4100]), want[4090:4100])
+    assert prog.predict(X32[:0]).shape == (0, 3)
+    with pytest.raises(ValueError, match=r"predict: X: expected shape \(n, 5\)"):
+        prog.predict(X32[:, :4])
+
+
 @needs_cc
 def test_unusable_cache_directory_falls_back(tmp_path):
     blocker = tmp_path / "file"
