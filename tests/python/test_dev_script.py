@@ -116,3 +116,67 @@ def test_a_fuzzer_failure_names_the_input_shows_the_traceback_and_the_tally(tmp_
         == outs[1]
         == ["fuzz idx (replay): 2 inputs, no failure", "fuzz idx (explore): 50 runs, no failure"]
     )
+
+
+BUILD_LINE = "== building and installing the micrograd_c package"
+STALE_SOURCES = (
+    "libmg",
+    "bindings",
+    "python",
+    "tools",
+    "meson.build",
+    "meson.options",
+    "pyproject.toml",
+)
+
+
+def newest_source() -> float:
+    """The newest modification time among the files ./dev's package_stale compares with."""
+    newest = 0.0
+    for top in STALE_SOURCES:
+        path = os.path.join(ROOT, top)
+        if os.path.isfile(path):
+            newest = max(newest, os.path.getmtime(path))
+        for dirpath, _, files in os.walk(path):
+            for f in files:
+                newest = max(newest, os.path.getmtime(os.path.join(dirpath, f)))
+    return newest
+
+
+def test_dev_train_rebuilds_a_stale_install_only(tmp_path):
+    """./dev train rebuilds the package when a source is newer than its last install by ./dev (the
+    stamp in the venv), not when every source is older, and leaves alone a package that ./dev did
+    not install (no stamp). The rebuild is incremental: the same tree, so the same package."""
+    stamp = os.path.join(sys.prefix, ".micrograd_c-installed")
+    if not os.path.exists(stamp):
+        pytest.skip("the package in this venv was not installed by ./dev")
+    env = {"MICROGRAD_C_CACHE_DIR": str(tmp_path / "cache")}
+
+    def train():
+        r = dev(
+            "train",
+            "--dataset",
+            "xor",
+            "--epochs",
+            "1",
+            "--no-plot",
+            "--quiet",
+            cwd=tmp_path,
+            env=env,
+        )
+        assert r.returncode == 0, r.stdout + r.stderr
+        return r.stdout
+
+    newest = newest_source()
+    away = stamp + ".away"
+    try:
+        os.utime(stamp, (newest + 60, newest + 60))  # installed after every source
+        assert BUILD_LINE not in train()
+        os.utime(stamp, (newest - 60, newest - 60))  # a source changed since
+        assert BUILD_LINE in train()
+        assert os.path.getmtime(stamp) > newest - 60  # the rebuild renewed the stamp
+        os.replace(stamp, away)  # installed by hand, not by ./dev
+        assert BUILD_LINE not in train()
+    finally:
+        if os.path.exists(away):
+            os.replace(away, stamp)
