@@ -295,11 +295,11 @@ static void emit_kernels(sbuf *b, const mg_tape *t, const uint8_t *hot, size_t *
                  "#if MG_HAS(%zu, %u, %u, %u)\n"
                  "MG_KFN void mg_k%zu(const void *r) {\n"
                  "    MGK_NEST_PATH(&mg_nests[%zu], (const mgk_run *)r, %d, %d, 0, %d, %d, "
-                 "%d);\n}\n#endif\n",
+                 "%d, %lld);\n}\n#endif\n",
                  map[k], (unsigned)part[map[k]], (unsigned)part[j + map[k]],
                  (unsigned)part[2 * j + map[k]], k, map[k], t->nests[k].term, t->nests[k].op,
                  MGK_PS(&t->nests[k].out) ? 1 : 0, (int)MGK_TILE_KIND(&t->nests[k]),
-                 (t->nests[k].flags & MGK_F_BLOCK) ? 1 : 0);
+                 (t->nests[k].flags & MGK_F_BLOCK) ? 1 : 0, (long long)t->nests[k].n[3]);
 }
 
 /* The inference walker: the forward program's instructions the outputs need. */

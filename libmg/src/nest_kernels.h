@@ -182,6 +182,19 @@ typedef mgk_real mgk_vec_u
  * whose accumulators must live in registers (gcc -O2 leaves an 8-row loop rolled, with every
  * accumulator in memory: a load, an add and a store per row and term). */
 #define MGK_UNROLL _Pragma("GCC unroll 16")
+/* Quarter blocks: 16-byte vectors of MGK_QL lanes (2 doubles or 4 floats, every target has
+ * them), for the last block of a row when at most MGK_QL of its lanes are valid (mgk_tile_q). */
+#define MGK_QL (16 / MGK_REAL_BYTES)
+typedef mgk_real mgk_vq __attribute__((vector_size(16)));
+typedef mgk_real mgk_vq_u __attribute__((vector_size(16), aligned(MGK_REAL_BYTES), may_alias));
+#if MGK_QL == 2
+#define MGK_QSPLAT(x) ((mgk_vq){(x), (x)})
+#define MGK_QGATHER(p, s, m) ((mgk_vq){MGK_GL(p, s, m, 0), MGK_GL(p, s, m, 1)})
+#else
+#define MGK_QSPLAT(x) ((mgk_vq){(x), (x), (x), (x)})
+#define MGK_QGATHER(p, s, m)                                                                       \
+    ((mgk_vq){MGK_GL(p, s, m, 0), MGK_GL(p, s, m, 1), MGK_GL(p, s, m, 2), MGK_GL(p, s, m, 3)})
+#endif
 #else
 #define MGK_VECTOR 0
 #endif
@@ -724,6 +737,62 @@ MGK_HOT void mgk_tile(const mgk_nest *N, const mgk_run *R, const int small, cons
 }
 #endif
 
+#if MGK_VECTOR
+/* mgk_tile for the last block of a row when at most MGK_QL lanes are valid (`nl`), in quarter
+ * blocks: a row of 50 outputs is six blocks of 8 doubles and 2 outputs, whose block would cost as
+ * much as a full one (two operations per AVX-512 instruction on CPUs that split them). The rows
+ * of samples or along dim 2 only (mgk_tile without `ra` and `pre`); each lane computes what
+ * mgk_tile's lane does, in the same order: the same bits. */
+MGK_HOT void mgk_tile_q(const mgk_nest *N, const mgk_run *R, const int small, const mgk_i64 nbr,
+                        const int nt, const int nl, mgk_real *o, const mgk_real *in,
+                        const mgk_real *a0, const mgk_real *b0, const mgk_i64 ro, const mgk_i64 ri,
+                        const mgk_i64 rb) {
+    MGK_SIZES(n, N->n, small);
+    const mgk_ref *X = N->x;
+    const mgk_i64 psa = MGK_PS(&X[0]) ? R->ss : 0, psb = MGK_PS(&X[1]) ? R->ss : 0;
+    const mgk_i64 so = N->out.s[3];
+    mgk_vq v[MGK_TS] = {MGK_QSPLAT((mgk_real)0)}, a;
+    mgk_i64 r4, r5, r6, r7, sm;
+    int q;
+    MGK_UNROLL
+    for (q = 0; q < nt; q++) {
+        if (N->mode == MGK_SUM0) v[q] = MGK_QSPLAT((mgk_real)0);
+        else if (N->mode == MGK_SUMI && N->init.s[3] == 0) v[q] = MGK_QSPLAT(in[q * ri]);
+        else if (N->mode == MGK_SUMI) v[q] = *(const mgk_vq_u *)(const void *)(in + q * ri);
+        else if (so == 1) v[q] = *(const mgk_vq_u *)(const void *)(o + q * ro);
+        else v[q] = MGK_QGATHER(o + q * ro, so, nl);
+    }
+    for (sm = 0; sm < nbr; sm++)
+        for (r4 = 0; r4 < n[4]; r4++)
+            for (r5 = 0; r5 < n[5]; r5++)
+                for (r6 = 0; r6 < n[6]; r6++)
+                    for (r7 = 0; r7 < n[7]; r7++) {
+                        const mgk_real *y0 = a0 + sm * psa + MGK_RPOS(&X[0], r4, r5, r6, r7);
+                        const mgk_real *y1 = b0 + sm * psb + MGK_RPOS(&X[1], r4, r5, r6, r7);
+                        a = *(const mgk_vq_u *)(const void *)y0;
+                        MGK_UNROLL
+                        for (q = 0; q < nt; q++) v[q] += a * MGK_QSPLAT(y1[q * rb]);
+                    }
+    MGK_UNROLL
+    for (q = 0; q < nt; q++) {
+        mgk_real *const p = o + q * ro;
+        p[0] = v[q][0];
+        if (nl > 1) p[so] = v[q][1];
+#if MGK_QL == 4
+        if (nl > 2) p[2 * so] = v[q][2];
+        if (nl > 3) p[3 * so] = v[q][3];
+#endif
+    }
+}
+#endif
+
+/* Whether a nest with `n3` points along its vector dim ends its rows in a quarter block: at most
+ * MGK_QL lanes of the last one valid (mgk_tile_q). Generated code passes n3 as a literal, so
+ * this is a constant before gcc inlines anything, and the nests that never run a quarter block
+ * do not carry one. */
+#define MGK_QTAIL(n3)                                                                              \
+    (MGK_VECTOR && (n3) % MGK_LANES != 0 && (n3) % MGK_LANES <= 16 / MGK_REAL_BYTES)
+
 /* The position of ref X at outer point (i0, i1, i2, i3) of sequential iteration t. */
 #define MGK_OPOS(X, t, i0, i1, i2, i3)                                                             \
     ((X)->base + (t) * (X)->ts + (i0) * (X)->s[0] + (i1) * (X)->s[1] + (i2) * (X)->s[2] +          \
@@ -752,16 +821,16 @@ MGK_HOT void mgk_tile(const mgk_nest *N, const mgk_run *R, const int small, cons
  * 4 and 5 have size 1 (a nest with at most three outer and two reduction dims, which is nearly
  * every nest once contiguous dims are merged), so the interpreter's instances for such nests skip
  * those loops. The paths: `ps`, the output is per-sample; `tile`, MGK_TILE_KIND; `block`,
- * MGK_F_BLOCK. Generated functions give them as constants, so the C compiler never keeps the
- * others. A nest writing per-sample values runs once per sample (or, tiled, several samples at a
- * time); one writing a shared array (a parameter's gradient) sums over the samples inside each
- * output.
+ * MGK_F_BLOCK; `n3` repeats N->n[3] (MGK_QTAIL). Generated functions give them as constants, so the
+ * C compiler never keeps the others. A nest writing per-sample values runs once per sample (or,
+ * tiled, several samples at a time); one writing a shared array (a parameter's gradient) sums over
+ * the samples inside each output.
  *
  * This is one body over mgk_point1, mgk_block and mgk_tile, not a chain of inline functions: the
  * C compiler optimises each function of such a chain on its own, with every inner one inlined,
  * before it copies the outermost into a nest's function; a chain five deep was most of the time
  * gcc spent on generated code. For the same reason the body is a macro, MGK_NEST_PATH_BODY, over
- * the names N, R, term, op, small, ps, tile and block: the interpreter's instances call the
+ * the names N, R, term, op, small, ps, tile, block and n3: the interpreter's instances call the
  * function mgk_nest_path, and each nest function of generated code is MGK_NEST_PATH(...), the
  * body itself with its constants, so gcc never optimises a generic copy of it first (that copy,
  * every path with run-time conditions, was 8-9% of gcc's instructions on a generated file).
@@ -796,8 +865,12 @@ MGK_HOT void mgk_tile(const mgk_nest *N, const mgk_run *R, const int small, cons
                                 Rs.a[X[0].arr] + MGK_OPOS(&X[0], t, i0, i1, i2, i3);               \
                             const mgk_real *b0 =                                                   \
                                 Rs.a[X[1].arr] + MGK_OPOS(&X[1], t, i0, i1, i2, i3);               \
-                            mgk_tile(N, &Rs, small, 1, MGK_TS, nl, o, in, a0, b0, ss, ri, 0, ss,   \
-                                     0);                                                           \
+                            if (MGK_QTAIL(n3) && nl <= MGK_QL)                                     \
+                                mgk_tile_q(N, &Rs, small, 1, MGK_TS, nl, o, in, a0, b0, ss, ri,    \
+                                           ss);                                                    \
+                            else                                                                   \
+                                mgk_tile(N, &Rs, small, 1, MGK_TS, nl, o, in, a0, b0, ss, ri, 0,   \
+                                         ss, 0);                                                   \
                         }                                                                          \
         }                                                                                          \
         sm0 = tiled;                                                                               \
@@ -805,11 +878,18 @@ MGK_HOT void mgk_tile(const mgk_nest *N, const mgk_run *R, const int small, cons
 #define MGK_ROW_TILES(NT)                                                                          \
     for (i3 = 0; i3 < n[3]; i3 += MGK_LANES) {                                                     \
         const int nl = n[3] - i3 < MGK_LANES ? (int)(n[3] - i3) : MGK_LANES;                       \
-        mgk_tile(N, Rb, small, nbr, NT, nl, Rb->a[O->arr] + MGK_OPOS(O, t, i0, i1, i2, i3),        \
-                 Rb->a[I->arr] + MGK_OPOS(I, t, i0, i1, i2, i3),                                   \
-                 Rb->a[X[0].arr] + MGK_OPOS(&X[0], t, i0, i1, i2, i3),                             \
-                 Rb->a[X[1].arr] + MGK_OPOS(&X[1], t, i0, i1, i2, i3), O->s[2], I->s[2], 0,        \
-                 X[1].s[2], 0);                                                                    \
+        if (MGK_QTAIL(n3) && nl <= MGK_QL)                                                         \
+            mgk_tile_q(N, Rb, small, nbr, NT, nl, Rb->a[O->arr] + MGK_OPOS(O, t, i0, i1, i2, i3),  \
+                       Rb->a[I->arr] + MGK_OPOS(I, t, i0, i1, i2, i3),                             \
+                       Rb->a[X[0].arr] + MGK_OPOS(&X[0], t, i0, i1, i2, i3),                       \
+                       Rb->a[X[1].arr] + MGK_OPOS(&X[1], t, i0, i1, i2, i3), O->s[2], I->s[2],     \
+                       X[1].s[2]);                                                                 \
+        else                                                                                       \
+            mgk_tile(N, Rb, small, nbr, NT, nl, Rb->a[O->arr] + MGK_OPOS(O, t, i0, i1, i2, i3),    \
+                     Rb->a[I->arr] + MGK_OPOS(I, t, i0, i1, i2, i3),                               \
+                     Rb->a[X[0].arr] + MGK_OPOS(&X[0], t, i0, i1, i2, i3),                         \
+                     Rb->a[X[1].arr] + MGK_OPOS(&X[1], t, i0, i1, i2, i3), O->s[2], I->s[2], 0,    \
+                     X[1].s[2], 0);                                                                \
     }
 #define MGK_NP_ROWS                                                                                \
     if (tile2 && term == MGK_T_MUL && !step && !pre) {                                             \
@@ -949,19 +1029,20 @@ MGK_HOT void mgk_tile(const mgk_nest *N, const mgk_run *R, const int small, cons
     }
 
 MGK_HOT void mgk_nest_path(const mgk_nest *N, const mgk_run *R, const int term, const int op,
-                           const int small, const int ps, const int tile,
-                           const int block){MGK_NEST_PATH_BODY}
+                           const int small, const int ps, const int tile, const int block,
+                           const mgk_i64 n3){MGK_NEST_PATH_BODY}
 
 /* A nest function of generated code: the body above with the nest's descriptor, its term and op
  * and its paths as constants. The body's names are locals initialised from the arguments, so an
- * argument must not mention N, R, term, op, small, ps, tile or block (the emitter passes
+ * argument must not mention N, R, term, op, small, ps, tile, block or n3 (the emitter passes
  * `&mg_nests[k]`, `(const mgk_run *)r` and integer constants). */
-#define MGK_NEST_PATH(N_, R_, term_, op_, small_, ps_, tile_, block_)                              \
+#define MGK_NEST_PATH(N_, R_, term_, op_, small_, ps_, tile_, block_, n3_)                         \
     do {                                                                                           \
         const mgk_nest *const N = (N_);                                                            \
         const mgk_run *const R = (R_);                                                             \
         const int term = (term_), op = (op_), small = (small_), ps = (ps_), tile = (tile_),        \
                   block = (block_);                                                                \
+        const mgk_i64 n3 = (n3_);                                                                  \
         MGK_NEST_PATH_BODY                                                                         \
     } while (0)
 
@@ -969,7 +1050,7 @@ MGK_HOT void mgk_nest_path(const mgk_nest *N, const mgk_run *R, const int term, 
 MGK_HOT void mgk_nest_shape(const mgk_nest *N, const mgk_run *R, const int term, const int op,
                             const int small) {
     mgk_nest_path(N, R, term, op, small, MGK_PS(&N->out), MGK_TILE_KIND(N),
-                  (N->flags & MGK_F_BLOCK) != 0);
+                  (N->flags & MGK_F_BLOCK) != 0, N->n[3]);
 }
 
 #endif /* MGK_NEST_KERNELS_H */

@@ -1491,6 +1491,8 @@ def zoo_case(name: str, seed: int = 0) -> Case:
         "cnn": lambda: zoo.cnn(x, ((1, 5, 3, 0),), pool="max"),
         "cnn-zeros": lambda: zoo.cnn(x, ((1, 3, 4, 1),), pool="avg", pad_with_zeros=True),
         "cnn-s1": lambda: zoo.cnn(x, ((2, 3, 1, 0),), pool="max"),
+        # rows ending in quarter blocks (1 and 2 of 8 double lanes, 1 and 3 of 16 float ones)
+        "mlp-tails": lambda: zoo.mlp(x, hidden=(17, 10), nout=3),
     }[name]
     logits, params = build()
     logits = logits[:3]
@@ -1565,14 +1567,14 @@ def assert_tape_bits(
 
 
 @needs_cc
-@pytest.mark.parametrize("name", ["cnn-s1", "gru", "attention"])
+@pytest.mark.parametrize("name", ["cnn-s1", "gru", "attention", "mlp-tails"])
 def test_plain_lane_loops_compute_the_vector_paths_bits(name):
     """Generated code built with MGK_NO_VECTOR (what a compiler without GNU C vectors, tcc or
     MSVC, runs: every block, tile and split sum as plain lane loops) against the interpreter's
     vector paths, bit for bit: one order of additions per lane whatever holds the lanes (for
     numbers; which of two NaNs an addition keeps depends on how the C compiler ordered its
     operands). cnn-s1's kernel-weight gradients are split sums over 26 rows of 26 (3 blocks and 2
-    last terms each)."""
+    last terms each); mlp-tails' layers end their rows in quarter blocks (mgk_tile_q)."""
     case = zoo_case(name)
     tape = compile_case(case)
     if name == "cnn-s1":
@@ -1580,6 +1582,25 @@ def test_plain_lane_loops_compute_the_vector_paths_bits(name):
     flags = [*compiler.default_flags(compiler.find_compiler()), "-DMGK_NO_VECTOR"]
     plain = compile_case(case, backend="c", flags=flags)
     assert_tape_bits(plain, tape, case, "plain-lane", batches=(1, 4), threads=1)
+
+
+@needs_cc
+def test_float32_quarter_blocks_compute_the_plain_lanes_bits():
+    """With float32 storage (16 lanes a block), the last block of a row with at most 4 valid lanes
+    runs in 16-byte vectors (mgk_tile_q: mlp-tails' 17 hidden units end in 1 lane, its 3 outputs
+    in 3): bitwise what plain lane loops (MGK_NO_VECTOR) compute, in fits at batch sizes 1, 4 (a
+    tile of samples) and 6. (float64: test_plain_lane_loops_compute_the_vector_paths_bits.)"""
+    case = zoo_case("mlp-tails")
+    flags = compiler.default_flags(compiler.find_compiler())
+    vec = compile_case(case, backend="c", float32=True)
+    plain = compile_case(case, backend="c", float32=True, flags=[*flags, "-DMGK_NO_VECTOR"])
+    p0 = np.array([p.data for p in case.params])
+    for batch in (1, 4, 6):
+        assert_bitwise(
+            fit_params(vec, case, p0, batch, 1, 0.01)[0],
+            fit_params(plain, case, p0, batch, 1, 0.01)[0],
+            f"float32 fit, batch {batch}",
+        )
 
 
 # A subprocess per kernel build (MG_ISA is read once per process): zoo families trained on the
