@@ -169,7 +169,7 @@ def torch_epoch(net: Any, prep: Any, X: Any, Y: Any, lr: float, batch: int) -> f
         opt.zero_grad()
         loss.backward()
         opt.step()
-        total += float(loss) * len(out)
+        total += float(loss.detach()) * len(out)
     return total / len(X)
 
 
