@@ -223,6 +223,15 @@ MGK_HOT mgk_real mgk_term(const int term, const int op, const double k, const mg
     }
 }
 
+/* Every reduction point of a nest with sizes n, the samples summed over (nbr) outermost: the one
+ * order in which every kernel adds an output's terms (the caller declares sm and r4..r7). */
+#define MGK_EACH_TERM(nbr, n)                                                                      \
+    for (sm = 0; sm < (nbr); sm++)                                                                 \
+        for (r4 = 0; r4 < (n)[4]; r4++)                                                            \
+            for (r5 = 0; r5 < (n)[5]; r5++)                                                        \
+                for (r6 = 0; r6 < (n)[6]; r6++)                                                    \
+                    for (r7 = 0; r7 < (n)[7]; r7++)
+
 /* The positions of a ref at the reduction point (r4..r7) relative to an outer point. */
 #define MGK_RPOS(X, r4, r5, r6, r7)                                                                \
     ((r4) * (X)->s[4] + (r5) * (X)->s[5] + (r6) * (X)->s[6] + (r7) * (X)->s[7])
@@ -251,17 +260,11 @@ MGK_HOT void mgk_point1(const mgk_nest *N, const mgk_run *R, const int term, con
         return;
     }
     if (N->flags & MGK_F_SCATTER) {
-        for (sm = 0; sm < nbr; sm++)
-            for (r4 = 0; r4 < n[4]; r4++)
-                for (r5 = 0; r5 < n[5]; r5++)
-                    for (r6 = 0; r6 < n[6]; r6++)
-                        for (r7 = 0; r7 < n[7]; r7++)
-                            *MGK_ATS(R, &N->out, po + MGK_RPOS(&N->out, r4, r5, r6, r7),
-                                     s0 + sm * R->ss) +=
-                                MGK_TERM_AT(N, R, term, op, p0 + MGK_RPOS(&X[0], r4, r5, r6, r7),
-                                            p1 + MGK_RPOS(&X[1], r4, r5, r6, r7),
-                                            p2 + MGK_RPOS(&X[2], r4, r5, r6, r7),
-                                            p3 + MGK_RPOS(&X[3], r4, r5, r6, r7), s0 + sm * R->ss);
+        MGK_EACH_TERM(nbr, n)
+        *MGK_ATS(R, &N->out, po + MGK_RPOS(&N->out, r4, r5, r6, r7), s0 + sm * R->ss) +=
+            MGK_TERM_AT(N, R, term, op, p0 + MGK_RPOS(&X[0], r4, r5, r6, r7),
+                        p1 + MGK_RPOS(&X[1], r4, r5, r6, r7), p2 + MGK_RPOS(&X[2], r4, r5, r6, r7),
+                        p3 + MGK_RPOS(&X[3], r4, r5, r6, r7), s0 + sm * R->ss);
         return;
     }
     acc = N->mode == MGK_SUM0 || step ? (mgk_real)0
@@ -422,38 +425,33 @@ MGK_HOT void mgk_block(const mgk_nest *N, const mgk_run *R, const int term, cons
             else if (N->mode == MGK_SUMI) MGK_VLOAD(v[k], R->a[N->init.arr] + pi + k * MGK_VW);
             else MGK_VLOAD(v[k], o + k * MGK_VW);
         }
-        for (sm = 0; sm < nbr; sm++)
-            for (r4 = 0; r4 < n[4]; r4++)
-                for (r5 = 0; r5 < n[5]; r5++)
-                    for (r6 = 0; r6 < n[6]; r6++)
-                        for (r7 = 0; r7 < n[7]; r7++) {
-                            const mgk_real *y0 = x0 + sm * ps0 + MGK_RPOS(&X[0], r4, r5, r6, r7);
-                            const mgk_real *y1 = x1 + sm * ps1 + MGK_RPOS(&X[1], r4, r5, r6, r7);
-                            if (!s0) a = MGK_VSPLAT(*y0);
-                            if (term == MGK_T_MUL && !s1) b = MGK_VSPLAT(*y1);
-                            if (pre) { /* the weights stepped before they are read */
-                                const mgk_vec xq =
-                                    MGK_VSPLAT(R->a[MGK_QD][p1 + MGK_RPOS(&X[1], r4, r5, r6, r7)]);
-                                MGK_UNROLL
-                                for (k = 0; k < MGK_NV; k++) {
-                                    mgk_vec g;
-                                    MGK_VLOAD(g, R->a[MGK_QG] + po + k * MGK_VW);
-                                    MGK_VLOAD(a, y0 + k * MGK_VW);
-                                    a = a - lr * (MGK_VSPLAT((mgk_real)0) + g * xq);
-                                    MGK_VSTORE((mgk_real *)y0 + k * MGK_VW, a);
-                                }
-                            }
-                            MGK_UNROLL
-                            for (k = 0; k < MGK_NV; k++) {
-                                if (s0) MGK_VLOAD(a, y0 + k * MGK_VW);
-                                if (term == MGK_T_ONE) {
-                                    v[k] += a;
-                                } else {
-                                    if (s1) MGK_VLOAD(b, y1 + k * MGK_VW);
-                                    v[k] += a * b;
-                                }
-                            }
-                        }
+        MGK_EACH_TERM(nbr, n) {
+            const mgk_real *y0 = x0 + sm * ps0 + MGK_RPOS(&X[0], r4, r5, r6, r7);
+            const mgk_real *y1 = x1 + sm * ps1 + MGK_RPOS(&X[1], r4, r5, r6, r7);
+            if (!s0) a = MGK_VSPLAT(*y0);
+            if (term == MGK_T_MUL && !s1) b = MGK_VSPLAT(*y1);
+            if (pre) { /* the weights stepped before they are read */
+                const mgk_vec xq = MGK_VSPLAT(R->a[MGK_QD][p1 + MGK_RPOS(&X[1], r4, r5, r6, r7)]);
+                MGK_UNROLL
+                for (k = 0; k < MGK_NV; k++) {
+                    mgk_vec g;
+                    MGK_VLOAD(g, R->a[MGK_QG] + po + k * MGK_VW);
+                    MGK_VLOAD(a, y0 + k * MGK_VW);
+                    a = a - lr * (MGK_VSPLAT((mgk_real)0) + g * xq);
+                    MGK_VSTORE((mgk_real *)y0 + k * MGK_VW, a);
+                }
+            }
+            MGK_UNROLL
+            for (k = 0; k < MGK_NV; k++) {
+                if (s0) MGK_VLOAD(a, y0 + k * MGK_VW);
+                if (term == MGK_T_ONE) {
+                    v[k] += a;
+                } else {
+                    if (s1) MGK_VLOAD(b, y1 + k * MGK_VW);
+                    v[k] += a * b;
+                }
+            }
+        }
         if (step) {
             mgk_real *w = R->a[N->init.arr] + pi;
             MGK_UNROLL
@@ -489,29 +487,23 @@ MGK_HOT void mgk_block(const mgk_nest *N, const mgk_run *R, const int term, cons
     } else {
         for (l = 0; l < nl; l++) acc[l] = o[l * so];
     }
-    for (sm = 0; sm < nbr; sm++)
-        for (r4 = 0; r4 < n[4]; r4++)
-            for (r5 = 0; r5 < n[5]; r5++)
-                for (r6 = 0; r6 < n[6]; r6++)
-                    for (r7 = 0; r7 < n[7]; r7++) {
-                        const mgk_real *y0 = x0 + sm * ps0 + MGK_RPOS(&X[0], r4, r5, r6, r7);
-                        const mgk_real *y1 = x1 + sm * ps1 + MGK_RPOS(&X[1], r4, r5, r6, r7);
-                        const mgk_real *y2 = x2 + sm * ps2 + MGK_RPOS(&X[2], r4, r5, r6, r7);
-                        const mgk_real *y3 = x3 + sm * ps3 + MGK_RPOS(&X[3], r4, r5, r6, r7);
-                        if (pre) { /* the weights stepped before they are read */
-                            const mgk_real *gq = R->a[MGK_QG] + po;
-                            const mgk_real *xq =
-                                R->a[MGK_QD] + p1 + MGK_RPOS(&X[1], r4, r5, r6, r7);
-                            const mgk_real lr = (mgk_real)R->lr;
-                            for (l = 0; l < nl; l++) {
-                                mgk_real *w = (mgk_real *)y0 + l * s0;
-                                *w = *w - lr * ((mgk_real)0 + gq[l * so] * xq[l * s1]);
-                            }
-                        }
-                        for (l = 0; l < nl; l++)
-                            acc[l] += mgk_term(term, op, N->k, y0 + l * s0, y1 + l * s1,
-                                               y2 + l * s2, y3 + l * s3);
-                    }
+    MGK_EACH_TERM(nbr, n) {
+        const mgk_real *y0 = x0 + sm * ps0 + MGK_RPOS(&X[0], r4, r5, r6, r7);
+        const mgk_real *y1 = x1 + sm * ps1 + MGK_RPOS(&X[1], r4, r5, r6, r7);
+        const mgk_real *y2 = x2 + sm * ps2 + MGK_RPOS(&X[2], r4, r5, r6, r7);
+        const mgk_real *y3 = x3 + sm * ps3 + MGK_RPOS(&X[3], r4, r5, r6, r7);
+        if (pre) { /* the weights stepped before they are read */
+            const mgk_real *gq = R->a[MGK_QG] + po;
+            const mgk_real *xq = R->a[MGK_QD] + p1 + MGK_RPOS(&X[1], r4, r5, r6, r7);
+            const mgk_real lr = (mgk_real)R->lr;
+            for (l = 0; l < nl; l++) {
+                mgk_real *w = (mgk_real *)y0 + l * s0;
+                *w = *w - lr * ((mgk_real)0 + gq[l * so] * xq[l * s1]);
+            }
+        }
+        for (l = 0; l < nl; l++)
+            acc[l] += mgk_term(term, op, N->k, y0 + l * s0, y1 + l * s1, y2 + l * s2, y3 + l * s3);
+    }
     if (step) {
         mgk_real *w = R->a[N->init.arr] + pi;
         const mgk_i64 sw = N->init.s[3];
@@ -662,43 +654,39 @@ MGK_HOT void mgk_tile(const mgk_nest *N, const mgk_run *R, const int small, cons
             else v[q][k] = MGK_VGATHER(o + q * ro + k * MGK_VW * so, so, nl - k * MGK_VW);
         }
     }
-    for (sm = 0; sm < nbr; sm++)
-        for (r4 = 0; r4 < n[4]; r4++)
-            for (r5 = 0; r5 < n[5]; r5++)
-                for (r6 = 0; r6 < n[6]; r6++)
-                    for (r7 = 0; r7 < n[7]; r7++) {
-                        const mgk_real *y0 = a0 + sm * psa + MGK_RPOS(&X[0], r4, r5, r6, r7);
-                        const mgk_real *y1 = b0 + sm * psb + MGK_RPOS(&X[1], r4, r5, r6, r7);
-                        if (pre) { /* each row's weights stepped, then read */
-                            const mgk_real *const xr = qx + MGK_RPOS(&X[1], r4, r5, r6, r7);
-                            const mgk_vec b1 = MGK_VSPLAT(y1[0]), x1 = MGK_VSPLAT(xr[0]);
-                            MGK_UNROLL
-                            for (q = 0; q < nt; q++) {
-                                const mgk_vec xq = rb ? MGK_VSPLAT(xr[q * rb]) : x1;
-                                b = rb ? MGK_VSPLAT(y1[q * rb]) : b1;
-                                MGK_UNROLL
-                                for (k = 0; k < MGK_NV; k++) {
-                                    mgk_real *const w = (mgk_real *)y0 + q * ra + k * MGK_VW;
-                                    MGK_VLOAD(a[k], w);
-                                    a[k] = a[k] - lr * (MGK_VSPLAT((mgk_real)0) + gv[q][k] * xq);
-                                    MGK_VSTORE(w, a[k]);
-                                    v[q][k] += a[k] * b;
-                                }
-                            }
-                            continue;
-                        }
-                        MGK_UNROLL
-                        for (k = 0; k < MGK_NV; k++) MGK_VLOAD(a[k], y0 + k * MGK_VW);
-                        MGK_UNROLL
-                        for (q = 0; q < nt; q++) {
-                            b = MGK_VSPLAT(y1[q * rb]);
-                            MGK_UNROLL
-                            for (k = 0; k < MGK_NV; k++) {
-                                if (ra) MGK_VLOAD(a[k], y0 + q * ra + k * MGK_VW);
-                                v[q][k] += a[k] * b;
-                            }
-                        }
-                    }
+    MGK_EACH_TERM(nbr, n) {
+        const mgk_real *y0 = a0 + sm * psa + MGK_RPOS(&X[0], r4, r5, r6, r7);
+        const mgk_real *y1 = b0 + sm * psb + MGK_RPOS(&X[1], r4, r5, r6, r7);
+        if (pre) { /* each row's weights stepped, then read */
+            const mgk_real *const xr = qx + MGK_RPOS(&X[1], r4, r5, r6, r7);
+            const mgk_vec b1 = MGK_VSPLAT(y1[0]), x1 = MGK_VSPLAT(xr[0]);
+            MGK_UNROLL
+            for (q = 0; q < nt; q++) {
+                const mgk_vec xq = rb ? MGK_VSPLAT(xr[q * rb]) : x1;
+                b = rb ? MGK_VSPLAT(y1[q * rb]) : b1;
+                MGK_UNROLL
+                for (k = 0; k < MGK_NV; k++) {
+                    mgk_real *const w = (mgk_real *)y0 + q * ra + k * MGK_VW;
+                    MGK_VLOAD(a[k], w);
+                    a[k] = a[k] - lr * (MGK_VSPLAT((mgk_real)0) + gv[q][k] * xq);
+                    MGK_VSTORE(w, a[k]);
+                    v[q][k] += a[k] * b;
+                }
+            }
+            continue;
+        }
+        MGK_UNROLL
+        for (k = 0; k < MGK_NV; k++) MGK_VLOAD(a[k], y0 + k * MGK_VW);
+        MGK_UNROLL
+        for (q = 0; q < nt; q++) {
+            b = MGK_VSPLAT(y1[q * rb]);
+            MGK_UNROLL
+            for (k = 0; k < MGK_NV; k++) {
+                if (ra) MGK_VLOAD(a[k], y0 + q * ra + k * MGK_VW);
+                v[q][k] += a[k] * b;
+            }
+        }
+    }
     if (nl == MGK_LANES && so == 1) {
         MGK_UNROLL
         for (q = 0; q < nt; q++) {
@@ -762,17 +750,13 @@ MGK_HOT void mgk_tile_q(const mgk_nest *N, const mgk_run *R, const int small, co
         else if (so == 1) v[q] = *(const mgk_vq_u *)(const void *)(o + q * ro);
         else v[q] = MGK_QGATHER(o + q * ro, so, nl);
     }
-    for (sm = 0; sm < nbr; sm++)
-        for (r4 = 0; r4 < n[4]; r4++)
-            for (r5 = 0; r5 < n[5]; r5++)
-                for (r6 = 0; r6 < n[6]; r6++)
-                    for (r7 = 0; r7 < n[7]; r7++) {
-                        const mgk_real *y0 = a0 + sm * psa + MGK_RPOS(&X[0], r4, r5, r6, r7);
-                        const mgk_real *y1 = b0 + sm * psb + MGK_RPOS(&X[1], r4, r5, r6, r7);
-                        a = *(const mgk_vq_u *)(const void *)y0;
-                        MGK_UNROLL
-                        for (q = 0; q < nt; q++) v[q] += a * MGK_QSPLAT(y1[q * rb]);
-                    }
+    MGK_EACH_TERM(nbr, n) {
+        const mgk_real *y0 = a0 + sm * psa + MGK_RPOS(&X[0], r4, r5, r6, r7);
+        const mgk_real *y1 = b0 + sm * psb + MGK_RPOS(&X[1], r4, r5, r6, r7);
+        a = *(const mgk_vq_u *)(const void *)y0;
+        MGK_UNROLL
+        for (q = 0; q < nt; q++) v[q] += a * MGK_QSPLAT(y1[q * rb]);
+    }
     MGK_UNROLL
     for (q = 0; q < nt; q++) {
         mgk_real *const p = o + q * ro;
