@@ -120,6 +120,7 @@ typedef struct mgk_run {
 #ifndef MGK_REAL_BYTES
 #define MGK_REAL_BYTES 8
 #endif
+#define MGK_QL (16 / MGK_REAL_BYTES) /* lanes of a quarter block: 2 doubles or 4 floats */
 #if (defined(__GNUC__) || defined(__clang__)) && !defined(__TINYC__) && !defined(MGK_NO_VECTOR)
 #define MGK_VECTOR 1
 #if defined(__AVX512F__)
@@ -182,9 +183,8 @@ typedef mgk_real mgk_vec_u
  * whose accumulators must live in registers (gcc -O2 leaves an 8-row loop rolled, with every
  * accumulator in memory: a load, an add and a store per row and term). */
 #define MGK_UNROLL _Pragma("GCC unroll 16")
-/* Quarter blocks: 16-byte vectors of MGK_QL lanes (2 doubles or 4 floats, every target has
- * them), for the last block of a row when at most MGK_QL of its lanes are valid (mgk_tile_q). */
-#define MGK_QL (16 / MGK_REAL_BYTES)
+/* Quarter blocks: 16-byte vectors of MGK_QL lanes (every target has them), for the last block of
+ * a row when at most MGK_QL of its lanes are valid (mgk_tile_q). */
 typedef mgk_real mgk_vq __attribute__((vector_size(16)));
 typedef mgk_real mgk_vq_u __attribute__((vector_size(16), aligned(MGK_REAL_BYTES), may_alias));
 #if MGK_QL == 2
@@ -773,9 +773,9 @@ MGK_HOT void mgk_tile_q(const mgk_nest *N, const mgk_run *R, const int small, co
 /* Whether a nest with `n3` points along its vector dim ends its rows in a quarter block: at most
  * MGK_QL lanes of the last one valid (mgk_tile_q). Generated code passes n3 as a literal, so
  * this is a constant before gcc inlines anything, and the nests that never run a quarter block
- * do not carry one. */
-#define MGK_QTAIL(n3)                                                                              \
-    (MGK_VECTOR && (n3) % MGK_LANES != 0 && (n3) % MGK_LANES <= 16 / MGK_REAL_BYTES)
+ * do not carry one. It only decides which code is present: the quarter tile runs where a
+ * block's valid lanes (nl) are at most MGK_QL, whatever n3 says. */
+#define MGK_QTAIL(n3) (MGK_VECTOR && (n3) % MGK_LANES != 0 && (n3) % MGK_LANES <= MGK_QL)
 
 /* The position of ref X at outer point (i0, i1, i2, i3) of sequential iteration t. */
 #define MGK_OPOS(X, t, i0, i1, i2, i3)                                                             \
