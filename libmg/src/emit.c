@@ -423,6 +423,7 @@ char *mg_tape_emit_c(mg_tape *t, const mg_emit_options *opt, size_t *len) {
              "    R.a[MGK_PW] = %s; /* read only */\n"
              "    R.a[MGK_BD] = d + %zu; /* one sample: its slots follow the shared ones */\n"
              "    R.ix = mg_ix;\n    R.t = 0;\n    R.nb = 1;\n    R.ss = 0;\n    R.lr = 0.0;\n"
+             "    R.og[0] = R.og[1] = NULL;\n    R.first = R.bstep = 0;\n"
              "    for (i = 0; i < %zu; i++) d[i] = mg_init_values[i];\n"
              "    for (i = 0; i < %zu; i++) d[%zu + i] = x[i];\n",
              t->noutputs, t->ninputs, P, P, t->nslots + MGK_PAD,

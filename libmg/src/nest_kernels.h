@@ -18,9 +18,14 @@
  *   MGK_SUM0  out = 0 + term(i, r0) + term(i, r1) + ...       (r in row-major order)
  *   MGK_SUMI  out = init(i) + term(i, r0) + ...
  *   MGK_ACC   out = out + term(i, r0) + ...
- * MGK_F_STEP (the batch-1 backward, SGD fused into a parameter's only gradient nest): when the
- * run's lr is nonzero, init -= lr * (0 + term(i, r0) + ...) with init naming the parameter, and
- * out (its gradient) untouched; with lr zero the nest is the plain MGK_ACC one.
+ * MGK_F_STEP (SGD fused into a parameter's only gradient nest, an MGK_ACC one; init names the
+ * parameter): a run with `first` set starts the sums from 0 instead of out (the fit's first
+ * samples into these gradients: nothing needs zeroing), and a run with `bstep` set applies SGD
+ * instead of storing, init -= lr * (og + sum) with og the batch's other chunk's gradient at the
+ * same element (none at batch size 1), and out untouched: at batch size 1 every sample's nest
+ * (`first` and `bstep`), in a batch on one thread the last chunk's last samples, whose sum is
+ * the batch's gradient with the other chunk's added in chunk order: what the driver's separate
+ * step computes, so the same bits, without a pass over the gradients.
  * MGK_F_PRESTEP (the batch-1 forward of a layer whose weights' fused SGD was deferred from the
  * previous sample's backward, schedule.c's pre-steps): when the run carries the previous
  * sample's per-sample arrays (QD, QG) and lr is nonzero, each weight x0 is stepped right before
@@ -100,10 +105,19 @@ typedef struct mgk_run {
     mgk_i64 t;
     mgk_i64 nb, ss;
     double lr;
+    /* MGK_F_STEP nests: the other chunk's gradients (G and PG, at the same elements; NULL when
+     * there is none), whether the sums start from zero, whether the nest steps */
+    mgk_real *og[2];
+    int first, bstep;
 } mgk_run;
 
 /* A per-sample operand. */
 #define MGK_PS(X) ((X)->arr >= MGK_BD)
+/* Whether a nest's sums start from zero (MGK_SUM0, or an MGK_F_STEP nest's run with `first`). */
+#define MGK_ZS(N, R) ((N)->mode == MGK_SUM0 || (((N)->flags & MGK_F_STEP) && (R)->first))
+/* An MGK_F_STEP nest's other gradient at out's element `po`, or NULL. */
+#define MGK_OG(N, R, po)                                                                           \
+    ((R)->og[(N)->out.arr == MGK_PG] ? (R)->og[(N)->out.arr == MGK_PG] + (po) : (mgk_real *)0)
 
 #if defined(__GNUC__) || defined(__clang__)
 /* always inlined; and possibly unused: a generated file runs only some of these */
@@ -267,9 +281,9 @@ MGK_HOT void mgk_point1(const mgk_nest *N, const mgk_run *R, const int term, con
                         p3 + MGK_RPOS(&X[3], r4, r5, r6, r7), s0 + sm * R->ss);
         return;
     }
-    acc = N->mode == MGK_SUM0 || step ? (mgk_real)0
-          : N->mode == MGK_SUMI       ? *MGK_ATS(R, &N->init, pi, s0)
-                                      : *MGK_ATS(R, &N->out, po, s0);
+    acc = MGK_ZS(N, R)          ? (mgk_real)0
+          : N->mode == MGK_SUMI ? *MGK_ATS(R, &N->init, pi, s0)
+                                : *MGK_ATS(R, &N->out, po, s0);
     {
         /* A plain sum adds the terms into acc in order. A split sum's lane l adds, in order over
          * (samples, r4, r5, r6), the terms at r7 = l, l + MGK_LANES, ...; the lanes are then added
@@ -383,7 +397,8 @@ MGK_HOT void mgk_point1(const mgk_nest *N, const mgk_run *R, const int term, con
     }
     if (step) {
         mgk_real *w = MGK_ATS(R, &N->init, pi, s0);
-        *w -= (mgk_real)R->lr * acc;
+        const mgk_real *og = MGK_OG(N, R, po);
+        *w -= (mgk_real)R->lr * (og ? *og + acc : acc);
     } else {
         *MGK_ATS(R, &N->out, po, s0) = acc;
     }
@@ -419,7 +434,7 @@ MGK_HOT void mgk_block(const mgk_nest *N, const mgk_run *R, const int term, cons
         int k;
         MGK_UNROLL
         for (k = 0; k < MGK_NV; k++) {
-            if (N->mode == MGK_SUM0 || step) v[k] = MGK_VSPLAT((mgk_real)0);
+            if (MGK_ZS(N, R)) v[k] = MGK_VSPLAT((mgk_real)0);
             else if (N->mode == MGK_SUMI && N->init.s[3] == 0)
                 v[k] = MGK_VSPLAT(R->a[N->init.arr][pi]);
             else if (N->mode == MGK_SUMI) MGK_VLOAD(v[k], R->a[N->init.arr] + pi + k * MGK_VW);
@@ -454,8 +469,13 @@ MGK_HOT void mgk_block(const mgk_nest *N, const mgk_run *R, const int term, cons
         }
         if (step) {
             mgk_real *w = R->a[N->init.arr] + pi;
+            const mgk_real *og = MGK_OG(N, R, po);
             MGK_UNROLL
             for (k = 0; k < MGK_NV; k++) {
+                if (og) {
+                    MGK_VLOAD(b, og + k * MGK_VW);
+                    v[k] = b + v[k];
+                }
                 MGK_VLOAD(a, w + k * MGK_VW);
                 v[k] = a - lr * v[k];
             }
@@ -478,7 +498,7 @@ MGK_HOT void mgk_block(const mgk_nest *N, const mgk_run *R, const int term, cons
         for (l = 0; l < nl; l++) o[l * so] = acc[l];
         return;
     }
-    if (N->mode == MGK_SUM0 || step) {
+    if (MGK_ZS(N, R)) {
         for (l = 0; l < nl; l++) acc[l] = (mgk_real)0;
     } else if (N->mode == MGK_SUMI) {
         const mgk_real *in = R->a[N->init.arr] + pi;
@@ -506,9 +526,10 @@ MGK_HOT void mgk_block(const mgk_nest *N, const mgk_run *R, const int term, cons
     }
     if (step) {
         mgk_real *w = R->a[N->init.arr] + pi;
+        const mgk_real *og = MGK_OG(N, R, po);
         const mgk_i64 sw = N->init.s[3];
         const mgk_real lr = (mgk_real)R->lr;
-        for (l = 0; l < nl; l++) w[l * sw] -= lr * acc[l];
+        for (l = 0; l < nl; l++) w[l * sw] -= lr * (og ? og[l * so] + acc[l] : acc[l]);
     } else {
         for (l = 0; l < nl; l++) o[l * so] = acc[l];
     }
@@ -580,7 +601,7 @@ MGK_HOT void mgk_elem_rows(const mgk_nest *N, const mgk_run *R, const int term, 
          * it can be forwarded from */
         if (so == 1 && nv == MGK_LANES && N->mode == MGK_SET)
             for (l = 0; l < MGK_LANES; l++) o[l] = f[l];
-        else if (so == 1 && nv == MGK_LANES && N->mode == MGK_SUM0)
+        else if (so == 1 && nv == MGK_LANES && MGK_ZS(N, R))
             for (l = 0; l < MGK_LANES; l++) o[l] = (mgk_real)0 + f[l];
         else if (so == 1 && nv == MGK_LANES && N->mode == MGK_SUMI && si == 1)
             for (l = 0; l < MGK_LANES; l++) o[l] = in[l] + f[l];
@@ -588,7 +609,7 @@ MGK_HOT void mgk_elem_rows(const mgk_nest *N, const mgk_run *R, const int term, 
             for (l = 0; l < MGK_LANES; l++) o[l] = o[l] + f[l];
         else if (N->mode == MGK_SET)
             for (l = 0; l < nv; l++) o[l * so] = f[l];
-        else if (N->mode == MGK_SUM0)
+        else if (MGK_ZS(N, R))
             for (l = 0; l < nv; l++) o[l * so] = (mgk_real)0 + f[l];
         else if (N->mode == MGK_SUMI)
             for (l = 0; l < nv; l++) o[l * so] = in[l * si] + f[l];
@@ -621,7 +642,7 @@ MGK_HOT void mgk_elem_rows(const mgk_nest *N, const mgk_run *R, const int term, 
 MGK_HOT void mgk_tile(const mgk_nest *N, const mgk_run *R, const int small, const mgk_i64 nbr,
                       const int nt, const int nl, mgk_real *o, const mgk_real *in,
                       const mgk_real *a0, const mgk_real *b0, const mgk_i64 ro, const mgk_i64 ri,
-                      const mgk_i64 ra, const mgk_i64 rb, const int pre) {
+                      const mgk_i64 ra, const mgk_i64 rb, const int pre, const int step) {
     MGK_SIZES(n, N->n, small);
     const mgk_ref *X = N->x;
     const mgk_i64 psa = MGK_PS(&X[0]) ? R->ss : 0, psb = MGK_PS(&X[1]) ? R->ss : 0;
@@ -647,7 +668,7 @@ MGK_HOT void mgk_tile(const mgk_nest *N, const mgk_run *R, const int small, cons
     for (q = 0; q < nt; q++) {
         MGK_UNROLL
         for (k = 0; k < MGK_NV; k++) {
-            if (N->mode == MGK_SUM0) v[q][k] = MGK_VSPLAT((mgk_real)0);
+            if (MGK_ZS(N, R)) v[q][k] = MGK_VSPLAT((mgk_real)0);
             else if (N->mode == MGK_SUMI && N->init.s[3] == 0) v[q][k] = MGK_VSPLAT(in[q * ri]);
             else if (N->mode == MGK_SUMI) MGK_VLOAD(v[q][k], in + q * ri + k * MGK_VW);
             else if (so == 1) MGK_VLOAD(v[q][k], o + q * ro + k * MGK_VW);
@@ -687,18 +708,35 @@ MGK_HOT void mgk_tile(const mgk_nest *N, const mgk_run *R, const int small, cons
             }
         }
     }
+    if (step) { /* MGK_F_STEP (unit-stride output): the parameter stepped instead */
+        const mgk_real *const og = MGK_OG(N, R, o - R->a[N->out.arr]);
+        MGK_UNROLL
+        for (q = 0; q < nt; q++) {
+            MGK_UNROLL
+            for (k = 0; k < MGK_NV; k++) {
+                if (og) {
+                    MGK_VLOAD(b, og + q * ro + k * MGK_VW);
+                    v[q][k] = b + v[q][k];
+                }
+                MGK_VLOAD(a[k], in + q * ri + k * MGK_VW);
+                v[q][k] = a[k] - lr * v[q][k];
+            }
+        }
+    }
+    mgk_real *const dst = step ? (mgk_real *)in : o; /* where the tile goes, rows rd apart */
+    const mgk_i64 rd = step ? ri : ro;
     if (nl == MGK_LANES && so == 1) {
         MGK_UNROLL
         for (q = 0; q < nt; q++) {
             MGK_UNROLL
-            for (k = 0; k < MGK_NV; k++) MGK_VSTORE(o + q * ro + k * MGK_VW, v[q][k]);
+            for (k = 0; k < MGK_NV; k++) MGK_VSTORE(dst + q * rd + k * MGK_VW, v[q][k]);
         }
     } else { /* a strided output, or the last block of a row (every lane computed, the valid
               * ones stored): lane by lane, at constant lane indices (storing the vectors into an
               * array first would make gcc keep every accumulator of the tile in memory) */
         MGK_UNROLL
         for (q = 0; q < nt; q++) {
-            mgk_real *const p = o + q * ro;
+            mgk_real *const p = dst + q * rd;
 #define MGK_LANE_OUT(l)                                                                            \
     if ((l) < nl) p[(l) * so] = v[q][(l) / MGK_VW][(l) % MGK_VW]
             MGK_LANE_OUT(0);
@@ -734,7 +772,7 @@ MGK_HOT void mgk_tile(const mgk_nest *N, const mgk_run *R, const int small, cons
 MGK_HOT void mgk_tile_q(const mgk_nest *N, const mgk_run *R, const int small, const mgk_i64 nbr,
                         const int nt, const int nl, mgk_real *o, const mgk_real *in,
                         const mgk_real *a0, const mgk_real *b0, const mgk_i64 ro, const mgk_i64 ri,
-                        const mgk_i64 rb) {
+                        const mgk_i64 rb, const int step) {
     MGK_SIZES(n, N->n, small);
     const mgk_ref *X = N->x;
     const mgk_i64 psa = MGK_PS(&X[0]) ? R->ss : 0, psb = MGK_PS(&X[1]) ? R->ss : 0;
@@ -744,7 +782,7 @@ MGK_HOT void mgk_tile_q(const mgk_nest *N, const mgk_run *R, const int small, co
     int q;
     MGK_UNROLL
     for (q = 0; q < nt; q++) {
-        if (N->mode == MGK_SUM0) v[q] = MGK_QSPLAT((mgk_real)0);
+        if (MGK_ZS(N, R)) v[q] = MGK_QSPLAT((mgk_real)0);
         else if (N->mode == MGK_SUMI && N->init.s[3] == 0) v[q] = MGK_QSPLAT(in[q * ri]);
         else if (N->mode == MGK_SUMI) v[q] = *(const mgk_vq_u *)(const void *)(in + q * ri);
         else if (so == 1) v[q] = *(const mgk_vq_u *)(const void *)(o + q * ro);
@@ -757,9 +795,20 @@ MGK_HOT void mgk_tile_q(const mgk_nest *N, const mgk_run *R, const int small, co
         MGK_UNROLL
         for (q = 0; q < nt; q++) v[q] += a * MGK_QSPLAT(y1[q * rb]);
     }
+    if (step) { /* as in mgk_tile */
+        const mgk_real *const og = MGK_OG(N, R, o - R->a[N->out.arr]);
+        const mgk_vq lr = MGK_QSPLAT((mgk_real)R->lr);
+        MGK_UNROLL
+        for (q = 0; q < nt; q++) {
+            if (og) v[q] = *(const mgk_vq_u *)(const void *)(og + q * ro) + v[q];
+            v[q] = *(const mgk_vq_u *)(const void *)(in + q * ri) - lr * v[q];
+        }
+    }
+    mgk_real *const dst = step ? (mgk_real *)in : o;
+    const mgk_i64 rd = step ? ri : ro;
     MGK_UNROLL
     for (q = 0; q < nt; q++) {
-        mgk_real *const p = o + q * ro;
+        mgk_real *const p = dst + q * rd;
         p[0] = v[q][0];
         if (nl > 1) p[so] = v[q][1];
 #if MGK_QL == 4
@@ -851,10 +900,10 @@ MGK_HOT void mgk_tile_q(const mgk_nest *N, const mgk_run *R, const int small, co
                                 Rs.a[X[1].arr] + MGK_OPOS(&X[1], t, i0, i1, i2, i3);               \
                             if (MGK_QTAIL(n3) && nl <= MGK_QL)                                     \
                                 mgk_tile_q(N, &Rs, small, 1, MGK_TS, nl, o, in, a0, b0, ss, ri,    \
-                                           ss);                                                    \
+                                           ss, 0);                                                 \
                             else                                                                   \
                                 mgk_tile(N, &Rs, small, 1, MGK_TS, nl, o, in, a0, b0, ss, ri, 0,   \
-                                         ss, 0);                                                   \
+                                         ss, 0, 0);                                                \
                         }                                                                          \
         }                                                                                          \
         sm0 = tiled;                                                                               \
@@ -867,16 +916,16 @@ MGK_HOT void mgk_tile_q(const mgk_nest *N, const mgk_run *R, const int small, co
                        Rb->a[I->arr] + MGK_OPOS(I, t, i0, i1, i2, i3),                             \
                        Rb->a[X[0].arr] + MGK_OPOS(&X[0], t, i0, i1, i2, i3),                       \
                        Rb->a[X[1].arr] + MGK_OPOS(&X[1], t, i0, i1, i2, i3), O->s[2], I->s[2],     \
-                       X[1].s[2]);                                                                 \
+                       X[1].s[2], step);                                                           \
         else                                                                                       \
             mgk_tile(N, Rb, small, nbr, NT, nl, Rb->a[O->arr] + MGK_OPOS(O, t, i0, i1, i2, i3),    \
                      Rb->a[I->arr] + MGK_OPOS(I, t, i0, i1, i2, i3),                               \
                      Rb->a[X[0].arr] + MGK_OPOS(&X[0], t, i0, i1, i2, i3),                         \
                      Rb->a[X[1].arr] + MGK_OPOS(&X[1], t, i0, i1, i2, i3), O->s[2], I->s[2], 0,    \
-                     X[1].s[2], 0);                                                                \
+                     X[1].s[2], 0, step);                                                          \
     }
 #define MGK_NP_ROWS                                                                                \
-    if (tile2 && term == MGK_T_MUL && !step && !pre) {                                             \
+    if (tile2 && term == MGK_T_MUL && (!step || O->s[3] == 1) && !pre) {                           \
         /* rows along dim 2 in tiles: x0 is the same for every row (stride 0). The                 \
          * full tiles, then the rows left (n[2] % MGK_TS), so that in generated code               \
          * (constant sizes) the tile is kept once per row count that occurs, not                   \
@@ -896,7 +945,7 @@ MGK_HOT void mgk_tile_q(const mgk_nest *N, const mgk_run *R, const int small, co
             const int nt = full - bq < MGK_TS ? (int)(full - bq) : MGK_TS;                         \
             mgk_tile(N, Rb, small, nbr, nt, MGK_LANES, Rb->a[O->arr] + po, Rb->a[I->arr] + pi,     \
                      Rb->a[X[0].arr] + q0, Rb->a[X[1].arr] + q1, MGK_LANES * so, MGK_LANES * si,   \
-                     MGK_LANES * s0, MGK_LANES * s1, pre);                                         \
+                     MGK_LANES * s0, MGK_LANES * s1, pre, 0);                                      \
             po += nt * MGK_LANES * so;                                                             \
             pi += nt * MGK_LANES * si;                                                             \
             q0 += nt * MGK_LANES * s0;                                                             \
@@ -943,7 +992,7 @@ MGK_HOT void mgk_tile_q(const mgk_nest *N, const mgk_run *R, const int small, co
         const mgk_i64 *n = N->n;                                                                   \
         const mgk_ref *O = &N->out, *I = &N->init, *X = N->x;                                      \
         const mgk_i64 t = Rb->t;                                                                   \
-        const int step = (N->flags & MGK_F_STEP) && Rb->lr != 0.0 && Rb->nb <= 1;                  \
+        const int step = (N->flags & MGK_F_STEP) && Rb->bstep;                                     \
         /* the weights stepped as they are read, with the previous sample's gradient */            \
         const int pre = (N->flags & MGK_F_PRESTEP) && Rb->a[MGK_QD] && Rb->a[MGK_QG] &&            \
                         Rb->lr != 0.0 && Rb->nb <= 1;                                              \

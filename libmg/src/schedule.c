@@ -8,8 +8,9 @@
  *     order makes that stride 1; every nest reading or writing those parameters reads the copy;
  *  3. merged dims: adjacent dims that are contiguous for every operand become one;
  *  4. MGK_F_BLOCK (vector blocks) and MGK_F_SPLIT (split gradient sums), see nest_kernels.h;
- *  5. fused SGD: at batch size 1, a parameter's only gradient nest can apply the step itself
- *     when nothing after it in the backward program reads the parameter (MGK_F_STEP);
+ *  5. fused SGD: a parameter's only gradient nest can apply the step itself when nothing after
+ *     it in the backward program reads the parameter (MGK_F_STEP): at batch size 1, and on one
+ *     thread for a batch's last samples (drive.h);
  *  8. pre-steps: ... and where one forward nest alone reads those weights, each once, that step
  *     can wait for the next sample's forward, which applies it as it reads them (MGK_F_PRESTEP). */
 #include "ir.h"
