@@ -481,7 +481,7 @@ typedef struct fit_run {
     const float *X32; /* the inputs as floats instead of X (mg_fit_options.X32) */
     const size_t *perm;
     size_t threads;
-    int fuse; /* one thread: MGK_F_STEP nests start sums from zero and the last chunk steps */
+    int fuse; /* one thread: the last chunk's MGK_F_STEP nests step their parameters */
     double lr;
     double total;                      /* the batches' losses so far, in batch and chunk order */
     atomic_size_t done;                /* items finished */
@@ -509,11 +509,16 @@ static void run_chunk(fit_run *F, fit_chunk *c) {
     E.scratch = c->scratch;
     E.scratch_ix = c->scratch_ix;
     c->loss = 0.0;
-    /* this batch's gradients start from zero (step_share only reads them): the parameters
-     * outside packs (a packed parameter's gradient is in pg; its slot in g, like a constant's,
-     * is never read, as in step_all) */
-    for (size_t i = 0; i < t->nstep_d; i++) c->g[t->step_d[i]] = 0;
-    if (t->npacked && F->threads > 1) memset(c->pg, 0, t->npacked * sizeof(mgk_real));
+    /* this batch's gradients start from zero (step_item only reads them with threads): the
+     * fused parameters' in their nests (`first` below), the others here: outside packs (a packed
+     * parameter's gradient is in pg; its slot in g, like a constant's, is never read, as in
+     * step_all), and in packs where the step does not zero them as it goes (threads) */
+    for (size_t i = 0; i < t->nstep_d1; i++) c->g[t->step_d1[i]] = 0;
+    if (t->nstep_p1 && F->threads > 1) {
+        if (t->nstep_p1 == t->npacked) memset(c->pg, 0, t->npacked * sizeof(mgk_real));
+        else
+            for (size_t i = 0; i < t->nstep_p1; i++) c->pg[t->step_p1[i]] = 0;
+    }
     for (size_t k0 = c->from; k0 < c->to; k0 += F->sub) {
         size_t nb = c->to - k0 < F->sub ? c->to - k0 : F->sub;
         for (size_t q = 0; q < nb; q++) { /* inputs first in the per-sample region, then targets */
@@ -524,7 +529,7 @@ static void run_chunk(fit_run *F, fit_chunk *c) {
             if (F->Y) copy_in(c->bd + q * ss + t->ninputs, F->Y + s * t->ntargets, t->ntargets);
         }
         R->nb = (mgk_i64)nb;
-        R->first = F->fuse && k0 == c->from;
+        R->first = k0 == c->from;
         R->bstep = c->step && k0 + nb == c->to;
         run_prog(t, t->fwd, t->nfwd, &E, MG_FZ_LOSS_CONE);
         for (size_t q = 0; q < nb; q++) c->loss += loss_of(t, R, (mgk_i64)q);
