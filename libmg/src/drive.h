@@ -30,7 +30,40 @@
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <string.h>
+
+/* ---- prefetching the inputs -------------------------------------------------------------------
+ * A fit reads each row of X once, in the epoch's order, which it knows ahead. Copying a row in
+ * when it is needed waits for memory (the hardware prefetcher does not cross into a row's next
+ * page in time, and not at all in a shuffled order), and asking for a whole batch's rows at once
+ * achieved little more: of a burst of hundreds of prefetches most were lost (a float32 MLP at
+ * batch 32, shuffled, still spent 10% of its fit copying rows in). So a run asks for the rows of
+ * samples it runs later (the next ones in flight; at batch size 1, two samples ahead) a share at
+ * a time, after each nest it runs: `budget` lines per nest, the rows spread evenly over the
+ * nests (copying in: 3% of that fit; the same rows asked for at twice or four times the rate:
+ * 3.5% and 4.5%, counting the asking). */
+typedef struct mg_prefetch {
+    const char *base;    /* X or X32 */
+    size_t row;          /* bytes per row */
+    const size_t *perm;  /* rows in the epoch's order */
+    size_t at, end;      /* the positions in that order still to ask for */
+    size_t line, budget; /* the next line of row perm[at]; lines per nest */
+} mg_prefetch;
+
+static void prefetch_some(mg_prefetch *P) {
+#if defined(__GNUC__) || defined(__clang__)
+    for (size_t left = P->budget; left && P->at < P->end;) {
+        const uintptr_t p = (uintptr_t)(P->base + P->perm[P->at] * P->row);
+        const uintptr_t a = p & ~(uintptr_t)63, end = p + P->row;
+        for (; left && a + 64 * P->line < end; left--, P->line++)
+            __builtin_prefetch((const void *)(a + 64 * P->line), 0, 2);
+        if (a + 64 * P->line >= end) P->at++, P->line = 0;
+    }
+#else
+    P->at = P->end;
+#endif
+}
 
 /* ---- programs ---------------------------------------------------------------------------------
  * A run of a program: the kernels' view, and scratch (2 * nary_max slots) for the variadic ops of
@@ -43,6 +76,7 @@ typedef struct mg_exec {
      * sample's QD and QG), and whether it defers them */
     mgk_real *keep_d, *keep_g;
     int defer;
+    mg_prefetch pf; /* input rows brought towards the cache while this run's nests compute */
 } mg_exec;
 
 #define MG_FIT_CHUNKS 2
@@ -171,15 +205,65 @@ static void run_prog(const mg_tape *t, const mg_instr *prog, size_t len, mg_exec
                 for (size_t it = 0; it < T; it++) {
                     R->t = (mgk_i64)(in->flags ? T - 1 - it : it);
                     for (size_t q = 0; q < blen; q++)
-                        if (!cone || (body[q].cone & cone)) run_one(t, &body[q], E);
+                        if (!cone || (body[q].cone & cone)) {
+                            run_one(t, &body[q], E);
+                            if (E->pf.at < E->pf.end) prefetch_some(&E->pf);
+                        }
                 }
                 R->t = 0;
             }
             i += blen;
             continue;
         }
-        if (!cone || (in->cone & cone)) run_one(t, in, E);
+        if (!cone || (in->cone & cone)) {
+            run_one(t, in, E);
+            if (E->pf.at < E->pf.end) prefetch_some(&E->pf);
+        }
     }
+}
+
+/* How many nests run_prog runs (what prefetch_some's budget is spread over). */
+static size_t prog_calls(const mg_instr *prog, size_t len, int cone) {
+    size_t n = 0;
+    for (size_t i = 0; i < len; i++) {
+        const mg_instr *in = &prog[i];
+        if (in->kind == MG_I_SEQ) {
+            if (!cone || (in->cone & cone))
+                for (size_t q = 0; q < in->a; q++)
+                    n += !cone || (in[1 + q].cone & cone) ? in->b : 0;
+            i += in->a;
+            continue;
+        }
+        n += !cone || (in->cone & cone);
+    }
+    return n;
+}
+
+/* Nests a fit runs per sample (batch size 1) or per samples in flight. */
+static size_t fit_calls(const mg_tape *t) {
+    return prog_calls(t->fwd, t->nfwd, MG_FZ_LOSS_CONE) + prog_calls(t->bwd, t->nbwd, 0);
+}
+
+/* Batch size 1: the row asked for while a sample runs is this many samples ahead. */
+#define MG_FIT_AHEAD 2
+
+/* Sets `P` up to ask for the rows of X (or X32) in `perm` order, spread over `calls` nests. */
+static void prefetch_init(mg_prefetch *P, const mg_tape *t, const double *X, const float *X32,
+                          const size_t *perm, size_t rows, size_t calls) {
+    memset(P, 0, sizeof *P);
+    if (!t->ninputs || (!X && !X32)) return;
+    P->base = X32 ? (const char *)X32 : (const char *)X;
+    P->row = t->ninputs * (X32 ? sizeof(float) : sizeof(double));
+    P->perm = perm;
+    const size_t lines = rows * (P->row / 64 + 2);
+    P->budget = calls ? (lines + calls - 1) / calls : lines;
+}
+
+/* Asks for the rows at positions [at, end) of the epoch's order, from their first line. */
+static void prefetch_rows(mg_prefetch *P, size_t at, size_t end) {
+    P->at = at;
+    P->end = P->base ? end : at;
+    P->line = 0;
 }
 
 /* One sample over the tape's own arrays (the per-sample ones are views of them). */
@@ -223,23 +307,6 @@ static void load_row(const mg_tape *t, mgk_real *dst, const double *X, const flo
     if (!t->ninputs) return;
     if (X32) copy_in32(dst, X32 + row * t->ninputs, t->ninputs);
     else copy_in(dst, X + row * t->ninputs, t->ninputs);
-}
-
-/* Asks the CPU to bring input row `row` towards its L2 cache. A fit reads each row of X once, in
- * the epoch's order, which it knows ahead: copying a row from memory at the moment it is needed
- * was 7% of a float64 MLP's fit at batch sizes 1 and 32 (the hardware prefetcher does not cross
- * into the next row's pages in time, and not at all in a shuffled order). */
-#define MG_FIT_PREFETCH 4 /* batch size 1: rows ahead */
-static void prefetch_row(const mg_tape *t, const double *X, const float *X32, size_t row) {
-#if defined(__GNUC__) || defined(__clang__)
-    if (!t->ninputs || (!X && !X32)) return;
-    const char *p =
-        X32 ? (const char *)(X32 + row * t->ninputs) : (const char *)(X + row * t->ninputs);
-    const size_t bytes = t->ninputs * (X32 ? sizeof(float) : sizeof(double));
-    for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o, 0, 2);
-#else
-    (void)t, (void)X, (void)X32, (void)row;
-#endif
 }
 
 static void load(const mg_tape *t, mgk_real *d, const double *x, const double *y) {
@@ -481,15 +548,28 @@ typedef struct fit_run {
     const float *X32; /* the inputs as floats instead of X (mg_fit_options.X32) */
     const size_t *perm;
     size_t threads;
-    int fuse; /* one thread: the last chunk's MGK_F_STEP nests step their parameters */
+    size_t calls; /* nests a chunk's samples in flight run (forward with losses, backward) */
+    int fuse;     /* one thread: the last chunk's MGK_F_STEP nests step their parameters */
     double lr;
     double total;                      /* the batches' losses so far, in batch and chunk order */
     atomic_size_t done;                /* items finished */
     atomic_size_t claim[MG_FIT_ITEMS]; /* 1 + the last phase each item was claimed in */
 } fit_run;
 
-/* A chunk's samples, F->sub at a time, through forward and backward. */
-static void run_chunk(fit_run *F, fit_chunk *c) {
+/* Positions [*from, *to) of chunk i of the batch that starts at position b0 (empty where there is
+ * no such batch or chunk). */
+static void chunk_range(const fit_run *F, size_t b0, size_t i, size_t *from, size_t *to) {
+    *from = *to = b0;
+    if (b0 >= F->n) return;
+    const size_t bn = F->n - b0 < F->batch ? F->n - b0 : F->batch;
+    const size_t nch = bn < F->nch ? bn : F->nch;
+    if (i >= nch) return;
+    *from = b0 + bn * i / nch;
+    *to = b0 + bn * (i + 1) / nch;
+}
+
+/* Chunk ci's samples, F->sub at a time, through forward and backward. */
+static void run_chunk(fit_run *F, fit_chunk *c, size_t ci) {
     const mg_tape *t = F->t;
     const size_t ss = F->ss;
     mg_exec E;
@@ -508,6 +588,7 @@ static void run_chunk(fit_run *F, fit_chunk *c) {
     R->og[1] = c->other ? c->other->pg : NULL;
     E.scratch = c->scratch;
     E.scratch_ix = c->scratch_ix;
+    prefetch_init(&E.pf, t, F->X, F->X32, F->perm, F->sub, F->calls);
     c->loss = 0.0;
     /* this batch's gradients start from zero (step_item only reads them with threads): the
      * fused parameters' in their nests (`first` below), the others here: outside packs (a packed
@@ -524,10 +605,13 @@ static void run_chunk(fit_run *F, fit_chunk *c) {
         for (size_t q = 0; q < nb; q++) { /* inputs first in the per-sample region, then targets */
             size_t s = F->perm[k0 + q];
             load_row(t, c->bd + q * ss, F->X, F->X32, s);
-            if (k0 + nb + q < F->n) /* the same row of the next samples in flight */
-                prefetch_row(t, F->X, F->X32, F->perm[k0 + nb + q]);
             if (F->Y) copy_in(c->bd + q * ss + t->ninputs, F->Y + s * t->ntargets, t->ntargets);
         }
+        /* while they run: the rows of this chunk's next samples in flight, or of this chunk's
+         * first ones in the next batch (which the same thread runs, where threads keep theirs) */
+        size_t at = k0 + nb, end = c->to;
+        if (at >= c->to) chunk_range(F, c->from - c->from % F->batch + F->batch, ci, &at, &end);
+        prefetch_rows(&E.pf, at, end - at < F->sub ? end : at + F->sub);
         R->nb = (mgk_i64)nb;
         R->first = k0 == c->from;
         R->bstep = c->step && k0 + nb == c->to;
@@ -607,12 +691,11 @@ static void fit_share(fit_run *F, size_t w) {
                 if (v > p || !atomic_compare_exchange_strong(&F->claim[i], &v, p + 1)) continue;
                 if (p % 2 == 0) {
                     fit_chunk *c = &F->ch[i];
-                    c->from = b0 + bn * i / nch;
-                    c->to = b0 + bn * (i + 1) / nch;
+                    chunk_range(F, b0, i, &c->from, &c->to);
                     c->step = F->fuse && i + 1 == nch;
                     c->other = c->step && nch > 1 ? &F->ch[0] : NULL;
                     c->scale = c->step ? F->lr / (double)bn : 0.0;
-                    run_chunk(F, c);
+                    run_chunk(F, c, i);
                 } else {
                     if (i == 0)
                         for (size_t c = 0; c < nch; c++) F->total += F->ch[c].loss; /* in order */
@@ -694,10 +777,11 @@ MG_DRV_LINK int MG_DRV(fit)(mg_tape *t, const double *X, const double *Y, size_t
         if (kept) memset(kept, 0, 2 * ss * sizeof(mgk_real));
         E.keep_d = kept;
         E.keep_g = kept ? kept + ss : NULL;
+        prefetch_init(&E.pf, t, X, o.X32, perm, 1, fit_calls(t));
         for (size_t k = 0; k < n; k++) {
             size_t s = perm[k];
             load_row(t, MG_R_DATA(t) + t->input0, X, o.X32, s);
-            if (k + MG_FIT_PREFETCH < n) prefetch_row(t, X, o.X32, perm[k + MG_FIT_PREFETCH]);
+            if (k + MG_FIT_AHEAD < n) prefetch_rows(&E.pf, k + MG_FIT_AHEAD, k + MG_FIT_AHEAD + 1);
             if (Y) copy_in(MG_R_DATA(t) + t->target0, Y + s * t->ntargets, t->ntargets);
             E.R.a[MGK_QD] = k ? E.keep_d : NULL; /* the previous sample's, once there is one */
             E.R.a[MGK_QG] = k ? E.keep_g : NULL;
@@ -736,6 +820,7 @@ MG_DRV_LINK int MG_DRV(fit)(mg_tape *t, const double *X, const double *Y, size_t
         sub = up <= cap ? up : (per + parts - 1) / parts;
     }
     F.sub = sub;
+    F.calls = fit_calls(t);
     /* the per-sample arrays hold whole register tiles of samples (mgk_run) */
     const size_t held = (sub + MGK_TS_MAX - 1) / MGK_TS_MAX * MGK_TS_MAX;
     if (threads > nch) threads = nch;
