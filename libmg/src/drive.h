@@ -26,6 +26,7 @@
  * parameters come out bitwise the same for any thread count. Threads wait for each other by
  * spinning, then yielding: a batch lasts microseconds, and a sleeping wait per phase would cost a
  * large part of it. */
+#include <float.h>
 #include <math.h>
 #include <pthread.h>
 #include <sched.h>
@@ -422,11 +423,22 @@ MG_DRV_LINK int MG_DRV(backward)(mg_tape *t) {
     return MG_OK;
 }
 
+/* A learning rate is a finite number of the slots' type (float32 storage: 1e39 would be inf, and
+ * inf * 0 a NaN in every parameter with a zero gradient). */
+#if MGK_REAL_BYTES == 8
+#define MG_LR_OK(lr) isfinite(lr)
+#define MG_LR_TYPE ""
+#else
+#define MG_LR_OK(lr) (isfinite(lr) && fabs(lr) <= FLT_MAX)
+#define MG_LR_TYPE " in float32"
+#endif
+
 MG_DRV_LINK int MG_DRV(step)(mg_tape *t, double lr, size_t count) {
     if (!t) return MG_EINVAL;
     t->err[0] = '\0';
-    if (!isfinite(lr))
-        return mg_tape__fail(t, MG_EINVAL, "step: the learning rate %g is not finite", lr);
+    if (!MG_LR_OK(lr))
+        return mg_tape__fail(t, MG_EINVAL, "step: the learning rate %g is not finite" MG_LR_TYPE,
+                             lr);
     mgk_step(MG_R_DATA(t), MG_R_GRAD(t), t->nparams, lr / (double)(count ? count : 1));
     return MG_OK;
 }
@@ -725,8 +737,9 @@ static int check_fit_args(mg_tape *t, const double *X, const double *Y, size_t n
     if (n && !X && !o->X32 && t->ninputs) return mg_tape__fail(t, MG_EINVAL, "fit: NULL inputs");
     if (n && !Y && t->ntargets)
         return mg_tape__fail(t, MG_EINVAL, "fit: this program has targets: pass Y");
-    if (!isfinite(o->lr))
-        return mg_tape__fail(t, MG_EINVAL, "fit: the learning rate %g is not finite", o->lr);
+    if (!MG_LR_OK(o->lr))
+        return mg_tape__fail(t, MG_EINVAL, "fit: the learning rate %g is not finite" MG_LR_TYPE,
+                             o->lr);
     if (t->ninputs && n > SIZE_MAX / t->ninputs / sizeof(double))
         return mg_tape__fail(t, MG_EINVAL, "fit: %zu rows of %zu inputs overflow the address space",
                              n, t->ninputs);
@@ -825,7 +838,7 @@ MG_DRV_LINK int MG_DRV(fit)(mg_tape *t, const double *X, const double *Y, size_t
     const size_t held = (sub + MGK_TS_MAX - 1) / MGK_TS_MAX * MGK_TS_MAX;
     if (threads > nch) threads = nch;
     F.threads = threads;
-    F.fuse = threads == 1;
+    F.fuse = threads == 1 && !t->kern_contracts;
     for (size_t c = 0; c < nch && st == MG_OK; c++) {
         fit_chunk *ch = &F.ch[c];
         ch->bd = mg_tape__alloc(t, held, F.ss * sizeof(mgk_real));

@@ -436,7 +436,8 @@ char *mg_tape_emit_c(mg_tape *t, const mg_emit_options *opt, size_t *len) {
               "typedef void (*mg_kernel_fn_t)(const void *);\n"
               "typedef struct mg_compiled_t {\n    unsigned abi, real_bytes;\n    unsigned long "
               "long fingerprint;\n"
-              "    size_t nnests;\n    const mg_kernel_fn_t *kernels;\n} mg_compiled_t;\n");
+              "    size_t nnests;\n    const mg_kernel_fn_t *kernels;\n"
+              "    double (*step_probe)(double, double, double, double);\n} mg_compiled_t;\n");
         puts_(&b, "#ifdef MG_PART\n");
         for (size_t k = 0; k < t->nnests; k++)
             if (hot[k]) putf(&b, "MG_KFN void mg_k%zu(const void *r);\n", k);
@@ -449,9 +450,13 @@ char *mg_tape_emit_c(mg_tape *t, const mg_emit_options *opt, size_t *len) {
                 first = 0;
             }
         puts_(&b, first ? "0};\n" : "\n};\n");
+        puts_(&b, "/* the fused steps' arithmetic as these flags compile it (mg_compiled) */\n"
+                  "static double mg_step_probe(double w, double lr, double o, double a) {\n"
+                  "    const mgk_real W = (mgk_real)w, L = (mgk_real)lr, O = (mgk_real)o, A = "
+                  "(mgk_real)a;\n    return (double)(W - L * (O + A));\n}\n");
         putf(&b,
              "const mg_compiled_t %sprogram = {%d, (unsigned)sizeof(mgk_real), 0x%016llxULL, %zu, "
-             "mg_kernels};\n"
+             "mg_kernels, mg_step_probe};\n"
              "const int %semitter_version = %d;\n#endif\n",
              P, MG_COMPILED_ABI, (unsigned long long)t->fingerprint, t->nnests, P,
              MG_EMITTER_VERSION);

@@ -172,6 +172,9 @@ struct mg_tape {
     uint64_t *param_serials;
     /* compiled kernels, per nest (NULL: the interpreter's) */
     const mg_kernel_fn *kern;
+    /* the attached code rounds the SGD step otherwise than libmg (mg_compiled::step_probe): a
+     * batch's fused steps are off */
+    int kern_contracts;
     /* float32 storage (attached code emitted with it; every nest compiled): the working copies
      * of data, grad, pw and pg; the double arrays stay what the accessors read */
     int f32;

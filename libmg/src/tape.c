@@ -131,6 +131,20 @@ size_t mg_tape_write_back(const mg_tape *t, mg_graph *g) {
 
 unsigned long long mg_tape_fingerprint(const mg_tape *t) { return t ? t->fingerprint : 0; }
 
+/* Whether `probe` (code built with its own flags) rounds w - lr * (o + a) otherwise than libmg,
+ * which never contracts it: on operands where a fused multiply-add keeps the product's 2^-60
+ * (float32: 2^-26) that rounding it first loses. */
+static int step_rounds_otherwise(double (*probe)(double, double, double, double), int f32) {
+    volatile double e =
+        f32 ? 0x1p-13 : 0x1p-30; /* volatile: computed at run time, like the probe */
+    const double w = 1.0, lr = 1.0 + e, o = 0.0, a = 1.0 - e;
+    double own;
+    if (f32) own = (double)((float)w - (float)lr * ((float)o + (float)a));
+    else own = w - lr * (o + a);
+    const double got = probe(w, lr, o, a);
+    return memcmp(&own, &got, sizeof own) != 0;
+}
+
 int mg_tape_attach(mg_tape *t, const mg_compiled *c) {
     if (!t) return MG_EINVAL;
     t->err[0] = '\0';
@@ -165,6 +179,7 @@ int mg_tape_attach(mg_tape *t, const mg_compiled *c) {
     }
     t->kern = c->kernels;
     t->f32 = f32;
+    t->kern_contracts = c->step_probe && step_rounds_otherwise(c->step_probe, f32);
     return MG_OK;
 }
 
@@ -172,4 +187,5 @@ void mg_tape_detach(mg_tape *t) {
     if (!t) return;
     t->kern = NULL;
     t->f32 = 0;
+    t->kern_contracts = 0;
 }

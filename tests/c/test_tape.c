@@ -470,7 +470,7 @@ static void test_tape__fit_starts_from_zero_gradients(void) {
 static void test_tape__attach_refuses_code_for_another_program(void) {
     clf c;
     clf_build(&c);
-    mg_compiled bad = {MG_COMPILED_ABI, 8, mg_tape_fingerprint(c.t) ^ 1, 0, NULL};
+    mg_compiled bad = {MG_COMPILED_ABI, 8, mg_tape_fingerprint(c.t) ^ 1, 0, NULL, NULL};
     CHECK(mg_tape_attach(c.t, &bad) == MG_EINVAL);
     CHECK(strstr(mg_tape_last_error(c.t), "another program") != NULL);
     bad.fingerprint ^= 1;
@@ -485,8 +485,12 @@ static void test_tape__attach_refuses_code_for_another_program(void) {
     mg_tape_stats st;
     CHECK(mg_tape_get_stats(c.t, &st) == MG_OK);
     mg_kernel_fn none[64] = {0};
-    mg_compiled f32 = {MG_COMPILED_ABI, 2, mg_tape_fingerprint(c.t),
-                       st.forward_nests + st.backward_nests, none};
+    mg_compiled f32 = {MG_COMPILED_ABI,
+                       2,
+                       mg_tape_fingerprint(c.t),
+                       st.forward_nests + st.backward_nests,
+                       none,
+                       NULL};
     CHECK(f32.nnests > 0 && f32.nnests <= 64);
     CHECK(mg_tape_attach(c.t, &f32) == MG_EINVAL);
     CHECK(strstr(mg_tape_last_error(c.t), "2-byte slots") != NULL);

@@ -906,6 +906,12 @@ def test_float32_storage_runs_on_the_one_driver():
     prog.parameters[0] = 0.1
     with pytest.raises(ValueError):
         prog.fit(X, Y, lr=float("nan"))
+    # a learning rate finite as a double but not as a float (inf * 0: NaN parameters)
+    with pytest.raises(ValueError, match=r"learning rate 1e\+39 is not finite in float32"):
+        prog.fit(X, Y, lr=1e39, batch_size=1)
+    with pytest.raises(ValueError, match=r"learning rate -1e\+39 is not finite in float32"):
+        prog.step(-1e39)
+    assert p64.fit(X[:2], Y[:2], lr=1e39, batch_size=2)  # float64 takes it
     with pytest.raises(ValueError, match="class index"):
         prog.forward(X[0], [7])
     assert prog.parameters[0] == 0.1

@@ -1547,12 +1547,12 @@ def test_one_thread_steps_the_batch_inside_its_last_chunk(name):
     SGD]) as the batch's last chunk finishes, the first chunk's gradient added first, and the
     gradient nests' sums start from zero on a chunk's first samples instead of from zeroed
     gradients; on two threads the chunks' gradients are summed and stepped in a separate phase.
-    Batches of 3 (chunks of 1 and 2), 7 and 150 (chunks of 75: 64 samples in flight, then 11,
-    whose sums continue the first 64's) over 301 rows (a last batch of one sample): bitwise the
-    same parameters and losses on 1 and 2 threads, tape and compiled, and within 1e-12 of the
-    scalar program. The Elman cell also has packed weights that no nest steps (two nests add to
-    their gradient), which the separate step still takes; the CNN's kernel gradients are split
-    sums, the MLP's rows end in quarter blocks."""
+    Batches of 3 (chunks of 1 and 2), 7 and 150 (chunks of 75 where at most 64 samples are in
+    flight: 40, then 35, whose sums continue the first 40's) over 301 rows (a last batch of one
+    sample): bitwise the same parameters and losses on 1 and 2 threads, tape and compiled, and
+    within 1e-12 of the scalar program. The Elman cell also has packed weights that no nest
+    steps (two nests add to their gradient), which the separate step still takes; the CNN's
+    kernel gradients are split sums, the MLP's rows end in quarter blocks."""
     case = zoo_case(name)
     r = np.random.default_rng(11)
     case.X = r.uniform(-1, 1, size=(301, case.X.shape[1]))
@@ -1577,6 +1577,34 @@ def test_one_thread_steps_the_batch_inside_its_last_chunk(name):
         s, s_l = fit_params(sca, case, p0, batch, 1, 0.05)
         assert_close(ref, s, f"batch {batch}: rerolled vs scalar parameters")
         assert_close(ref_l, s_l, f"batch {batch}: rerolled vs scalar losses")
+
+
+@needs_cc
+@pytest.mark.parametrize("float32", [False, True])
+def test_flags_that_contract_the_step_keep_thread_counts_bitwise(float32):
+    """Flags that let the C compiler contract the fused step ``w - lr * (g0 + sum)`` into one
+    fused multiply-add (``-ffp-contract=fast``, with ``-march=native`` on a machine with FMA)
+    round it otherwise than libmg's separate step, which never contracts. The attached code's step
+    probe tells libmg so, and batches are then stepped by libmg on every thread count: 1 and 2
+    threads still give the same bits, at batches of 7 and 32. (Without the probe, 292 of 2410
+    parameters of an MLP(64, [32, 10]) differed.) Where the machine has no FMA, the flags change
+    nothing and the test checks the fused path."""
+    tc = compiler.find_compiler()
+    flags = [f for f in compiler.default_flags(tc) if f != "-ffp-contract=off"]
+    if tc.name not in ("gcc", "clang", "cc"):
+        pytest.skip(f"{tc.name} has no -ffp-contract")
+    case = zoo_case("mlp-tails")
+    r = np.random.default_rng(5)
+    case.X = r.uniform(-1, 1, size=(96, case.X.shape[1]))
+    case.Y = r.integers(0, 3, size=(96, 1)).astype(np.float64)
+    prog = compile_case(case, backend="c", float32=float32, flags=[*flags, "-ffp-contract=fast"])
+    p0 = np.array([p.data for p in case.params])
+    for batch in (7, 32):
+        one, one_l = fit_params(prog, case, p0, batch, 1, 0.05)
+        two, two_l = fit_params(prog, case, p0, batch, 2, 0.05)
+        assert not np.array_equal(one, p0)
+        assert_bitwise(one, two, f"contracting flags, batch {batch}: 1 thread vs 2 (parameters)")
+        assert_bitwise(one_l, two_l, f"contracting flags, batch {batch}: 1 thread vs 2 (losses)")
 
 
 @needs_cc

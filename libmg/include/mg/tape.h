@@ -268,9 +268,9 @@ typedef struct mg_emit_options {
 typedef void (*mg_kernel_fn)(const void *run);
 
 /** Version of the mg_compiled layout and of the run its kernels read (2: the run gained the
- * arrays of pre-steps; 3: the fields of a batch's fused steps); generated code records the one it
- * was written for, and mg_tape_attach() refuses any other. */
-#define MG_COMPILED_ABI 3
+ * arrays of pre-steps; 3: the fields of a batch's fused steps; 4: the step probe); generated code
+ * records the one it was written for, and mg_tape_attach() refuses any other. */
+#define MG_COMPILED_ABI 4
 
 /** What generated training code exports as `<prefix>program`. */
 typedef struct mg_compiled {
@@ -279,6 +279,12 @@ typedef struct mg_compiled {
     unsigned long long fingerprint; /**< mg_tape_fingerprint() of the tape it was emitted from */
     size_t nnests;                  /**< entries of `kernels` */
     const mg_kernel_fn *kernels;    /**< per nest: a specialised kernel, or NULL */
+    /** The SGD step `w - lr * (o + a)` in the kernels' slot type, compiled with the kernels'
+     * flags (NULL: as libmg computes it). Flags that contract it into a fused multiply-add round
+     * otherwise than libmg's own step, which never contracts; mg_tape_attach() calls it once, and
+     * where it differs, batches are stepped by libmg on every thread count instead of inside the
+     * gradient nests on one thread, so the thread count still never changes a bit. */
+    double (*step_probe)(double w, double lr, double o, double a);
 } mg_compiled;
 
 /**

@@ -371,6 +371,7 @@ class CompiledProgram(ctypes.Structure):
         ("fingerprint", ctypes.c_ulonglong),
         ("nnests", ctypes.c_size_t),
         ("kernels", ctypes.c_void_p),
+        ("step_probe", ctypes.c_void_p),
     ]
 
 
