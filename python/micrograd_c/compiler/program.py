@@ -129,7 +129,9 @@ class Program:
         it (bitwise), since batches are cut into the same chunks, summed in the same order.
         Cross-entropy targets must be class indices and hinge labels in ``Y`` -1 or +1; a bad row
         raises ``ValueError`` naming it and its column (targets a graph computes are not checked:
-        a bad one gives a NaN loss, as IEEE arithmetic does).
+        a bad one gives a NaN loss, as IEEE arithmetic does). The step is ``p -= lr * grad`` in
+        IEEE arithmetic, as in PyTorch: ``lr=0`` leaves every parameter unchanged unless its
+        gradient is NaN or infinite (a NaN or infinity in ``X``), since ``0 * inf`` is NaN.
         """
         epochs = _count("epochs", epochs, 0)
         batch_size = _count("batch_size", batch_size, 1)
