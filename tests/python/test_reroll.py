@@ -1579,6 +1579,29 @@ def test_one_thread_steps_the_batch_inside_its_last_chunk(name):
         assert_close(ref_l, s_l, f"batch {batch}: rerolled vs scalar losses")
 
 
+@pytest.mark.parametrize("name", ["mlp-tails", "cnn-s1", "elman-16", "attention"])
+def test_predict_runs_rows_in_batches_with_the_bits_of_one_at_a_time(name):
+    """predict runs its rows through the forward nests many at a time (a register tile of samples
+    per matrix product), as a batched fit's forward does: each output is computed as for one row,
+    so predict over 37 rows (4 tiles of 8 and a part) gives bitwise the outputs of forward row by
+    row, on the tape and compiled, in float64 and float32 storage; and it leaves the program's
+    own state alone (the loss of the last forward)."""
+    case = zoo_case(name)
+    X = np.random.default_rng(3).uniform(-1, 1, size=(37, case.X.shape[1]))
+    progs = [compile_case(case)]
+    if HAVE_CC:
+        progs += [compile_case(case, backend="c"), compile_case(case, backend="c", float32=True)]
+    for prog in progs:
+        what = f"{prog.backend}{' float32' if prog.info.get('float32') else ''}"
+        rows = np.array([prog.forward(x, case.Y[0]) for x in X])
+        loss = prog.loss
+        got = prog.predict(X)
+        assert got.shape == rows.shape
+        assert_bitwise(got, rows, f"{what}: predict vs forward row by row")
+        assert_bitwise(prog.predict(X[5:6]), rows[5:6], f"{what}: predict of one row")
+        assert prog.loss == loss
+
+
 @needs_cc
 @pytest.mark.parametrize("float32", [False, True])
 def test_flags_that_contract_the_step_keep_thread_counts_bitwise(float32):

@@ -234,6 +234,12 @@ MG_API int mg_tape_fit(mg_tape *t, const double *X, const double *Y, size_t n,
 
 /**
  * @brief Forward over each row of @p X, computing only what the outputs need.
+ *
+ * Rows run through the forward nests many at a time, as a batched mg_tape_fit() runs them
+ * (several rows per register tile where a nest is a matrix product); each output is computed as
+ * for one row, so the results are bitwise those of mg_tape_forward() row by row. (Where the
+ * slots of several rows would not fit in the cache, or in memory, rows run one at a time over
+ * the tape's own values.)
  * @param t the tape
  * @param X inputs, row-major: n rows of mg_tape_ninputs() values
  * @param n number of samples
