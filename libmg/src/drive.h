@@ -444,6 +444,13 @@ MG_DRV_LINK int MG_DRV(step)(mg_tape *t, double lr, size_t count) {
     return MG_OK;
 }
 
+/* The per-sample slots of `held` samples, `ss` apart, set to the values' frozen slots (what a
+ * nest does not write reads as the frozen value). */
+static void fill_frozen(const mg_tape *t, mgk_real *bd, size_t held, size_t ss) {
+    for (size_t q = 0; q < held; q++)
+        memcpy(bd + q * ss, MG_R_DATA(t) + t->input0, ss * sizeof(mgk_real));
+}
+
 /* Samples in flight at once in a batched run: at most MG_FIT_SUB, and as many as keep their slots
  * and gradients within MG_FIT_SUB_BYTES (at least one). */
 static size_t in_flight(const mg_tape *t) {
@@ -458,17 +465,15 @@ static size_t in_flight(const mg_tape *t) {
  * The tape's own slots are not touched. Returns 0, having done nothing, when a row at a time is
  * as good (one sample in flight) or there is no memory for the samples' slots. */
 static int predict_rows(mg_tape *t, const double *X, size_t n, double *out) {
-    const size_t ss = sample_stride(t), sub = in_flight(t);
-    if (sub < 2) return 0;
+    const size_t ss = sample_stride(t), cap = in_flight(t), sub = n < cap ? n : cap;
+    if (sub < 2) return 0; /* slots for at most the rows there are, in whole tiles */
     const size_t held = (sub + MGK_TS_MAX - 1) / MGK_TS_MAX * MGK_TS_MAX;
     mgk_real *bd = mg_tape__alloc(t, held, ss * sizeof(mgk_real));
     mgk_real *scratch = mg_tape__alloc(t, 2 * t->nary_max + 2, sizeof(mgk_real));
     mgk_idx *scratch_ix = mg_tape__alloc(t, t->nary_max + 1, sizeof(mgk_idx));
     int done = bd && scratch && scratch_ix;
     if (done) {
-        /* the values' frozen slots (what the forward does not write reads as them) */
-        for (size_t q = 0; q < held; q++)
-            memcpy(bd + q * ss, MG_R_DATA(t) + t->input0, ss * sizeof(mgk_real));
+        fill_frozen(t, bd, held, ss);
         mg_exec E;
         memset(&E, 0, sizeof E);
         mgk_run *R = &E.R;
@@ -911,9 +916,7 @@ MG_DRV_LINK int MG_DRV(fit)(mg_tape *t, const double *X, const double *Y, size_t
             st = MG_ENOMEM;
             break;
         }
-        /* the values' initial slots (what a nest does not write reads as the frozen value) */
-        for (size_t q = 0; q < held; q++)
-            memcpy(ch->bd + q * F.ss, MG_R_DATA(t) + t->input0, F.ss * sizeof(mgk_real));
+        fill_frozen(t, ch->bd, held, F.ss);
         memset(ch->bg, 0, held * F.ss * sizeof(mgk_real));
         memset(ch->g, 0, (t->input0 + MGK_PAD) * sizeof(mgk_real));
         memset(ch->pg, 0, (t->npacked + MGK_PAD) * sizeof(mgk_real));
