@@ -78,6 +78,7 @@ typedef struct mg_exec {
      * sample's QD and QG), and whether it defers them */
     mgk_real *keep_d, *keep_g;
     int defer;
+    int skip_steps; /* a batch on threads: the fused steps' nests run after the chunks (fit_run) */
     mg_prefetch pf; /* input rows brought towards the cache while this run's nests compute */
 } mg_exec;
 
@@ -135,7 +136,7 @@ static void run_one(const mg_tape *t, const mg_instr *in, mg_exec *E) {
     switch (in->kind) {
     case MG_I_NEST:
         if (E->defer && t->info[in->a].pre) keep(&t->pre[t->info[in->a].pre - 1], E);
-        else MG_RUN_NEST(t, in->a, R);
+        else if (!(E->skip_steps && (t->nests[in->a].flags & MGK_F_STEP))) MG_RUN_NEST(t, in->a, R);
         break;
     case MG_I_NARY:
         if (flat(t, R)) {
@@ -615,8 +616,26 @@ typedef struct fit_chunk {
  * Which thread runs an item never changes what it computes. A thread that waits spins, then
  * yields. */
 #define MG_FIT_STEP_ITEMS 4
+/* With threads, where each chunk's samples are in flight at once, the nests that step fused
+ * parameters (MGK_F_STEP) leave the chunks for the step phase: a thread runs a band of a nest's
+ * rows (MGK_F_BAND; a whole nest otherwise) over the first chunk's samples, into that chunk's
+ * gradients, then over the last chunk's, stepping the parameters with the first chunk's gradients
+ * added: what the one-thread fit's last chunk computes, so the same bits. Each thread's
+ * parameters' gradients then stay in its cache: split by chunks, every gradient of a batch was
+ * read by the other thread's step, which moved half of them between the cores (and wrote half of
+ * the weights the next forward reads there). Such a nest reads per-sample operands alone, so no
+ * step of the same phase changes what it reads. At most this many items: */
+#define MG_FIT_DEFER_MAX 60
 /* the most items of a phase */
-#define MG_FIT_ITEMS (MG_FIT_CHUNKS > MG_FIT_STEP_ITEMS ? MG_FIT_CHUNKS : MG_FIT_STEP_ITEMS)
+#define MG_FIT_ITEMS (MG_FIT_STEP_ITEMS + MG_FIT_DEFER_MAX)
+_Static_assert(MG_FIT_CHUNKS <= MG_FIT_ITEMS, "a phase of chunks fits the items");
+
+/* An item of the step phase that runs a nest (fit_run::defer): its rows [lo2, hi2) of dim 2
+ * (hi2 = 0: every row). */
+typedef struct fit_defer {
+    size_t nest;
+    mgk_i64 lo2, hi2;
+} fit_defer;
 
 typedef struct fit_run {
     mg_tape *t;
@@ -629,6 +648,8 @@ typedef struct fit_run {
     size_t threads;
     size_t calls; /* nests a chunk's samples in flight run (forward with losses, backward) */
     int fuse;     /* one thread: the last chunk's MGK_F_STEP nests step their parameters */
+    fit_defer defer[MG_FIT_DEFER_MAX]; /* threads: the step phase's nests (see above) */
+    size_t ndefer;
     double lr;
     double total;                      /* the batches' losses so far, in batch and chunk order */
     atomic_size_t done;                /* items finished */
@@ -667,6 +688,7 @@ static void run_chunk(fit_run *F, fit_chunk *c, size_t ci) {
     R->og[1] = c->other ? c->other->pg : NULL;
     E.scratch = c->scratch;
     E.scratch_ix = c->scratch_ix;
+    E.skip_steps = F->ndefer > 0;
     prefetch_init(&E.pf, t, F->X, F->X32, F->perm, F->sub, F->calls);
     c->loss = 0.0;
     /* this batch's gradients start from zero (step_item only reads them with threads): the
@@ -722,8 +744,9 @@ _Static_assert(MG_FIT_CHUNKS == 2, "step_item adds one or two chunks");
 static void step_item(fit_run *F, size_t i, size_t bn, size_t nch) {
     mg_tape *t = F->t;
     const size_t S = MG_FIT_STEP_ITEMS;
-    const size_t D = F->fuse ? t->nstep_d1 : t->nstep_d, d0 = D * i / S, d1 = D * (i + 1) / S;
-    const mgk_idx *const sd = F->fuse ? t->step_d1 : t->step_d;
+    const int nested = F->fuse || F->ndefer; /* the fused parameters are their nests' to step */
+    const size_t D = nested ? t->nstep_d1 : t->nstep_d, d0 = D * i / S, d1 = D * (i + 1) / S;
+    const mgk_idx *const sd = nested ? t->step_d1 : t->step_d;
     const mgk_real scale = (mgk_real)(F->lr / (double)bn);
     const mgk_real *g0 = F->ch[0].g, *g1 = nch > 1 ? F->ch[1].g : NULL;
     mgk_real *data = MG_R_DATA(t);
@@ -732,7 +755,7 @@ static void step_item(fit_run *F, size_t i, size_t bn, size_t nch) {
         data[p] -= scale * (g1 ? g0[p] + g1[p] : g0[p]);
     }
     mgk_real *pw = MG_R_PW(t), *pg0 = F->ch[0].pg, *pg1 = nch > 1 ? F->ch[1].pg : NULL;
-    if (!F->fuse || t->nstep_p1 == t->npacked) {
+    if (!nested || t->nstep_p1 == t->npacked) {
         const size_t Q = t->npacked, q0 = Q * i / S, q1 = Q * (i + 1) / S;
         MG_STEP_RANGE(pw, pg0, pg1, q0, q1, scale, F->threads == 1);
         return;
@@ -746,6 +769,73 @@ static void step_item(fit_run *F, size_t i, size_t bn, size_t nch) {
     }
 }
 
+/* Item `D` of the step phase: its band of a fused step's nest over each chunk's samples, the
+ * sums from zero, the last chunk's stepping the parameters with the first's gradients added (the
+ * one-thread fit's last chunk: run_chunk with fit_chunk::step). */
+static void defer_item(fit_run *F, const fit_defer *D, size_t bn, size_t nch) {
+    const mg_tape *t = F->t;
+    mgk_run R;
+    memset(&R, 0, sizeof R);
+    R.a[MGK_D] = MG_R_DATA(t);
+    R.a[MGK_PW] = MG_R_PW(t);
+    R.ix = t->ix;
+    R.ss = (mgk_i64)F->ss;
+    R.lr = F->lr / (double)bn;
+    R.first = 1;
+    R.lo2 = D->lo2;
+    R.hi2 = D->hi2;
+    for (size_t c = 0; c < nch; c++) {
+        const fit_chunk *ch = &F->ch[c];
+        R.a[MGK_G] = ch->g;
+        R.a[MGK_PG] = ch->pg;
+        R.a[MGK_BD] = ch->bd;
+        R.a[MGK_BG] = ch->bg;
+        R.nb = (mgk_i64)(ch->to - ch->from);
+        R.bstep = c + 1 == nch;
+        R.og[0] = c ? F->ch[0].g : NULL;
+        R.og[1] = c ? F->ch[0].pg : NULL;
+        MG_RUN_NEST(t, D->nest, &R);
+    }
+}
+
+/* The step phase's nests of a batch on `threads` threads (fit_run::defer): every MGK_F_STEP nest
+ * of the backward program, each band of rows an item; none (0) where one reads anything but
+ * per-sample operands, where there would be more than MG_FIT_DEFER_MAX items, or where the nests
+ * without bands are more than an eighth of the work (one thread would run each over both chunks:
+ * a CNN's kernel gradient, a split sum, is most of it). `*nests`: how many nests. */
+static size_t plan_defer(const mg_tape *t, size_t threads, fit_defer *D, size_t *nests) {
+    size_t n = 0;
+    double banded = 0.0, whole = 0.0;
+    *nests = 0;
+    for (size_t i = 0; i < t->nbwd; i++) {
+        const mg_instr *in = &t->bwd[i];
+        if (in->kind == MG_I_SEQ) { /* schedule.c fuses no nest inside a sequential loop */
+            i += in->a;
+            continue;
+        }
+        if (in->kind != MG_I_NEST || !(t->nests[in->a].flags & MGK_F_STEP)) continue;
+        const mgk_nest *N = &t->nests[in->a];
+        if (!mg_nest__reads_samples(N)) return 0;
+        const size_t bands = N->flags & MGK_F_BAND ? threads : 1;
+        if (n + bands > MG_FIT_DEFER_MAX) return 0;
+        double terms = 1.0; /* per sample */
+        for (int d = 0; d < MGK_MAXD; d++) terms *= (double)N->n[d];
+        *(bands > 1 ? &banded : &whole) += terms;
+        for (size_t b = 0; b < bands; b++) { /* whole register tiles, the last to n[2] */
+            D[n].nest = in->a;
+            D[n].lo2 =
+                bands > 1 ? (N->n[2] * (mgk_i64)b / (mgk_i64)bands) / MGK_TS_MAX * MGK_TS_MAX : 0;
+            D[n].hi2 = bands == 1       ? 0
+                       : b + 1 == bands ? N->n[2]
+                                        : (N->n[2] * (mgk_i64)(b + 1) / (mgk_i64)bands) /
+                                              MGK_TS_MAX * MGK_TS_MAX;
+            n++;
+        }
+        ++*nests;
+    }
+    return whole * 8.0 <= banded ? n : 0;
+}
+
 /* Waits until `count` items are done; the items' writes are then visible. */
 static void wait_done(fit_run *F, size_t count) {
     unsigned spins = 0;
@@ -755,7 +845,7 @@ static void wait_done(fit_run *F, size_t count) {
 
 /* Thread w's part of an epoch: every phase in order, its own items first, then the others'. */
 static void fit_share(fit_run *F, size_t w) {
-    const size_t T = F->threads, S = MG_FIT_STEP_ITEMS;
+    const size_t T = F->threads, S = MG_FIT_STEP_ITEMS + F->ndefer; /* the step phase's items */
     const size_t nbatches = (F->n + F->batch - 1) / F->batch;
     for (size_t p = 0; p < 2 * nbatches; p++) {
         const size_t k = p / 2, b0 = k * F->batch;
@@ -778,7 +868,8 @@ static void fit_share(fit_run *F, size_t w) {
                 } else {
                     if (i == 0)
                         for (size_t c = 0; c < nch; c++) F->total += F->ch[c].loss; /* in order */
-                    step_item(F, i, bn, nch);
+                    if (i < MG_FIT_STEP_ITEMS) step_item(F, i, bn, nch);
+                    else defer_item(F, &F->defer[i - MG_FIT_STEP_ITEMS], bn, nch);
                 }
                 atomic_fetch_add_explicit(&F->done, 1, memory_order_release);
             }
@@ -904,6 +995,11 @@ MG_DRV_LINK int MG_DRV(fit)(mg_tape *t, const double *X, const double *Y, size_t
     if (threads > nch) threads = nch;
     F.threads = threads;
     F.fuse = threads == 1 && !t->kern_contracts;
+    if (threads > 1 && !t->kern_contracts && sub >= per) { /* each chunk's samples at once */
+        size_t nests;
+        F.ndefer = plan_defer(t, threads, F.defer, &nests);
+        if (F.ndefer) F.calls -= nests;
+    }
     for (size_t c = 0; c < nch && st == MG_OK; c++) {
         fit_chunk *ch = &F.ch[c];
         ch->bd = mg_tape__alloc(t, held, F.ss * sizeof(mgk_real));

@@ -523,9 +523,10 @@ static void describe_nest(sbuf *b, const mg_tape *t, size_t k, const char *inden
     }
     static const char *const tiles[4] = {"", " [tiles: rows]", " [tiles: samples of a batch]",
                                          " [tiles: rows of each sample]"};
-    putf(b, "%s%s%s%s%s%s%s%s\n", N->flags & MGK_F_BLOCK ? " [blocks]" : "",
+    putf(b, "%s%s%s%s%s%s%s%s%s\n", N->flags & MGK_F_BLOCK ? " [blocks]" : "",
          tiles[MGK_TILE_KIND(N)], N->flags & MGK_F_SPLIT ? " [split sums]" : "",
          N->flags & MGK_F_STEP ? " [fused SGD]" : "",
+         N->flags & MGK_F_BAND ? " [bands of rows on threads]" : "",
          t->info[k].pre ? " [waits for the next forward]" : "",
          N->flags & MGK_F_PRESTEP ? " [steps its weights first]" : "",
          N->flags & MGK_F_SCATTER ? " [scatter]" : "", t->kern && t->kern[k] ? " [compiled]" : "");

@@ -261,6 +261,13 @@ static inline int mg_nest__x_used(const mgk_nest *N, int j) {
     default: return j != 1 || ar == 2;
     }
 }
+/* Whether every operand nest N reads is a sample's own element (BD, BG, never gathered): then no
+ * step of a parameter can change what it reads (schedule.c's bands, drive.h's deferred nests). */
+static inline int mg_nest__reads_samples(const mgk_nest *N) {
+    for (int j = 0; j < 4; j++)
+        if (mg_nest__x_used(N, j) && (!MGK_PS(&N->x[j]) || N->x[j].gather)) return 0;
+    return 1;
+}
 /* Canonical form of a nest's dims: outer dims right-aligned at 3, reduction dims at 7. */
 void mg_nest__canon(mgk_nest *N, int no, int nr);
 /* Whether ref X is injective over dims with nonzero stride (1), or may repeat elements (0). */

@@ -40,7 +40,10 @@
  * over every other reduction dim and the samples and combined once per output in a fixed order: the
  * same bits on every backend and thread count. MGK_F_SCATTER (gradients whose target moves along
  * more dims than a nest has outer dims) adds every term straight into its own output element,
- * out(i, r) += term(i, r), visiting the points in row-major order. */
+ * out(i, r) += term(i, r), visiting the points in row-major order. MGK_F_BAND (an MGK_F_STEP
+ * nest that reads only per-sample operands, schedule.c) runs the rows of dim 2 that the run names
+ * (mgk_run::lo2, hi2): a batch on several threads runs such a nest in bands of rows, one per
+ * thread, after the chunks (drive.h). Each output's arithmetic does not depend on the band. */
 #ifndef MGK_NEST_KERNELS_H
 #define MGK_NEST_KERNELS_H
 
@@ -75,7 +78,8 @@ enum {
     MGK_F_STEP = 4,
     MGK_F_SCATTER = 8,
     MGK_F_TILE = 16,
-    MGK_F_PRESTEP = 32
+    MGK_F_PRESTEP = 32,
+    MGK_F_BAND = 64
 };
 
 typedef struct mgk_ref {
@@ -109,6 +113,9 @@ typedef struct mgk_run {
      * there is none), whether the sums start from zero, whether the nest steps */
     mgk_real *og[2];
     int first, bstep;
+    /* MGK_F_BAND nests: with hi2 > 0, only the outer points with lo2 <= i2 < hi2 (a band of rows
+     * one thread runs; lo2 a multiple of MGK_TS_MAX, hi2 too or n[2]); otherwise every point */
+    mgk_i64 lo2, hi2;
 } mgk_run;
 
 /* A per-sample operand. */
@@ -930,9 +937,9 @@ MGK_HOT void mgk_tile_q(const mgk_nest *N, const mgk_run *R, const int small, co
          * full tiles, then the rows left (n[2] % MGK_TS), so that in generated code               \
          * (constant sizes) the tile is kept once per row count that occurs, not                   \
          * once more for a run-time count. */                                                      \
-        for (i2 = 0; i2 + MGK_TS <= n[2]; i2 += MGK_TS) MGK_ROW_TILES(MGK_TS)                      \
-        if (i2 < n[2]) {                                                                           \
-            const int nt = (int)(n[2] - i2);                                                       \
+        for (i2 = lo2; i2 + MGK_TS <= hi2; i2 += MGK_TS) MGK_ROW_TILES(MGK_TS)                     \
+        if (i2 < hi2) { /* a band ends at a multiple of MGK_TS_MAX or at n[2] */                   \
+            const int nt = band ? (int)(n[2] % MGK_TS) : (int)(hi2 - i2);                          \
             MGK_ROW_TILES(nt)                                                                      \
         }                                                                                          \
         continue;                                                                                  \
@@ -1005,13 +1012,16 @@ MGK_HOT void mgk_tile_q(const mgk_nest *N, const mgk_run *R, const int small, co
         (void)wide;                                                                                \
         (void)tile2; /* both unused without vectors (MGK_NO_VECTOR, tcc) */                        \
         const mgk_i64 n0 = small ? 1 : n[0], n1 = n[1];                                            \
+        /* the rows of dim 2 this run computes (constants, except in an MGK_F_BAND nest) */        \
+        const int band = (N->flags & MGK_F_BAND) && Rb->hi2 > 0;                                   \
+        const mgk_i64 lo2 = band ? Rb->lo2 : 0, hi2 = band ? Rb->hi2 : n[2];                       \
         const mgk_i64 so = O->s[3], si = I->s[3], s0 = X[0].s[3], s1 = X[1].s[3], s2 = X[2].s[3],  \
                       s3 = X[3].s[3];                                                              \
         mgk_i64 i0, i1, i2, i3;                                                                    \
         for (i0 = 0; i0 < n0; i0++)                                                                \
             for (i1 = 0; i1 < n1; i1++) {                                                          \
                 MGK_NP_ROWS                                                                        \
-                for (i2 = 0; i2 < n[2]; i2++) {                                                    \
+                for (i2 = lo2; i2 < hi2; i2++) {                                                   \
                     /* positions at (i0, i1, i2, 0), advanced along the vector dim */              \
                     mgk_i64 po = MGK_OPOS(O, t, i0, i1, i2, 0),                                    \
                             pi = MGK_OPOS(I, t, i0, i1, i2, 0);                                    \

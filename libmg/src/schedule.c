@@ -12,7 +12,10 @@
  *     it in the backward program reads the parameter (MGK_F_STEP): at batch size 1, and on one
  *     thread for a batch's last samples (drive.h);
  *  8. pre-steps: ... and where one forward nest alone reads those weights, each once, that step
- *     can wait for the next sample's forward, which applies it as it reads them (MGK_F_PRESTEP). */
+ *     can wait for the next sample's forward, which applies it as it reads them (MGK_F_PRESTEP);
+ *  9. bands: a fused step's nest that reads per-sample operands alone, with rows enough along
+ *     dim 2 for two bands of whole register tiles, can run a band of those rows per thread
+ *     (MGK_F_BAND): a batch on several threads runs it after its chunks, over both (drive.h). */
 #include "ir.h"
 
 #include <string.h>
@@ -828,6 +831,16 @@ done:;
     return st;
 }
 
+/* ---- 9. bands ---------------------------------------------------------------------------------
+ */
+
+static void band_flag(mgk_nest *N) {
+    N->flags &= ~MGK_F_BAND;
+    if ((N->flags & MGK_F_STEP) && !MGK_PS(&N->out) && !N->out.gather &&
+        N->n[2] >= 2 * MGK_TS_MAX && mg_nest__reads_samples(N))
+        N->flags |= MGK_F_BAND;
+}
+
 int mg_schedule(mg_tape *t) {
     for (size_t k = 0; k < t->nnests; k++) choose_vector_dim(t, &t->nests[k], &t->info[k], 0);
     int st = plan_packs(t);
@@ -861,5 +874,6 @@ int mg_schedule(mg_tape *t) {
     if (t->rerolled && (st = plan_zeroing(t)) != MG_OK) return st;
     for (size_t k = 0; k < t->nnests; k++) tile_flag(t, &t->nests[k], &t->info[k]);
     if ((st = to_sample_arrays(t)) != MG_OK) return st;
+    for (size_t k = 0; k < t->nnests; k++) band_flag(&t->nests[k]);
     return plan_presteps(t);
 }

@@ -1546,13 +1546,16 @@ def test_one_thread_steps_the_batch_inside_its_last_chunk(name):
     """On one thread, a batched fit applies SGD inside the parameters' gradient nests ([fused
     SGD]) as the batch's last chunk finishes, the first chunk's gradient added first, and the
     gradient nests' sums start from zero on a chunk's first samples instead of from zeroed
-    gradients; on two threads the chunks' gradients are summed and stepped in a separate phase.
-    Batches of 3 (chunks of 1 and 2), 7 and 150 (chunks of 75 where at most 64 samples are in
-    flight: 40, then 35, whose sums continue the first 40's) over 301 rows (a last batch of one
-    sample): bitwise the same parameters and losses on 1 and 2 threads, tape and compiled, and
-    within 1e-12 of the scalar program. The Elman cell also has packed weights that no nest
-    steps (two nests add to their gradient), which the separate step still takes; the CNN's
-    kernel gradients are split sums, the MLP's rows end in quarter blocks."""
+    gradients. On two threads, where each chunk's samples are in flight at once (batches of 3
+    and 7), those nests run after the chunks, each thread a band of their rows ([bands of rows
+    on threads]) over both chunks, stepping as the one thread's last chunk does; otherwise (150)
+    the chunks' gradients are summed and stepped in a separate phase. Batches of 3 (chunks of 1
+    and 2), 7 and 150 (chunks of 75 where at most 64 samples are in flight: 40, then 35, whose
+    sums continue the first 40's) over 301 rows (a last batch of one sample): bitwise the same
+    parameters and losses on 1, 2 and 3 threads, tape and compiled, and within 1e-12 of the
+    scalar program. The Elman cell also has packed weights that no nest steps (two nests add to
+    their gradient), which the separate step still takes; the CNN's kernel gradients are split
+    sums, the MLP's rows end in quarter blocks."""
     case = zoo_case(name)
     r = np.random.default_rng(11)
     case.X = r.uniform(-1, 1, size=(301, case.X.shape[1]))
@@ -1560,6 +1563,8 @@ def test_one_thread_steps_the_batch_inside_its_last_chunk(name):
     rer = compile_case(case)
     listing = rer.describe()
     assert "[fused SGD]" in listing
+    if name == "mlp-tails":  # its layers' weight gradients run in bands on two threads
+        assert "[bands of rows on threads]" in listing, listing
     if name == "elman-16":
         packed = [line for line in listing.splitlines() if "out[packed_grad" in line]
         assert any("[fused SGD]" in line for line in packed), listing
@@ -1570,10 +1575,11 @@ def test_one_thread_steps_the_batch_inside_its_last_chunk(name):
     for batch in (3, 7, 150):
         ref, ref_l = fit_params(rer, case, p0, batch, 2, 0.05)
         assert not np.array_equal(ref, p0)
-        for prog in progs:
-            got, got_l = fit_params(prog, case, p0, batch, 1, 0.05)
-            assert_bitwise(got, ref, f"{prog.backend} batch {batch}: 1 thread vs 2 (parameters)")
-            assert_bitwise(got_l, ref_l, f"{prog.backend} batch {batch}: 1 thread vs 2 (losses)")
+        for prog, threads in [(p, n) for p in progs for n in (1, 3)]:
+            got, got_l = fit_params(prog, case, p0, batch, threads, 0.05)
+            what = f"{prog.backend} batch {batch}: {threads} threads vs 2"
+            assert_bitwise(got, ref, f"{what} (parameters)")
+            assert_bitwise(got_l, ref_l, f"{what} (losses)")
         s, s_l = fit_params(sca, case, p0, batch, 1, 0.05)
         assert_close(ref, s, f"batch {batch}: rerolled vs scalar parameters")
         assert_close(ref_l, s_l, f"batch {batch}: rerolled vs scalar losses")

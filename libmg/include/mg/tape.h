@@ -274,9 +274,10 @@ typedef struct mg_emit_options {
 typedef void (*mg_kernel_fn)(const void *run);
 
 /** Version of the mg_compiled layout and of the run its kernels read (2: the run gained the
- * arrays of pre-steps; 3: the fields of a batch's fused steps; 4: the step probe); generated code
- * records the one it was written for, and mg_tape_attach() refuses any other. */
-#define MG_COMPILED_ABI 4
+ * arrays of pre-steps; 3: the fields of a batch's fused steps; 4: the step probe; 5: the band of
+ * rows a thread runs); generated code records the one it was written for, and mg_tape_attach()
+ * refuses any other. */
+#define MG_COMPILED_ABI 5
 
 /** What generated training code exports as `<prefix>program`. */
 typedef struct mg_compiled {
