@@ -798,6 +798,14 @@ static void defer_item(fit_run *F, const fit_defer *D, size_t bn, size_t nch) {
     }
 }
 
+/* Edge b of `bands` bands of n2 rows: n2 * b / bands rounded to the nearest multiple of
+ * MGK_TS_MAX. With bands <= n2 / MGK_TS_MAX the edges are at least MGK_TS_MAX apart before
+ * rounding, so every band is non-empty (the last ends at n2, at least MGK_TS_MAX / 2 rows on). */
+static mgk_i64 band_edge(mgk_i64 n2, size_t b, size_t bands) {
+    const mgk_i64 x = n2 * (mgk_i64)b;
+    return (x + (mgk_i64)bands * (MGK_TS_MAX / 2)) / ((mgk_i64)bands * MGK_TS_MAX) * MGK_TS_MAX;
+}
+
 /* The step phase's nests of a batch on `threads` threads (fit_run::defer): every MGK_F_STEP nest
  * of the backward program, each band of rows an item; none (0) where one reads anything but
  * per-sample operands, where there would be more than MG_FIT_DEFER_MAX items, or where the nests
@@ -816,19 +824,18 @@ static size_t plan_defer(const mg_tape *t, size_t threads, fit_defer *D, size_t 
         if (in->kind != MG_I_NEST || !(t->nests[in->a].flags & MGK_F_STEP)) continue;
         const mgk_nest *N = &t->nests[in->a];
         if (!mg_nest__reads_samples(N)) return 0;
-        const size_t bands = N->flags & MGK_F_BAND ? threads : 1;
+        /* bands of whole register tiles (lo2 < hi2 in every band; hi2 = 0 would be every row) */
+        size_t bands = N->flags & MGK_F_BAND ? threads : 1;
+        if (bands > (size_t)(N->n[2] / MGK_TS_MAX)) bands = (size_t)(N->n[2] / MGK_TS_MAX);
+        if (bands < 1) bands = 1;
         if (n + bands > MG_FIT_DEFER_MAX) return 0;
         double terms = 1.0; /* per sample */
         for (int d = 0; d < MGK_MAXD; d++) terms *= (double)N->n[d];
         *(bands > 1 ? &banded : &whole) += terms;
-        for (size_t b = 0; b < bands; b++) { /* whole register tiles, the last to n[2] */
+        for (size_t b = 0; b < bands; b++) { /* edges at the nearest tile, the last at n[2] */
             D[n].nest = in->a;
-            D[n].lo2 =
-                bands > 1 ? (N->n[2] * (mgk_i64)b / (mgk_i64)bands) / MGK_TS_MAX * MGK_TS_MAX : 0;
-            D[n].hi2 = bands == 1       ? 0
-                       : b + 1 == bands ? N->n[2]
-                                        : (N->n[2] * (mgk_i64)(b + 1) / (mgk_i64)bands) /
-                                              MGK_TS_MAX * MGK_TS_MAX;
+            D[n].lo2 = band_edge(N->n[2], b, bands);
+            D[n].hi2 = bands == 1 ? 0 : b + 1 == bands ? N->n[2] : band_edge(N->n[2], b + 1, bands);
             n++;
         }
         ++*nests;

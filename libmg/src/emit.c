@@ -424,6 +424,7 @@ char *mg_tape_emit_c(mg_tape *t, const mg_emit_options *opt, size_t *len) {
              "    R.a[MGK_BD] = d + %zu; /* one sample: its slots follow the shared ones */\n"
              "    R.ix = mg_ix;\n    R.t = 0;\n    R.nb = 1;\n    R.ss = 0;\n    R.lr = 0.0;\n"
              "    R.og[0] = R.og[1] = NULL;\n    R.first = R.bstep = 0;\n"
+             "    R.lo2 = R.hi2 = 0; /* every row */\n"
              "    for (i = 0; i < %zu; i++) d[i] = mg_init_values[i];\n"
              "    for (i = 0; i < %zu; i++) d[%zu + i] = x[i];\n",
              t->noutputs, t->ninputs, P, P, t->nslots + MGK_PAD,
@@ -526,7 +527,7 @@ static void describe_nest(sbuf *b, const mg_tape *t, size_t k, const char *inden
     putf(b, "%s%s%s%s%s%s%s%s%s\n", N->flags & MGK_F_BLOCK ? " [blocks]" : "",
          tiles[MGK_TILE_KIND(N)], N->flags & MGK_F_SPLIT ? " [split sums]" : "",
          N->flags & MGK_F_STEP ? " [fused SGD]" : "",
-         N->flags & MGK_F_BAND ? " [bands of rows on threads]" : "",
+         N->flags & MGK_F_BAND ? " [bandable rows]" : "",
          t->info[k].pre ? " [waits for the next forward]" : "",
          N->flags & MGK_F_PRESTEP ? " [steps its weights first]" : "",
          N->flags & MGK_F_SCATTER ? " [scatter]" : "", t->kern && t->kern[k] ? " [compiled]" : "");

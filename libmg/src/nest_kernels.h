@@ -216,6 +216,15 @@ typedef mgk_real mgk_vq_u __attribute__((vector_size(16), aligned(MGK_REAL_BYTES
 #define MGK_QGATHER(p, s, m)                                                                       \
     ((mgk_vq){MGK_GL(p, s, m, 0), MGK_GL(p, s, m, 1), MGK_GL(p, s, m, 2), MGK_GL(p, s, m, 3)})
 #endif
+/* A fused step's loads of the parameter and of the other chunk's gradient (`m` lanes of the
+ * vector at p valid): whole vectors for full blocks, the valid lanes alone for the last block of a
+ * row, whose other lanes are the next row's elements, which another thread may be stepping at the
+ * same time (a band of rows, MGK_F_BAND). */
+#define MGK_STEP_LANES(v, p, m)                                                                    \
+    do {                                                                                           \
+        if ((m) >= MGK_VW) MGK_VLOAD(v, p);                                                        \
+        else (v) = MGK_VGATHER(p, 1, m);                                                           \
+    } while (0)
 #else
 #define MGK_VECTOR 0
 #endif
@@ -480,10 +489,10 @@ MGK_HOT void mgk_block(const mgk_nest *N, const mgk_run *R, const int term, cons
             MGK_UNROLL
             for (k = 0; k < MGK_NV; k++) {
                 if (og) {
-                    MGK_VLOAD(b, og + k * MGK_VW);
+                    MGK_STEP_LANES(b, og + k * MGK_VW, nl - k * MGK_VW);
                     v[k] = b + v[k];
                 }
-                MGK_VLOAD(a, w + k * MGK_VW);
+                MGK_STEP_LANES(a, w + k * MGK_VW, nl - k * MGK_VW);
                 v[k] = a - lr * v[k];
             }
             o = w;
@@ -722,10 +731,10 @@ MGK_HOT void mgk_tile(const mgk_nest *N, const mgk_run *R, const int small, cons
             MGK_UNROLL
             for (k = 0; k < MGK_NV; k++) {
                 if (og) {
-                    MGK_VLOAD(b, og + q * ro + k * MGK_VW);
+                    MGK_STEP_LANES(b, og + q * ro + k * MGK_VW, nl - k * MGK_VW);
                     v[q][k] = b + v[q][k];
                 }
-                MGK_VLOAD(a[k], in + q * ri + k * MGK_VW);
+                MGK_STEP_LANES(a[k], in + q * ri + k * MGK_VW, nl - k * MGK_VW);
                 v[q][k] = a[k] - lr * v[q][k];
             }
         }
@@ -806,9 +815,9 @@ MGK_HOT void mgk_tile_q(const mgk_nest *N, const mgk_run *R, const int small, co
         const mgk_real *const og = MGK_OG(N, R, o - R->a[N->out.arr]);
         const mgk_vq lr = MGK_QSPLAT((mgk_real)R->lr);
         MGK_UNROLL
-        for (q = 0; q < nt; q++) {
-            if (og) v[q] = *(const mgk_vq_u *)(const void *)(og + q * ro) + v[q];
-            v[q] = *(const mgk_vq_u *)(const void *)(in + q * ri) - lr * v[q];
+        for (q = 0; q < nt; q++) { /* the valid lanes alone (MGK_STEP_LANES) */
+            if (og) v[q] = MGK_QGATHER(og + q * ro, 1, nl) + v[q];
+            v[q] = MGK_QGATHER(in + q * ri, 1, nl) - lr * v[q];
         }
     }
     mgk_real *const dst = step ? (mgk_real *)in : o;

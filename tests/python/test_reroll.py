@@ -1547,12 +1547,13 @@ def test_one_thread_steps_the_batch_inside_its_last_chunk(name):
     SGD]) as the batch's last chunk finishes, the first chunk's gradient added first, and the
     gradient nests' sums start from zero on a chunk's first samples instead of from zeroed
     gradients. On two threads, where each chunk's samples are in flight at once (batches of 3
-    and 7), those nests run after the chunks, each thread a band of their rows ([bands of rows
-    on threads]) over both chunks, stepping as the one thread's last chunk does; otherwise (150)
-    the chunks' gradients are summed and stepped in a separate phase. Batches of 3 (chunks of 1
-    and 2), 7 and 150 (chunks of 75 where at most 64 samples are in flight: 40, then 35, whose
-    sums continue the first 40's) over 301 rows (a last batch of one sample): bitwise the same
-    parameters and losses on 1, 2 and 3 threads, tape and compiled, and within 1e-12 of the
+    and 7), those nests run after the chunks, each thread a band of their rows ([bandable rows];
+    for mlp-tails and elman-16, whose other fused nests are small) over both chunks, stepping as
+    the one thread's last chunk does; otherwise (150) the chunks' gradients are summed and
+    stepped in a separate phase. Batches of 3 (chunks of 1 and 2), 7 and 150 (chunks of 75 where
+    at most 64 samples are in flight: 40, then 35, whose sums continue the first 40's) over 301
+    rows (a last batch of one sample): bitwise the same parameters and losses on 1, 2 and 3
+    threads (3 runs as 2: a batch has two chunks), tape and compiled, and within 1e-12 of the
     scalar program. The Elman cell also has packed weights that no nest steps (two nests add to
     their gradient), which the separate step still takes; the CNN's kernel gradients are split
     sums, the MLP's rows end in quarter blocks."""
@@ -1564,7 +1565,7 @@ def test_one_thread_steps_the_batch_inside_its_last_chunk(name):
     listing = rer.describe()
     assert "[fused SGD]" in listing
     if name == "mlp-tails":  # its layers' weight gradients run in bands on two threads
-        assert "[bands of rows on threads]" in listing, listing
+        assert "[bandable rows]" in listing, listing
     if name == "elman-16":
         packed = [line for line in listing.splitlines() if "out[packed_grad" in line]
         assert any("[fused SGD]" in line for line in packed), listing
