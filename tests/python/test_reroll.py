@@ -1741,6 +1741,11 @@ for name, build in [
         losses = prog.fit(X, Y, epochs=1, lr=0.01, batch_size=batch, shuffle=False)
         h.update(np.asarray(prog.parameters).tobytes())
         h.update(np.asarray(losses, dtype=np.float64).tobytes())
+        if batch > 1:  # two threads (the MLP's fused steps in bands of rows): the same bits
+            one = np.array(prog.parameters)
+            prog.parameters[:] = p0
+            prog.fit(X, Y, epochs=1, lr=0.01, batch_size=batch, shuffle=False, threads=2)
+            assert np.array_equal(np.asarray(prog.parameters), one), f"{name}: 2 threads"
     h.update(np.asarray(prog.forward(X[0], Y[0])).tobytes())
     try:
         cc = compiler.find_compiler()
@@ -1762,8 +1767,9 @@ def test_every_kernel_build_computes_the_same_bits(tmp_path):
     """libmg's interpreter kernels exist once per vector extension (baseline, AVX2, AVX-512 on
     x86-64), with the driver's step and float32 rounding loops; MG_ISA caps which one a process
     runs and kernel_isa() says which it is. Every build must give the same bits: zoo families
-    trained at batch 1 and 12 under each cap, and a float32 MLP at batch 12 where a C compiler
-    is found."""
+    trained at batch 1 and 12 under each cap (at batch 12 on two threads too, where the MLP's
+    weight gradients run in bands of rows: baseline's register tiles are 4 rows, AVX2's and
+    AVX-512's 8), and a float32 MLP at batch 12 where a C compiler is found."""
     import subprocess
 
     cache = tmp_path / "cache"
