@@ -616,15 +616,18 @@ typedef struct fit_chunk {
  * Which thread runs an item never changes what it computes. A thread that waits spins, then
  * yields. */
 #define MG_FIT_STEP_ITEMS 4
-/* With threads, where each chunk's samples are in flight at once, the nests that step fused
- * parameters (MGK_F_STEP) leave the chunks for the step phase: a thread runs a band of a nest's
- * rows (MGK_F_BAND; a whole nest otherwise) over the first chunk's samples, into that chunk's
- * gradients, then over the last chunk's, stepping the parameters with the first chunk's gradients
- * added: what the one-thread fit's last chunk computes, so the same bits. Each thread's
- * parameters' gradients then stay in its cache: split by chunks, every gradient of a batch was
- * read by the other thread's step, which moved half of them between the cores (and wrote half of
- * the weights the next forward reads there). Such a nest reads per-sample operands alone, so no
- * step of the same phase changes what it reads. At most this many items: */
+/* Where a whole batch's samples are in flight at once (both chunks' per-sample slots within the
+ * cache budget), the nests that step fused parameters (MGK_F_STEP) leave the chunks for the step
+ * phase, on any thread count: a thread runs a band of a nest's rows (MGK_F_BAND; a whole nest
+ * otherwise; one thread runs every band whole) over the batch's samples in order, in one pass
+ * where the chunks' per-sample arrays adjoin (the first chunk fills its tiles), and steps the
+ * parameters with the sum: no chunk's gradient is stored and read back. (Where the first chunk
+ * does not fill its tiles, over the first chunk's samples into its gradients, then over the
+ * last's, stepping with the first's added.) On two threads a weight's gradient then stays on one
+ * core: split by chunks, every gradient of a batch was read by the other thread's step, which
+ * moved half of them between the cores (MLP batch 32: 1.07x, then 1.05x more for the one pass).
+ * Such a nest reads per-sample operands alone, so no step of the same phase changes what it
+ * reads. At most this many items: */
 #define MG_FIT_DEFER_MAX 60
 /* the most items of a phase */
 #define MG_FIT_ITEMS (MG_FIT_STEP_ITEMS + MG_FIT_DEFER_MAX)
@@ -648,6 +651,7 @@ typedef struct fit_run {
     size_t threads;
     size_t calls; /* nests a chunk's samples in flight run (forward with losses, backward) */
     int fuse;     /* one thread: the last chunk's MGK_F_STEP nests step their parameters */
+    size_t held;  /* samples each chunk's per-sample arrays hold (chunk c's at c * held) */
     fit_defer defer[MG_FIT_DEFER_MAX]; /* threads: the step phase's nests (see above) */
     size_t ndefer;
     double lr;
@@ -784,6 +788,16 @@ static void defer_item(fit_run *F, const fit_defer *D, size_t bn, size_t nch) {
     R.first = 1;
     R.lo2 = D->lo2;
     R.hi2 = D->hi2;
+    if (nch == 2 && F->ch[0].to - F->ch[0].from == F->held) { /* the chunks' samples adjoin */
+        R.a[MGK_G] = F->ch[0].g;
+        R.a[MGK_PG] = F->ch[0].pg;
+        R.a[MGK_BD] = F->ch[0].bd;
+        R.a[MGK_BG] = F->ch[0].bg;
+        R.nb = (mgk_i64)(F->ch[1].to - F->ch[0].from);
+        R.bstep = 1;
+        MG_RUN_NEST(t, D->nest, &R);
+        return;
+    }
     for (size_t c = 0; c < nch; c++) {
         const fit_chunk *ch = &F->ch[c];
         R.a[MGK_G] = ch->g;
@@ -806,41 +820,56 @@ static mgk_i64 band_edge(mgk_i64 n2, size_t b, size_t bands) {
     return (x + (mgk_i64)bands * (MGK_TS_MAX / 2)) / ((mgk_i64)bands * MGK_TS_MAX) * MGK_TS_MAX;
 }
 
+/* The bands of nest N on `threads` threads: one per thread where MGK_F_BAND, of whole register
+ * tiles (lo2 < hi2 in every band; hi2 = 0 would be every row). */
+static size_t band_count(const mgk_nest *N, size_t threads) {
+    size_t bands = N->flags & MGK_F_BAND ? threads : 1;
+    if (bands > (size_t)(N->n[2] / MGK_TS_MAX)) bands = (size_t)(N->n[2] / MGK_TS_MAX);
+    return bands < 1 ? 1 : bands;
+}
+
 /* The step phase's nests of a batch on `threads` threads (fit_run::defer): every MGK_F_STEP nest
- * of the backward program, each band of rows an item; none (0) where one reads anything but
- * per-sample operands, where there would be more than MG_FIT_DEFER_MAX items, or where the nests
- * without bands are more than an eighth of the work (one thread would run each over both chunks:
- * a CNN's kernel gradient, a split sum, is most of it). `*nests`: how many nests. */
+ * of the backward program, each band of rows an item. None (0) where one reads anything but
+ * per-sample operands, where there could be more than MG_FIT_DEFER_MAX items, or where the nests
+ * without bands are more than an eighth of the work (on two threads one thread would run each
+ * over both chunks: a CNN's kernel gradient, a split sum, is most of it). Whether nests leave the
+ * chunks changes the order of a batch's sums, so it never depends on the thread count: the plan
+ * is decided for MG_FIT_CHUNKS threads, then cut into `threads` bands. `*nests`: how many. */
 static size_t plan_defer(const mg_tape *t, size_t threads, fit_defer *D, size_t *nests) {
-    size_t n = 0;
+    size_t n = 0, most = 0;
     double banded = 0.0, whole = 0.0;
     *nests = 0;
-    for (size_t i = 0; i < t->nbwd; i++) {
-        const mg_instr *in = &t->bwd[i];
-        if (in->kind == MG_I_SEQ) { /* schedule.c fuses no nest inside a sequential loop */
-            i += in->a;
-            continue;
+    for (int pass = 0; pass < 2; pass++)
+        for (size_t i = 0; i < t->nbwd; i++) {
+            const mg_instr *in = &t->bwd[i];
+            if (in->kind == MG_I_SEQ) { /* schedule.c fuses no nest inside a sequential loop */
+                i += in->a;
+                continue;
+            }
+            if (in->kind != MG_I_NEST || !(t->nests[in->a].flags & MGK_F_STEP)) continue;
+            const mgk_nest *N = &t->nests[in->a];
+            if (pass == 0) { /* the decision */
+                if (!mg_nest__reads_samples(N)) return 0;
+                const size_t bands = band_count(N, MG_FIT_CHUNKS);
+                double terms = 1.0; /* per sample */
+                for (int d = 0; d < MGK_MAXD; d++) terms *= (double)N->n[d];
+                *(bands > 1 ? &banded : &whole) += terms;
+                most += bands;
+                continue;
+            }
+            if (most > MG_FIT_DEFER_MAX || whole * 8.0 > banded) return 0;
+            const size_t bands = band_count(N, threads);
+            for (size_t b = 0; b < bands; b++) { /* edges at the nearest tile, the last at n[2] */
+                D[n].nest = in->a;
+                D[n].lo2 = band_edge(N->n[2], b, bands);
+                D[n].hi2 = bands == 1       ? 0
+                           : b + 1 == bands ? N->n[2]
+                                            : band_edge(N->n[2], b + 1, bands);
+                n++;
+            }
+            ++*nests;
         }
-        if (in->kind != MG_I_NEST || !(t->nests[in->a].flags & MGK_F_STEP)) continue;
-        const mgk_nest *N = &t->nests[in->a];
-        if (!mg_nest__reads_samples(N)) return 0;
-        /* bands of whole register tiles (lo2 < hi2 in every band; hi2 = 0 would be every row) */
-        size_t bands = N->flags & MGK_F_BAND ? threads : 1;
-        if (bands > (size_t)(N->n[2] / MGK_TS_MAX)) bands = (size_t)(N->n[2] / MGK_TS_MAX);
-        if (bands < 1) bands = 1;
-        if (n + bands > MG_FIT_DEFER_MAX) return 0;
-        double terms = 1.0; /* per sample */
-        for (int d = 0; d < MGK_MAXD; d++) terms *= (double)N->n[d];
-        *(bands > 1 ? &banded : &whole) += terms;
-        for (size_t b = 0; b < bands; b++) { /* edges at the nearest tile, the last at n[2] */
-            D[n].nest = in->a;
-            D[n].lo2 = band_edge(N->n[2], b, bands);
-            D[n].hi2 = bands == 1 ? 0 : b + 1 == bands ? N->n[2] : band_edge(N->n[2], b + 1, bands);
-            n++;
-        }
-        ++*nests;
-    }
-    return whole * 8.0 <= banded ? n : 0;
+    return n;
 }
 
 /* Waits until `count` items are done; the items' writes are then visible. */
@@ -912,9 +941,10 @@ static int check_fit_args(mg_tape *t, const double *X, const double *Y, size_t n
 }
 
 static void free_chunks(mg_tape *t, fit_run *F) {
-    for (size_t c = 0; c < MG_FIT_CHUNKS; c++) {
-        void *bufs[] = {F->ch[c].bd, F->ch[c].bg,      F->ch[c].g,
-                        F->ch[c].pg, F->ch[c].scratch, F->ch[c].scratch_ix};
+    for (size_t c = 0; c < MG_FIT_CHUNKS;
+         c++) { /* the first chunk's bd and bg hold every chunk's */
+        void *bufs[] = {c ? NULL : F->ch[c].bd, c ? NULL : F->ch[c].bg, F->ch[c].g, F->ch[c].pg,
+                        F->ch[c].scratch,       F->ch[c].scratch_ix};
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
             if (bufs[i]) t->alloc.free_fn(bufs[i], t->alloc.ctx);
     }
@@ -1001,16 +1031,24 @@ MG_DRV_LINK int MG_DRV(fit)(mg_tape *t, const double *X, const double *Y, size_t
     const size_t held = (sub + MGK_TS_MAX - 1) / MGK_TS_MAX * MGK_TS_MAX;
     if (threads > nch) threads = nch;
     F.threads = threads;
-    F.fuse = threads == 1 && !t->kern_contracts;
-    if (threads > 1 && !t->kern_contracts && sub >= per) { /* each chunk's samples at once */
+    F.held = held;
+    if (!t->kern_contracts && sub >= per && nch * held <= cap) { /* every sample at once */
         size_t nests;
         F.ndefer = plan_defer(t, threads, F.defer, &nests);
         if (F.ndefer) F.calls -= nests;
     }
+    F.fuse = threads == 1 && !t->kern_contracts && !F.ndefer;
+    /* the chunks' per-sample arrays one after the other (defer_item runs over both at once) */
+    mgk_real *bd_all = mg_tape__alloc(t, nch * held, F.ss * sizeof(mgk_real));
+    mgk_real *bg_all = bd_all ? mg_tape__alloc(t, nch * held, F.ss * sizeof(mgk_real)) : NULL;
+    if (!bg_all) {
+        if (bd_all) t->alloc.free_fn(bd_all, t->alloc.ctx);
+        st = MG_ENOMEM;
+    }
     for (size_t c = 0; c < nch && st == MG_OK; c++) {
         fit_chunk *ch = &F.ch[c];
-        ch->bd = mg_tape__alloc(t, held, F.ss * sizeof(mgk_real));
-        ch->bg = mg_tape__alloc(t, held, F.ss * sizeof(mgk_real));
+        ch->bd = bd_all + c * held * F.ss;
+        ch->bg = bg_all + c * held * F.ss;
         ch->g = mg_tape__alloc(t, t->input0 + MGK_PAD, sizeof(mgk_real));
         ch->pg = mg_tape__alloc(t, t->npacked + MGK_PAD, sizeof(mgk_real));
         ch->scratch = mg_tape__alloc(t, 2 * t->nary_max + 2, sizeof(mgk_real));

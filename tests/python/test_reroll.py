@@ -1543,15 +1543,16 @@ def test_zoo_families_compiled(name):
 
 @pytest.mark.parametrize("name", ["elman-16", "cnn-s1", "mlp-tails"])
 def test_one_thread_steps_the_batch_inside_its_last_chunk(name):
-    """On one thread, a batched fit applies SGD inside the parameters' gradient nests ([fused
-    SGD]) as the batch's last chunk finishes, the first chunk's gradient added first, and the
-    gradient nests' sums start from zero on a chunk's first samples instead of from zeroed
-    gradients. On two threads, where each chunk's samples are in flight at once (batches of 3
-    and 7), those nests run after the chunks, each thread a band of their rows ([bandable rows];
-    for mlp-tails and elman-16, whose other fused nests are small) over both chunks, stepping as
-    the one thread's last chunk does; otherwise (150) the chunks' gradients are summed and
-    stepped in a separate phase. Batches of 3 (chunks of 1 and 2), 7 and 150 (chunks of 75 where
-    at most 64 samples are in flight: 40, then 35, whose sums continue the first 40's) over 301
+    """A batched fit applies SGD inside the parameters' gradient nests ([fused SGD]). Where a
+    whole batch's samples are in flight at once (batches of 3, 7 and 16) and the nests read
+    per-sample values alone (mlp-tails, elman-16), those nests run after the chunks, on two
+    threads each thread a band of their rows ([bandable rows]): at batch 16 (chunks of 8 that
+    fill their register tiles) in one pass over the batch's samples, at 3 and 7 over the first
+    chunk's samples, then the last's with the first's gradient added. Otherwise (cnn-s1, and
+    batch 150: chunks of 75 where at most 64 samples are in flight, 40 then 35, whose sums
+    continue the first 40's) one thread steps inside the last chunk's nests, the first chunk's
+    gradient added first, and two threads sum the chunks' gradients in a separate phase; the
+    sums start from zero on a chunk's first samples instead of from zeroed gradients. Over 301
     rows (a last batch of one sample): bitwise the same parameters and losses on 1, 2 and 3
     threads (3 runs as 2: a batch has two chunks), tape and compiled, and within 1e-12 of the
     scalar program. The Elman cell also has packed weights that no nest steps (two nests add to
@@ -1573,7 +1574,7 @@ def test_one_thread_steps_the_batch_inside_its_last_chunk(name):
     progs = [rer] + ([compile_case(case, backend="c")] if HAVE_CC else [])
     sca = compile_case(case, raise_loops=False)
     p0 = np.array([p.data for p in case.params])
-    for batch in (3, 7, 150):
+    for batch in (3, 7, 16, 150):
         ref, ref_l = fit_params(rer, case, p0, batch, 2, 0.05)
         assert not np.array_equal(ref, p0)
         for prog, threads in [(p, n) for p in progs for n in (1, 3)]:
@@ -1736,7 +1737,7 @@ for name, build in [
     loss = mc.cross_entropy(logits[:10], y[0])
     prog = mc.compile(loss, inputs=x, targets=y, params=params, outputs=logits[:10], backend="tape")
     p0 = prog.parameters.copy()
-    for batch in (1, 12):
+    for batch in (1, 12, 16):
         prog.parameters[:] = p0
         losses = prog.fit(X, Y, epochs=1, lr=0.01, batch_size=batch, shuffle=False)
         h.update(np.asarray(prog.parameters).tobytes())
@@ -1767,8 +1768,8 @@ def test_every_kernel_build_computes_the_same_bits(tmp_path):
     """libmg's interpreter kernels exist once per vector extension (baseline, AVX2, AVX-512 on
     x86-64), with the driver's step and float32 rounding loops; MG_ISA caps which one a process
     runs and kernel_isa() says which it is. Every build must give the same bits: zoo families
-    trained at batch 1 and 12 under each cap (at batch 12 on two threads too, where the MLP's
-    weight gradients run in bands of rows: baseline's register tiles are 4 rows, AVX2's and
+    trained at batch 1, 12 and 16 under each cap (at 12 and 16 on two threads too, where the
+    MLP's weight gradients run in bands of rows: baseline's register tiles are 4 rows, AVX2's and
     AVX-512's 8), and a float32 MLP at batch 12 where a C compiler is found."""
     import subprocess
 
