@@ -21,7 +21,9 @@
  * gradient sums over the samples in sample order inside the nest. The chunks' gradients are added
  * in chunk order, then the step, in ranges of the parameters (on one thread, the parameters whose
  * gradient nest schedule.c fused are stepped by that nest as the last chunk ends, with the other
- * chunk's gradient added first: the same operations). The chunks and the ranges are work
+ * chunk's gradient added first: the same operations). Where the whole batch is in flight at once,
+ * those nests instead run after the chunks, over the batch's samples, in bands of rows on threads
+ * (MG_FIT_DEFER_MAX below). The chunks, the ranges and the bands are work
  * items that threads claim (see "threads" below); a thread only decides which item it runs, so
  * parameters come out bitwise the same for any thread count. Threads wait for each other by
  * spinning, then yielding: a batch lasts microseconds, and a sleeping wait per phase would cost a
@@ -78,7 +80,7 @@ typedef struct mg_exec {
      * sample's QD and QG), and whether it defers them */
     mgk_real *keep_d, *keep_g;
     int defer;
-    int skip_steps; /* a batch on threads: the fused steps' nests run after the chunks (fit_run) */
+    int skip_steps; /* the fused steps' nests run after the chunks (fit_run::defer) */
     mg_prefetch pf; /* input rows brought towards the cache while this run's nests compute */
 } mg_exec;
 
@@ -652,7 +654,7 @@ typedef struct fit_run {
     size_t calls; /* nests a chunk's samples in flight run (forward with losses, backward) */
     int fuse;     /* one thread: the last chunk's MGK_F_STEP nests step their parameters */
     size_t held;  /* samples each chunk's per-sample arrays hold (chunk c's at c * held) */
-    fit_defer defer[MG_FIT_DEFER_MAX]; /* threads: the step phase's nests (see above) */
+    fit_defer defer[MG_FIT_DEFER_MAX]; /* the step phase's nests (see above) */
     size_t ndefer;
     double lr;
     double total;                      /* the batches' losses so far, in batch and chunk order */
@@ -773,9 +775,10 @@ static void step_item(fit_run *F, size_t i, size_t bn, size_t nch) {
     }
 }
 
-/* Item `D` of the step phase: its band of a fused step's nest over each chunk's samples, the
- * sums from zero, the last chunk's stepping the parameters with the first's gradients added (the
- * one-thread fit's last chunk: run_chunk with fit_chunk::step). */
+/* Item `D` of the step phase: its band of a fused step's nest, the sums from zero, stepping the
+ * parameters: in one pass over the batch's samples where the chunks' arrays adjoin, else over the
+ * first chunk's samples into its gradients, then over the last's with the first's added (the
+ * arithmetic of run_chunk with fit_chunk::step). The choice depends on the chunk sizes alone. */
 static void defer_item(fit_run *F, const fit_defer *D, size_t bn, size_t nch) {
     const mg_tape *t = F->t;
     mgk_run R;

@@ -42,8 +42,9 @@
  * more dims than a nest has outer dims) adds every term straight into its own output element,
  * out(i, r) += term(i, r), visiting the points in row-major order. MGK_F_BAND (an MGK_F_STEP
  * nest that reads only per-sample operands, schedule.c) runs the rows of dim 2 that the run names
- * (mgk_run::lo2, hi2): a batch on several threads runs such a nest in bands of rows, one per
- * thread, after the chunks (drive.h). Each output's arithmetic does not depend on the band. */
+ * (mgk_run::lo2, hi2): a batch whose samples are all in flight runs such a nest after its chunks,
+ * in bands of rows, one per thread (drive.h). Each output's arithmetic does not depend on the band.
+ */
 #ifndef MGK_NEST_KERNELS_H
 #define MGK_NEST_KERNELS_H
 

@@ -15,7 +15,8 @@
  *     can wait for the next sample's forward, which applies it as it reads them (MGK_F_PRESTEP);
  *  9. bands: a fused step's nest that reads per-sample operands alone, with rows enough along
  *     dim 2 for two bands of whole register tiles, can run a band of those rows per thread
- *     (MGK_F_BAND): a batch on several threads runs it after its chunks, over both (drive.h). */
+ *     (MGK_F_BAND): a batch in flight at once runs it after its chunks, a band per thread
+ * (drive.h). */
 #include "ir.h"
 
 #include <string.h>
