@@ -86,15 +86,25 @@ typedef struct mg_exec {
 
 #define MG_FIT_CHUNKS 2
 #define MG_FIT_SUB 64 /* samples of a chunk in flight at once, at most */
-/* ... and at most as many as keep their slots and gradients within this many bytes (half of a
- * 1 MB L2; at least one sample): a nest runs over all samples in flight before the next nest
- * starts, so a model with large per-sample state (a CNN's activations) would otherwise stream it
- * through memory once per nest (cnn48 at batch 32: 2.2k -> 4.2k images/s). The number in flight
- * depends on the batch size and the model, never on the thread count; it decides in which order
- * the contributions of different nests to one parameter's gradient are added, so it is part of
- * what a batch computes, the same on every backend. */
+/* ... and at most as many as keep their slots and gradients within this many bytes (a quarter of
+ * a 1 MB L2, which also holds the weights, their gradients and the next samples' input rows; at
+ * least one sample): a nest runs over all samples in flight before the next nest starts, so a
+ * model with large per-sample state (a CNN's activations) would otherwise stream it through
+ * memory once per nest (cnn48 at batch 32: 2.2k -> 4.2k images/s). Half the L2 held 32 of the
+ * MLP's float64 samples (64 of float32), whose slots with the weights and their gradients
+ * overflowed it: on one thread batch 128 ran 3% (float32 7%) slower than with 16 (32), and the
+ * zoo families at batch 32 up to 10% slower (two threads' float64 batch 128 lost 2-3% with 16).
+ * The number in flight depends on the batch size and the model, never on the
+ * thread count; it decides in which order the contributions of different nests to one
+ * parameter's gradient are added, so it is part of what a batch computes, the same on every
+ * backend. */
 #ifndef MG_FIT_SUB_BYTES
-#define MG_FIT_SUB_BYTES (512 * 1024)
+#define MG_FIT_SUB_BYTES (256 * 1024)
+#endif
+/* A whole batch whose samples' slots and gradients fit this many bytes (and MG_FIT_SUB samples)
+ * runs its fused steps' gradient nests after its chunks (fit_run::defer). */
+#ifndef MG_FIT_BATCH_BYTES
+#define MG_FIT_BATCH_BYTES (512 * 1024)
 #endif
 
 /* Whether a run is one sample over the tape's own layout (the per-sample arrays are the shared
@@ -454,13 +464,15 @@ static void fill_frozen(const mg_tape *t, mgk_real *bd, size_t held, size_t ss) 
         memcpy(bd + q * ss, MG_R_DATA(t) + t->input0, ss * sizeof(mgk_real));
 }
 
-/* Samples in flight at once in a batched run: at most MG_FIT_SUB, and as many as keep their slots
- * and gradients within MG_FIT_SUB_BYTES (at least one). */
-static size_t in_flight(const mg_tape *t) {
+/* Samples whose slots and gradients fit `bytes`: at least one, at most MG_FIT_SUB. */
+static size_t samples_within(const mg_tape *t, size_t bytes) {
     const size_t ss = sample_stride(t);
-    const size_t fits = MG_FIT_SUB_BYTES / (2 * ss * sizeof(mgk_real));
+    const size_t fits = bytes / (2 * ss * sizeof(mgk_real));
     return fits < 1 ? 1 : fits < MG_FIT_SUB ? fits : MG_FIT_SUB;
 }
+
+/* Samples in flight at once in a batched run (MG_FIT_SUB_BYTES). */
+static size_t in_flight(const mg_tape *t) { return samples_within(t, MG_FIT_SUB_BYTES); }
 
 /* predict in batches: rows run through the forward nests `sub` at a time, as a batched fit's
  * forward does (several samples per register tile where a nest is a matrix product: MLP rows
@@ -1035,7 +1047,8 @@ MG_DRV_LINK int MG_DRV(fit)(mg_tape *t, const double *X, const double *Y, size_t
     if (threads > nch) threads = nch;
     F.threads = threads;
     F.held = held;
-    if (!t->kern_contracts && sub >= per && nch * held <= cap) { /* every sample at once */
+    if (!t->kern_contracts && sub >= per &&
+        nch * held <= samples_within(t, MG_FIT_BATCH_BYTES)) { /* every sample at once */
         size_t nests;
         F.ndefer = plan_defer(t, threads, F.defer, &nests);
         if (F.ndefer) F.calls -= nests;

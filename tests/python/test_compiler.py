@@ -215,7 +215,7 @@ def test_one_epoch_gives_the_same_parameters_on_every_backend(batch_size):
 
 def test_a_batch_too_large_for_the_cache_is_still_the_mean_of_its_samples():
     """~48k per-sample values: more than the cache budget of the samples a chunk keeps in flight
-    (fit.c's MG_FIT_SUB_BYTES), so a batch's samples go through the nests one or two at a time.
+    (drive.h's MG_FIT_SUB_BYTES), so a batch's samples go through the nests one or two at a time.
     The parameters still equal the definition (the mean of per-sample gradients, in sample order)
     to 1e-12, bitwise for 1, 2 and 3 threads, and bitwise between the tape and compiled code."""
     random.seed(5)
