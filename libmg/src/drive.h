@@ -80,8 +80,9 @@ typedef struct mg_exec {
      * sample's QD and QG), and whether it defers them */
     mgk_real *keep_d, *keep_g;
     int defer;
-    int skip_steps; /* the fused steps' nests run after the chunks (fit_run::defer) */
-    mg_prefetch pf; /* input rows brought towards the cache while this run's nests compute */
+    int skip_steps;  /* the fused steps' nests run after the chunks (fit_run::defer) */
+    int loss_in_bwd; /* a per-sample cross-entropy loss is computed with its gradient (xent_last) */
+    mg_prefetch pf;  /* input rows brought towards the cache while this run's nests compute */
 } mg_exec;
 
 #define MG_FIT_CHUNKS 2
@@ -143,6 +144,14 @@ static int per_sample(const mg_tape *t, const mg_instr *in, mg_exec *E) {
     return 1;
 }
 
+/* Whether `in`, a per-sample variadic op, is a cross-entropy that is the loss itself, whose value a
+ * fit takes from the backward (mgk_xent_grad) instead of computing its exps twice (with copy_in's
+ * targets: MLP batch 32 1.02x, float32 1.05x; batch 1 1.01x). Nothing in the forward reads the
+ * loss; the backward seeds its gradient before the op's gradient runs. */
+static int xent_last(const mg_tape *t, const mg_instr *in, const mg_exec *E) {
+    return E->loss_in_bwd && in->op == MG_OP_XENT && in->out == t->loss;
+}
+
 static void run_one(const mg_tape *t, const mg_instr *in, mg_exec *E) {
     mgk_run *R = &E->R;
     switch (in->kind) {
@@ -152,12 +161,14 @@ static void run_one(const mg_tape *t, const mg_instr *in, mg_exec *E) {
         break;
     case MG_I_NARY:
         if (flat(t, R)) {
+            if (xent_last(t, in, E)) break;
             mgk_real *d = R->a[MGK_D];
             d[in->out] =
                 mg_op__nary_fwd(in->op, in->flags & MG_FLAG_BIAS, d, t->ix + in->a, in->b, in->n);
             break;
         }
         if (per_sample(t, in, E)) { /* each sample's slots read in place */
+            if (xent_last(t, in, E)) break;
             const mgk_idx o = in->out - t->input0;
             for (mgk_i64 s = 0; s < (R->nb > 1 ? R->nb : 1); s++) {
                 mgk_real *d = R->a[MGK_BD] + s * R->ss;
@@ -177,14 +188,27 @@ static void run_one(const mg_tape *t, const mg_instr *in, mg_exec *E) {
     case MG_I_NARY_BWD:
         if (flat(t, R)) {
             mgk_real *d = R->a[MGK_D], *g = R->a[MGK_G];
+            if (xent_last(t, in, E)) {
+                double loss;
+                mgk_xent_grad(d, g, t->ix + in->a, in->n, g[in->out], &loss);
+                d[in->out] = (mgk_real)loss;
+                break;
+            }
             mg_op__nary_bwd(in->op, in->flags & MG_FLAG_BIAS, d, g, t->ix + in->a, in->b, in->n,
                             g[in->out]);
             break;
         }
         if (per_sample(t, in, E)) { /* the gradients added in place, as at batch size 1 */
             const mgk_idx o = in->out - t->input0;
+            const int with_loss = xent_last(t, in, E);
             for (mgk_i64 s = 0; s < (R->nb > 1 ? R->nb : 1); s++) {
                 mgk_real *d = R->a[MGK_BD] + s * R->ss, *g = R->a[MGK_BG] + s * R->ss;
+                if (with_loss) {
+                    double loss;
+                    mgk_xent_grad(d, g, E->scratch_ix, in->n, g[o], &loss);
+                    d[o] = (mgk_real)loss;
+                    continue;
+                }
                 mg_op__nary_bwd(in->op, in->flags & MG_FLAG_BIAS, d, g, E->scratch_ix, in->b, in->n,
                                 g[o]);
             }
@@ -303,7 +327,9 @@ static void copy_in(mgk_real *dst, const double *src, size_t n) {
 #if MGK_REAL_BYTES == 8
     memcpy(dst, src, n * sizeof(double));
 #else
-    mg_ir__to_float(dst, src, n); /* in the CPU's vectors */
+    if (n < 16) /* a sample's targets: a call through the kernel build costs more than they do */
+        for (size_t i = 0; i < n; i++) dst[i] = (float)src[i];
+    else mg_ir__to_float(dst, src, n); /* in the CPU's vectors */
 #endif
 }
 
@@ -707,6 +733,7 @@ static void run_chunk(fit_run *F, fit_chunk *c, size_t ci) {
     E.scratch = c->scratch;
     E.scratch_ix = c->scratch_ix;
     E.skip_steps = F->ndefer > 0;
+    E.loss_in_bwd = 1;
     prefetch_init(&E.pf, t, F->X, F->X32, F->perm, F->sub, F->calls);
     c->loss = 0.0;
     /* this batch's gradients start from zero (step_item only reads them with threads): the
@@ -735,8 +762,8 @@ static void run_chunk(fit_run *F, fit_chunk *c, size_t ci) {
         R->first = k0 == c->from;
         R->bstep = c->step && k0 + nb == c->to;
         run_prog(t, t->fwd, t->nfwd, &E, MG_FZ_LOSS_CONE);
-        for (size_t q = 0; q < nb; q++) c->loss += loss_of(t, R, (mgk_i64)q);
         backward(t, &E);
+        for (size_t q = 0; q < nb; q++) c->loss += loss_of(t, R, (mgk_i64)q); /* xent_last */
     }
 }
 
@@ -1000,6 +1027,7 @@ MG_DRV_LINK int MG_DRV(fit)(mg_tape *t, const double *X, const double *Y, size_t
         if (kept) memset(kept, 0, 2 * ss * sizeof(mgk_real));
         E.keep_d = kept;
         E.keep_g = kept ? kept + ss : NULL;
+        E.loss_in_bwd = 1;
         prefetch_init(&E.pf, t, X, o.X32, perm, 1, fit_calls(t));
         for (size_t k = 0; k < n; k++) {
             size_t s = perm[k];
@@ -1009,9 +1037,9 @@ MG_DRV_LINK int MG_DRV(fit)(mg_tape *t, const double *X, const double *Y, size_t
             E.R.a[MGK_QD] = k ? E.keep_d : NULL; /* the previous sample's, once there is one */
             E.R.a[MGK_QG] = k ? E.keep_g : NULL;
             run_prog(t, t->fwd, t->nfwd, &E, MG_FZ_LOSS_CONE);
-            total += loss_of(t, &E.R, 0);
             E.defer = kept && k + 1 < n;
             backward(t, &E);
+            total += loss_of(t, &E.R, 0); /* xent_last */
             step_all(t, MG_R_GRAD(t), MG_R_PG(t), o.lr, o.lr != 0.0);
         }
         pack_out(t);

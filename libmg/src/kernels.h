@@ -169,11 +169,15 @@ MGK_FN double mgk_xent_fwd(const mgk_real *d, const mgk_idx *ix, size_t n) {
     return log(acc) + m - d[ix[t]];
 }
 
-MGK_FN void mgk_xent_bwd(const mgk_real *d, mgk_real *g, const mgk_idx *ix, size_t n, double gy) {
+/* The gradient, and where `loss` is not NULL the loss (mgk_xent_fwd's bits: the same sum of the
+ * same exps), of one sample's cross-entropy. */
+MGK_FN void mgk_xent_grad(const mgk_real *d, mgk_real *g, const mgk_idx *ix, size_t n, double gy,
+                          double *loss) {
     size_t t, i;
     double m, sum = 0.0;
     if (!mgk_xent_target(d, ix, n, &t)) {
         for (i = 0; i < n; i++) g[ix[i]] += NAN;
+        if (loss) *loss = NAN;
         return;
     }
     m = mgk_xent_max(d, ix, n);
@@ -184,10 +188,16 @@ MGK_FN void mgk_xent_bwd(const mgk_real *d, mgk_real *g, const mgk_idx *ix, size
             sum += e[i];
         }
         for (i = 0; i < n; i++) g[ix[i]] += (e[i] / sum - (i == t ? 1.0 : 0.0)) * gy;
+        if (loss) *loss = log(sum) + m - d[ix[t]];
         return;
     }
     for (i = 0; i < n; i++) sum += exp(d[ix[i]] - m);
     for (i = 0; i < n; i++) g[ix[i]] += (exp(d[ix[i]] - m) / sum - (i == t ? 1.0 : 0.0)) * gy;
+    if (loss) *loss = log(sum) + m - d[ix[t]];
+}
+
+MGK_FN void mgk_xent_bwd(const mgk_real *d, mgk_real *g, const mgk_idx *ix, size_t n, double gy) {
+    mgk_xent_grad(d, g, ix, n, gy, NULL);
 }
 
 /* ---- training ----------------------------------------------------------------------------- */

@@ -751,6 +751,64 @@ def test_threads_do_not_change_the_result(backend):
 
 
 @pytest.mark.parametrize("kind", ["tape", "c", "float32"])
+def test_fit_reports_the_losses_that_forward_computes(kind):
+    """A fit takes a cross-entropy loss's value from its backward, which computes the exps once
+    for both (drive.h's xent_last). With lr=0 an epoch's loss is then the mean of what forward
+    gives row by row: bitwise at batch 1 (the same sums in the same order), to 1e-15 in batches
+    (chunk sums), on 1 and 2 threads, and the parameters stay. A computed target outside the
+    classes (twice the label) gives a NaN loss there, as forward does, and a loss that is not
+    the cross-entropy itself (it times 1.5, plus 0.25) is computed in the forward as before."""
+    if kind != "tape" and not HAVE_CC:
+        pytest.skip("no C compiler")
+    rng = np.random.RandomState(4)
+    X, Y = rng.uniform(-1, 1, size=(40, 6)), rng.randint(0, 4, 40).astype(float)
+    for shape in ("xent", "scaled", "doubled"):
+        random.seed(2)
+        model = MLP(6, [7, 4])
+        x, y = mc.inputs(6), mc.inputs(1)
+        out = model(x)
+        target = y[0] * 2 if shape == "doubled" else y[0]
+        loss = mc.cross_entropy(out, target)
+        if shape == "scaled":
+            loss = loss * 1.5 + 0.25
+        prog = mc.compile(
+            loss,
+            inputs=x,
+            targets=y,
+            params=model.parameters(),
+            outputs=out,
+            backend="tape" if kind == "tape" else "c",
+            float32=kind == "float32",
+        )
+        each = []
+        for xs, t in zip(X, Y):
+            prog.forward(xs, [t])
+            each.append(prog.loss)
+        p0 = prog.parameters.copy()
+        total = 0.0
+        for v in each:
+            total += v
+        want = total / len(each)
+        if shape == "doubled":
+            assert any(np.isnan(each)) and not all(np.isnan(each))
+        for threads in (1, 2):
+            for bs in (1, 8, 40):
+                prog.parameters[:] = p0
+                got = prog.fit(
+                    X, Y, epochs=1, lr=0.0, batch_size=bs, shuffle=False, threads=threads
+                )
+                what = f"{shape} batch {bs} threads {threads}"
+                if shape == "doubled":  # NaN gradients: 0 * NaN steps the parameters to NaN
+                    assert np.isnan(got[0]), what
+                elif bs == 1:
+                    assert got[0] == want, (what, got[0], want)
+                else:
+                    assert abs(got[0] - want) <= 1e-15 * abs(want), (what, got[0], want)
+                if shape != "doubled":
+                    assert np.array_equal(prog.parameters, p0), what
+
+
+@pytest.mark.parametrize("kind", ["tape", "c", "float32"])
 def test_float32_inputs_train_as_their_float64_values(kind):
     """fit reads a C-contiguous float32 X as it is (libmg's mg_fit_options.X32): the parameters
     and losses are bitwise those of the same values in float64, at batch 1 and in chunks, on 1
