@@ -750,6 +750,45 @@ def test_threads_do_not_change_the_result(backend):
         prog.fit(X, Y, threads=0)
 
 
+@needs_cc
+@pytest.mark.parametrize("float32", [False, True])
+def test_samples_in_vector_lanes_add_in_the_order_of_one_sample(float32):
+    """A per-sample sum through a transposed weight (the input gradient of a dense layer,
+    x1 = W[i][r]) runs a batch's samples in the lanes of a vector (nest_kernels.h's mgk_lanes),
+    each lane adding its sample's terms in the order of the one-sample path: in order, or in a
+    split sum's lanes and then their tree. So the same program built without it (-DMGK_NO_LANES)
+    trains to bitwise the same parameters and losses: rows of 10 terms (float64: a split sum of
+    8 lanes; float32: in order), 20 (both split) and 40 (more than the lanes take), at batch
+    sizes whose chunks are whole vectors of samples, vectors and a rest, and less than one."""
+    rng = np.random.RandomState(6)
+    X, Y = rng.uniform(-1, 1, size=(90, 5)), rng.randint(0, 3, 90).astype(float)
+    for nout in (10, 20, 40):
+        random.seed(nout)
+        model = MLP(5, [12, nout])
+        x, y = mc.inputs(5), mc.inputs(1)
+        out = model(x)
+        loss = mc.cross_entropy(out, y[0])
+        kw = dict(inputs=x, targets=y, params=model.parameters(), outputs=out, backend="c")
+        progs = [
+            mc.compile(loss, float32=float32, **kw),
+            mc.compile(
+                loss, float32=float32, flags=[*compiler.DEFAULT_FLAGS, "-DMGK_NO_LANES"], **kw
+            ),
+        ]
+        listing = progs[0].describe()
+        assert f"(12 | {nout}) sum out[sample_grad" in listing, listing
+        p0 = progs[0].parameters.copy()
+        for batch in (32, 40, 7):
+            got = []
+            for prog in progs:
+                prog.parameters[:] = p0
+                losses = prog.fit(X, Y, epochs=2, lr=0.1, batch_size=batch, shuffle=False)
+                got.append((prog.parameters.copy(), losses))
+            what = f"{nout} classes, batch {batch}, float32 {float32}"
+            assert not np.array_equal(got[0][0], p0), what
+            assert np.array_equal(got[0][0], got[1][0]) and got[0][1] == got[1][1], what
+
+
 @pytest.mark.parametrize("kind", ["tape", "c", "float32"])
 def test_fit_reports_the_losses_that_forward_computes(kind):
     """A fit takes a cross-entropy loss's value from its backward, which computes the exps once
