@@ -1849,7 +1849,8 @@ UNDER_ASAN = "libasan" in os.environ.get("LD_PRELOAD", "")
 def test_generated_code_built_with_sanitizers_trains_like_the_tape(name):
     """The generated C itself built with -fsanitize=address,undefined (the pyasan stage builds
     libmg that way, not the code compile() generates): forward, backward and fit at batch 1, 4
-    and 7 on 1 and 2 threads run clean and give the tape's bits."""
+    and 7 on 1 and 2 threads run clean and give the tape's bits, and so does batch 32 over 40
+    rows (chunks of 16 samples: the samples in vector lanes of mgk_lanes)."""
     from micrograd_c import compiler
 
     case = zoo_case(name)
@@ -1873,6 +1874,17 @@ def test_generated_code_built_with_sanitizers_trains_like_the_tape(name):
                 fit_params(tape, case, p0, batch, 1)[0],
                 f"fit, batch {batch}, {threads} thread(s)",
             )
+    r = np.random.default_rng(8)
+    X, Y = case.X, case.Y
+    case.X = r.uniform(-1, 1, size=(40, X.shape[1]))
+    case.Y = r.integers(0, 3, size=(40, 1)).astype(np.float64)
+    for threads in (1, 2):
+        assert_bitwise(
+            fit_params(comp, case, p0, 32, threads)[0],
+            fit_params(tape, case, p0, 32, 1)[0],
+            f"fit, batch 32 of 40 rows, {threads} thread(s)",
+        )
+    case.X, case.Y = X, Y
     # float32 code (blocks of 16 lanes, reading up to 15 elements past a row) built the same way
     check_float32(case, flags=flags)
 
