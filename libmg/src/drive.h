@@ -82,7 +82,7 @@ typedef struct mg_exec {
     mgk_real *keep_d, *keep_g;
     int defer;
     int skip_steps;  /* the fused steps' nests run after the chunks (fit_run::defer) */
-    int loss_in_bwd; /* a per-sample cross-entropy loss is computed with its gradient (xent_last) */
+    int loss_in_bwd; /* a fit: a cross-entropy loss is computed with its gradient (xent_last) */
     mg_prefetch pf;  /* input rows brought towards the cache while this run's nests compute */
 } mg_exec;
 
@@ -95,7 +95,8 @@ typedef struct mg_exec {
  * memory once per nest (cnn48 at batch 32: 2.2k -> 4.2k images/s). Half the L2 held 32 of the
  * MLP's float64 samples (64 of float32), whose slots with the weights and their gradients
  * overflowed it: on one thread batch 128 ran 3% (float32 7%) slower than with 16 (32), and the
- * zoo families at batch 32 up to 10% slower (two threads' float64 batch 128 lost 2-3% with 16).
+ * zoo families at batch 32 up to 10% slower (two threads' float64 batch 128 and 256 lost 2-4%
+ * with 16).
  * The number in flight depends on the batch size and the model, never on the
  * thread count; it decides in which order the contributions of different nests to one
  * parameter's gradient are added, so it is part of what a batch computes, the same on every

@@ -188,11 +188,10 @@ MGK_FN void mgk_xent_grad(const mgk_real *d, mgk_real *g, const mgk_idx *ix, siz
             sum += e[i];
         }
         for (i = 0; i < n; i++) g[ix[i]] += (e[i] / sum - (i == t ? 1.0 : 0.0)) * gy;
-        if (loss) *loss = log(sum) + m - d[ix[t]];
-        return;
+    } else {
+        for (i = 0; i < n; i++) sum += exp(d[ix[i]] - m);
+        for (i = 0; i < n; i++) g[ix[i]] += (exp(d[ix[i]] - m) / sum - (i == t ? 1.0 : 0.0)) * gy;
     }
-    for (i = 0; i < n; i++) sum += exp(d[ix[i]] - m);
-    for (i = 0; i < n; i++) g[ix[i]] += (exp(d[ix[i]] - m) / sum - (i == t ? 1.0 : 0.0)) * gy;
     if (loss) *loss = log(sum) + m - d[ix[t]];
 }
 
