@@ -287,6 +287,15 @@ MGK_HOT mgk_real mgk_term(const int term, const int op, const double k, const mg
 #define MGK_TREE(P) (MGK_TREE8(P, 0) + MGK_TREE8(P, 8))
 #endif
 
+/* Whether a split sum runs in vectors (mgk_point1, mgk_split_pts): lane l of vector k holds the
+ * sum of lane k * MGK_VW + l, for a product or a single operand read along r7 in order or not
+ * at all. */
+#define MGK_SPLIT_VEC(N, term)                                                                     \
+    (((N)->flags & MGK_F_SPLIT) && (N)->n[7] >= MGK_LANES &&                                       \
+     ((term) == MGK_T_MUL || (term) == MGK_T_ONE) && !(N)->x[0].gather && !(N)->x[1].gather &&     \
+     ((N)->x[0].s[7] == 0 || (N)->x[0].s[7] == 1) &&                                               \
+     ((term) == MGK_T_ONE || (N)->x[1].s[7] == 0 || (N)->x[1].s[7] == 1))
+
 /* One output point, scalar (also what is neither blocked nor tiled): positions at the outer point
  * are po (out), pi (init), p0..p3 (term operands). `step`: the run applies SGD (MGK_F_STEP).
  * `nbr`: samples to sum over (a shared output, a parameter's gradient, in a batch), outermost. */
@@ -330,9 +339,7 @@ MGK_HOT void mgk_point1(const mgk_nest *N, const mgk_run *R, const int term, con
         int l, tree = 0; /* tree: the lanes were added in vector registers */
 #define MGK_PART(l) part[l]
 #if MGK_VECTOR
-        if (split && (term == MGK_T_MUL || term == MGK_T_ONE) && !X[0].gather && !X[1].gather &&
-            (X[0].s[7] == 0 || X[0].s[7] == 1) &&
-            (term == MGK_T_ONE || X[1].s[7] == 0 || X[1].s[7] == 1)) {
+        if (MGK_SPLIT_VEC(N, term)) {
             /* the same lanes, lane l of vector k holding part[k * MGK_VW + l] */
             mgk_vec v[MGK_NV], a = MGK_VSPLAT((mgk_real)0), b = a;
             int k;
@@ -911,6 +918,144 @@ MGK_HOT void mgk_lanes(const mgk_nest *N, const mgk_run *R, const int small, con
 #define MGK_NP_SAMPLE_LANES
 #endif
 
+/* Split points: a split sum's output points (MGK_SPLIT_VEC) one at a time add each block of
+ * terms into the same vectors, one chain of dependent additions per point (cnn48's kernel
+ * gradient: 26 rows of 4 blocks per weight, each addition waiting for the last). Up to MGK_PT
+ * points of a row of dims 2 and 3 run at once instead, each in its own vectors, in mgk_point1's
+ * order, and their lanes added with MGK_TREE one point at a time: the same bits, with MGK_PT
+ * chains in flight. MGK_PT keeps the points' vectors within the registers. Defining
+ * MGK_NO_SPLIT_PTS leaves it out (to compare: a test checks the bits). */
+#if MGK_VECTOR && !defined(MGK_NO_SPLIT_PTS)
+#define MGK_PT (MGK_NV >= 4 ? 2 : 8 / MGK_NV)
+/* MGK_PT points of a split sum at positions po[j], pi[j] (out, init), p0[j], p1[j] (x0, x1),
+ * with `nbr` samples. */
+MGK_HOT void mgk_split_pts(const mgk_nest *N, const mgk_run *R, const int term, const int step,
+                           const int small, const mgk_i64 nbr, const mgk_i64 *po, const mgk_i64 *pi,
+                           const mgk_i64 *p0, const mgk_i64 *p1) {
+    MGK_SIZES(n, N->n, small);
+    const mgk_ref *X = N->x;
+    const mgk_i64 full = n[7] / MGK_LANES * MGK_LANES, s07 = X[0].s[7], s17 = X[1].s[7];
+    const int m = (int)(n[7] - full);
+    /* x1 the same at every point (a kernel's output gradient, for each of its weights) */
+    const int one1 = term == MGK_T_ONE || (X[1].s[2] == 0 && X[1].s[3] == 0);
+    mgk_vec v[MGK_PT][MGK_NV];
+    mgk_i64 r4, r5, r6, r7, sm;
+    int j, k;
+    MGK_UNROLL
+    for (j = 0; j < MGK_PT; j++) {
+        MGK_UNROLL
+        for (k = 0; k < MGK_NV; k++) v[j][k] = MGK_VSPLAT((mgk_real)0);
+    }
+    for (sm = 0; sm < nbr; sm++) {
+        const mgk_i64 so = sm * R->ss;
+        for (r4 = 0; r4 < n[4]; r4++)
+            for (r5 = 0; r5 < n[5]; r5++)
+                for (r6 = 0; r6 < n[6]; r6++) {
+                    const mgk_real *y0[MGK_PT], *y1[MGK_PT];
+                    mgk_vec a[MGK_PT], b[MGK_PT];
+                    MGK_UNROLL
+                    for (j = 0; j < MGK_PT; j++) {
+                        y0[j] = MGK_ATS(R, &X[0], p0[j] + MGK_RPOS(&X[0], r4, r5, r6, 0), so);
+                        y1[j] = one1 && j
+                                    ? y1[0]
+                                    : MGK_ATS(R, &X[1], p1[j] + MGK_RPOS(&X[1], r4, r5, r6, 0), so);
+                        a[j] = b[j] = MGK_VSPLAT((mgk_real)0);
+                        if (!s07) a[j] = MGK_VSPLAT(*y0[j]);
+                        if (term == MGK_T_MUL && !s17) b[j] = MGK_VSPLAT(*y1[j]);
+                    }
+                    for (r7 = 0; r7 < full; r7 += MGK_LANES) {
+                        MGK_UNROLL
+                        for (k = 0; k < MGK_NV; k++) {
+                            mgk_vec bk = b[0];
+                            if (term == MGK_T_MUL && s17 && one1)
+                                MGK_VLOAD(bk, y1[0] + r7 + k * MGK_VW);
+                            MGK_UNROLL
+                            for (j = 0; j < MGK_PT; j++) {
+                                mgk_vec aj = a[j], bj = one1 ? bk : b[j];
+                                if (s07) MGK_VLOAD(aj, y0[j] + r7 + k * MGK_VW);
+                                if (term == MGK_T_ONE) {
+                                    v[j][k] += aj;
+                                } else {
+                                    if (s17 && !one1) MGK_VLOAD(bj, y1[j] + r7 + k * MGK_VW);
+                                    v[j][k] += aj * bj;
+                                }
+                            }
+                        }
+                    }
+                    if (m) { /* the row's last terms, zeros in the lanes past them (mgk_point1) */
+                        MGK_UNROLL
+                        for (k = 0; k < MGK_NV; k++) {
+                            const int mk = m - k * MGK_VW;
+                            mgk_vec tb = b[0];
+                            if (term == MGK_T_MUL && one1)
+                                tb = MGK_VGATHER(y1[0] + s17 * (full + k * MGK_VW), s17, mk);
+                            MGK_UNROLL
+                            for (j = 0; j < MGK_PT; j++) {
+                                const mgk_vec ta =
+                                    MGK_VGATHER(y0[j] + s07 * (full + k * MGK_VW), s07, mk);
+                                if (term == MGK_T_ONE) {
+                                    v[j][k] += ta;
+                                } else {
+                                    const mgk_vec tj =
+                                        one1 ? tb
+                                             : MGK_VGATHER(y1[j] + s17 * (full + k * MGK_VW), s17,
+                                                           mk);
+                                    v[j][k] += ta * tj;
+                                }
+                            }
+                        }
+                    }
+                }
+    }
+    MGK_UNROLL
+    for (j = 0; j < MGK_PT; j++) {
+        mgk_real acc = MGK_ZS(N, R)          ? (mgk_real)0
+                       : N->mode == MGK_SUMI ? *MGK_AT(R, &N->init, pi[j])
+                                             : *MGK_AT(R, &N->out, po[j]);
+#define MGK_VLANE(l) v[j][(l) / MGK_VW][(l) % MGK_VW]
+        acc += MGK_TREE(MGK_VLANE);
+#undef MGK_VLANE
+        if (step) {
+            mgk_real *w = MGK_AT(R, &N->init, pi[j]);
+            const mgk_real *og = MGK_OG(N, R, po[j]);
+            *w -= (mgk_real)R->lr * (og ? *og + acc : acc);
+        } else {
+            *MGK_AT(R, &N->out, po[j]) = acc;
+        }
+    }
+}
+/* The points of rows [lo2, hi2) of dim 2 at (i0, i1), in row-major order: MGK_PT at a time, the
+ * rest one by one, where a point's sum is several blocks long (an input gradient's rows of 10
+ * terms, one block and a rest, gain nothing: the lanes' tree is most of their cost). */
+#define MGK_NP_SPLIT_PTS                                                                           \
+    if (!block && !pre && N->mode != MGK_SET && !(N->flags & MGK_F_SCATTER) && !O->gather &&       \
+        !I->gather && MGK_SPLIT_VEC(N, term) && (hi2 - lo2) * n[3] >= MGK_PT &&                    \
+        nbr * n[4] * n[5] * n[6] * ((n[7] + MGK_LANES - 1) / MGK_LANES) >= 4) {                    \
+        const mgk_i64 np = (hi2 - lo2) * n[3];                                                     \
+        mgk_i64 pt;                                                                                \
+        for (pt = 0; pt < np; pt += MGK_PT) {                                                      \
+            mgk_i64 po_[MGK_PT], pi_[MGK_PT], p0_[MGK_PT], p1_[MGK_PT];                            \
+            const int cnt = np - pt < MGK_PT ? (int)(np - pt) : MGK_PT;                            \
+            int j;                                                                                 \
+            for (j = 0; j < cnt; j++) {                                                            \
+                const mgk_i64 j2 = lo2 + (pt + j) / n[3], j3 = (pt + j) % n[3];                    \
+                po_[j] = MGK_OPOS(O, t, i0, i1, j2, j3);                                           \
+                pi_[j] = MGK_OPOS(I, t, i0, i1, j2, j3);                                           \
+                p0_[j] = MGK_OPOS(&X[0], t, i0, i1, j2, j3);                                       \
+                p1_[j] = MGK_OPOS(&X[1], t, i0, i1, j2, j3);                                       \
+            }                                                                                      \
+            if (cnt == MGK_PT) mgk_split_pts(N, Rb, term, step, small, nbr, po_, pi_, p0_, p1_);   \
+            else                                                                                   \
+                for (j = 0; j < cnt; j++)                                                          \
+                    mgk_point1(N, Rb, term, op, step, small, nbr, 0, po_[j], pi_[j], p0_[j],       \
+                               p1_[j], 0, 0); /* no x2, x3 in these terms */                       \
+        }                                                                                          \
+        continue;                                                                                  \
+    }
+#else
+#define MGK_NP_SPLIT_PTS
+#endif
+
 /* Whether a nest can run in register tiles along `axis`: 2 (outer dim 2) or 8 (the samples of a
  * batch). The schedule sets MGK_F_TILE where its shape allows; the sizes decide at run time. */
 #define MGK_TILE_OK(N)                                                                             \
@@ -1095,6 +1240,7 @@ MGK_HOT void mgk_lanes(const mgk_nest *N, const mgk_run *R, const int small, con
         for (i0 = 0; i0 < n0; i0++)                                                                \
             for (i1 = 0; i1 < n1; i1++) {                                                          \
                 MGK_NP_ROWS                                                                        \
+                MGK_NP_SPLIT_PTS                                                                   \
                 for (i2 = lo2; i2 < hi2; i2++) {                                                   \
                     /* positions at (i0, i1, i2, 0), advanced along the vector dim */              \
                     mgk_i64 po = MGK_OPOS(O, t, i0, i1, i2, 0),                                    \

@@ -1498,9 +1498,13 @@ def zoo_case(name: str, seed: int = 0) -> Case:
         "elman-16": lambda: zoo.elman(x, hidden=16, steps=6),
         "gru": lambda: zoo.gru(x, hidden=3, steps=4),
         "attention": lambda: zoo.attention(x, tokens=3, dim=4),
+        # rows of 16 terms: the embedding's gradient through q, k and v, a split sum per token
+        "attention-16": lambda: zoo.attention(x, tokens=3, dim=16),
         "cnn": lambda: zoo.cnn(x, ((1, 5, 3, 0),), pool="max"),
         "cnn-zeros": lambda: zoo.cnn(x, ((1, 3, 4, 1),), pool="avg", pad_with_zeros=True),
         "cnn-s1": lambda: zoo.cnn(x, ((2, 3, 1, 0),), pool="max"),
+        # padded: the kernel weights' gradient in several nests (interior, edges), none stepping
+        "cnn-pad": lambda: zoo.cnn(x, ((2, 3, 1, 1),), pool="max"),
         # rows ending in quarter blocks (1 and 2 of 8 double lanes, 1 and 3 of 16 float ones)
         "mlp-tails": lambda: zoo.mlp(x, hidden=(17, 10), nout=3),
     }[name]
@@ -1674,7 +1678,7 @@ def assert_tape_bits(
 
 
 @needs_cc
-@pytest.mark.parametrize("name", ["cnn-s1", "gru", "attention", "mlp-tails"])
+@pytest.mark.parametrize("name", ["cnn-s1", "gru", "attention", "attention-16", "mlp-tails"])
 def test_plain_lane_loops_compute_the_vector_paths_bits(name):
     """Generated code built with MGK_NO_VECTOR (what a compiler without GNU C vectors, tcc or
     MSVC, runs: every block, tile and split sum as plain lane loops) against the interpreter's
@@ -1689,6 +1693,35 @@ def test_plain_lane_loops_compute_the_vector_paths_bits(name):
     flags = [*compiler.default_flags(compiler.find_compiler()), "-DMGK_NO_VECTOR"]
     plain = compile_case(case, backend="c", flags=flags)
     assert_tape_bits(plain, tape, case, "plain-lane", batches=(1, 4), threads=1)
+
+
+@needs_cc
+@pytest.mark.parametrize("float32", [False, True])
+def test_split_sums_of_several_points_at_once_keep_the_bits_of_one(float32):
+    """Where a split sum's output points are several blocks long, up to MGK_PT of them run at once,
+    each in its own vectors (nest_kernels.h's mgk_split_pts: the kernel weights' gradients,
+    9 points of 26 rows of 26 per channel), each adding its lanes in mgk_point1's order. So the
+    same program built without it (-DMGK_NO_SPLIT_PTS, the same target flags) computes bitwise the
+    same outputs, gradients and fits, at batch sizes 1, 4 and 6 on two threads: cnn-s1's gradient
+    nest steps its weights (fused SGD), cnn-pad's interior nest adds to what its edges' nests
+    summed, both read one output gradient at every point of a channel; attention-16's embedding
+    gradient (3 tokens of 16, through q, k and v) is per sample, with a row of weights per point.
+    (The interpreter's own builds, 2, 4 and 8 points at once: test_plain_lane_loops_compute_the_
+    vector_paths_bits and test_every_kernel_build_computes_the_same_bits.)"""
+    flags = [*compiler.default_flags(compiler.find_compiler()), "-DMGK_NO_SPLIT_PTS"]
+    for name, nest in (
+        ("cnn-s1", "(2, 3, 3 | 26, 26) acc"),
+        ("cnn-pad", "(2, 3, 3 | 26, 26) acc"),
+        ("attention-16", "(3, 16 | 3, 16) acc out[sample_grad"),
+    ):
+        case = zoo_case(name)
+        prog = compile_case(case, backend="c", float32=float32)
+        listing = prog.describe()
+        assert f"{nest}" in listing and "[split sums]" in listing, listing
+        assert ("[split sums] [fused SGD]" in listing) == (name == "cnn-s1"), listing
+        plain = compile_case(case, backend="c", float32=float32, flags=flags)
+        what = f"{name} float32 {float32}"
+        assert_tape_bits(prog, plain, case, what, batches=(1, 4, 6), threads=2)
 
 
 @needs_cc
