@@ -226,6 +226,38 @@ typedef mgk_real mgk_vq_u __attribute__((vector_size(16), aligned(MGK_REAL_BYTES
         if ((m) >= MGK_VW) MGK_VLOAD(v, p);                                                        \
         else (v) = MGK_VGATHER(p, 1, m);                                                           \
     } while (0)
+/* Stride-2 lanes (a 2x2 pool's columns) as shuffles of whole vectors, where the compiler has
+ * __builtin_shufflevector (clang, gcc 12): MGK_EVEN(a, b) is the even lanes of a then b;
+ * MGK_ZIP_LO(v, a) puts v's first half in a's even lanes and MGK_ZIP_HI(v, a) its second half,
+ * a's odd lanes kept. (MGK_STRIDE2 0: lane by lane, as before gcc 12.) */
+#if (defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 12)) && !defined(MGK_NO_EVEN)
+#define MGK_STRIDE2 1
+#define MGK_SV __builtin_shufflevector
+#if MGK_VW == 2
+#define MGK_EVEN(a, b) MGK_SV(a, b, 0, 2)
+#define MGK_ZIP_LO(v, a) MGK_SV(v, a, 0, 3)
+#define MGK_ZIP_HI(v, a) MGK_SV(v, a, 1, 3)
+#elif MGK_VW == 4
+#define MGK_EVEN(a, b) MGK_SV(a, b, 0, 2, 4, 6)
+#define MGK_ZIP_LO(v, a) MGK_SV(v, a, 0, 5, 1, 7)
+#define MGK_ZIP_HI(v, a) MGK_SV(v, a, 2, 5, 3, 7)
+#elif MGK_VW == 8
+#define MGK_EVEN(a, b) MGK_SV(a, b, 0, 2, 4, 6, 8, 10, 12, 14)
+#define MGK_ZIP_LO(v, a) MGK_SV(v, a, 0, 9, 1, 11, 2, 13, 3, 15)
+#define MGK_ZIP_HI(v, a) MGK_SV(v, a, 4, 9, 5, 11, 6, 13, 7, 15)
+#else
+#define MGK_EVEN(a, b) MGK_SV(a, b, 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30)
+#define MGK_ZIP_LO(v, a) MGK_SV(v, a, 0, 17, 1, 19, 2, 21, 3, 23, 4, 25, 5, 27, 6, 29, 7, 31)
+#define MGK_ZIP_HI(v, a) MGK_SV(v, a, 8, 17, 9, 19, 10, 21, 11, 23, 12, 25, 13, 27, 14, 29, 15, 31)
+#endif
+/* the even lanes of the 2 * MGK_VW elements at p */
+#define MGK_EVEN2(p)                                                                               \
+    MGK_EVEN(*(const mgk_vec_u *)(const void *)(p),                                                \
+             *(const mgk_vec_u *)(const void *)((p) + MGK_VW))
+#else
+#define MGK_STRIDE2 0
+#define MGK_EVEN2(p) MGK_VGATHER(p, 2, MGK_VW)
+#endif
 #else
 #define MGK_VECTOR 0
 #endif
@@ -595,10 +627,16 @@ MGK_HOT void mgk_elem_rows(const mgk_nest *N, const mgk_run *R, const int term, 
         for (int k_ = 0; k_ < MGK_NV; k_++)                                                        \
             MGK_VSTORE(B + k_ * MGK_VW,                                                            \
                        (st) == 0 ? MGK_VSPLAT(*(x))                                                \
-                                 : MGK_VGATHER((x) + k_ * MGK_VW * (st), (st), nv - k_ * MGK_VW)); \
+                       : (st) == 2 && inner                                                        \
+                           ? MGK_EVEN2((x) + k_ * MGK_VW * 2)                                      \
+                           : MGK_VGATHER((x) + k_ * MGK_VW * (st), (st), nv - k_ * MGK_VW));       \
     } while (0)
     for (mgk_i64 i = 0; i < len; i += MGK_LANES) {
         const int nv = len - i < MGK_LANES ? (int)(len - i) : MGK_LANES;
+        /* a block with another after it in the row: its stride-2 operands' and output's lanes
+         * run in whole vectors, which reach one element past its last lane, still inside the
+         * row's span (the same sample's elements, no other thread's), so touched safely */
+        const int inner = MGK_STRIDE2 && i + MGK_LANES < len;
         mgk_real f[MGK_LANES], b0[MGK_LANES], b1[MGK_LANES], b2[MGK_LANES], b3[MGK_LANES];
         const mgk_real *z0 = x0, *z1 = x1, *z2 = x2, *z3 = x3;
         int l;
@@ -623,7 +661,23 @@ MGK_HOT void mgk_elem_rows(const mgk_nest *N, const mgk_run *R, const int term, 
         /* the start of each sum as mgk_block takes it, then the one term added; a full block
          * of a unit-stride output is stored as vectors, which the next nest's vector loads of
          * it can be forwarded from */
-        if (so == 1 && nv == MGK_LANES && N->mode == MGK_SET)
+#if MGK_STRIDE2
+        if (so == 2 && inner && MGK_PS(&N->out) && (N->mode == MGK_SET || MGK_ZS(N, R))) {
+            /* a per-sample output's even lanes into whole vectors of its row, the odd ones
+             * written back as they were (no nest runs on a sample's elements meanwhile) */
+            MGK_UNROLL
+            for (int k = 0; k < MGK_NV; k++) {
+                mgk_vec v, a, b;
+                MGK_VLOAD(v, f + k * MGK_VW);
+                if (N->mode != MGK_SET) v = MGK_VSPLAT((mgk_real)0) + v;
+                MGK_VLOAD(a, o + 2 * k * MGK_VW);
+                MGK_VLOAD(b, o + 2 * k * MGK_VW + MGK_VW);
+                MGK_VSTORE(o + 2 * k * MGK_VW, MGK_ZIP_LO(v, a));
+                MGK_VSTORE(o + 2 * k * MGK_VW + MGK_VW, MGK_ZIP_HI(v, b));
+            }
+        } else
+#endif
+            if (so == 1 && nv == MGK_LANES && N->mode == MGK_SET)
             for (l = 0; l < MGK_LANES; l++) o[l] = f[l];
         else if (so == 1 && nv == MGK_LANES && MGK_ZS(N, R))
             for (l = 0; l < MGK_LANES; l++) o[l] = (mgk_real)0 + f[l];

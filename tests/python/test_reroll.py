@@ -1724,6 +1724,48 @@ def test_split_sums_of_several_points_at_once_keep_the_bits_of_one(float32):
         assert_tape_bits(prog, plain, case, what, batches=(1, 4, 6), threads=2)
 
 
+def pairs_case(width: int, seed: int = 0) -> Case:
+    """A row of `width` pairs, each pair's larger value (a max-pool 2 wide) into a dense layer of
+    3: operands and gradients every other element, in rows of `width` lanes."""
+    r = np.random.default_rng(seed)
+    X = r.uniform(-1, 1, size=(6, 2 * width))
+    x = [Value(float(v)) for v in X[0]]
+    w = [Value(float(v)) for v in r.uniform(-1, 1, size=2 * width)]
+    a = [(xi * wi).tanh() for xi, wi in zip(x, w)]
+    m = [a[2 * j].max(a[2 * j + 1]) for j in range(width)]
+    W = [[Value(float(v)) for v in r.uniform(-0.5, 0.5, size=width)] for _ in range(3)]
+    logits = [sum((wj * mj for wj, mj in zip(row, m)), Value(0.0)) for row in W]
+    Y = r.integers(0, 3, size=(6, 1)).astype(np.float64)
+    y = [Value(float(Y[0, 0]))]
+    loss = mc.cross_entropy(logits, y[0])
+    params = w + [v for row in W for v in row]
+    return Case(x=x, y=y, params=params, loss=loss, outputs=logits, X=X, Y=Y)
+
+
+@needs_cc
+@pytest.mark.parametrize("float32", [False, True])
+def test_rows_of_every_other_element_run_in_whole_vectors(float32):
+    """A row read or written every other element (a 2-wide max-pool's operands and gradients) runs
+    its blocks that have another after them as shuffles of whole vectors (nest_kernels.h's
+    MGK_EVEN, MGK_ZIP_LO/HI), the rest lane by lane: bitwise what plain lane loops
+    (-DMGK_NO_VECTOR) compute, and the tape interpreter's vector paths, in rows of 20 and 42 (8
+    doubles or 16 floats a block: two and five inner blocks, or one and two), at batch sizes 1
+    and 4."""
+    flags = [*compiler.default_flags(compiler.find_compiler()), "-DMGK_NO_VECTOR"]
+    for width in (20, 42):
+        case = pairs_case(width)
+        prog = compile_case(case, backend="c", float32=float32)
+        listing = prog.describe()
+        assert "= max " in listing and "+2*i3]" in listing, listing
+        assert "max'A" in listing and "sample_grad" in listing, listing
+        plain = compile_case(case, backend="c", float32=float32, flags=flags)
+        what = f"rows of {width}, float32 {float32}"
+        assert_tape_bits(prog, plain, case, what, batches=(1, 4), threads=1)
+        if not float32:  # a fresh program: the fits above trained prog's parameters
+            fresh = compile_case(case, backend="c")
+            assert_tape_bits(fresh, compile_case(case), case, f"{what} vs tape", (1, 4), 1)
+
+
 @needs_cc
 def test_float32_quarter_blocks_compute_the_plain_lanes_bits():
     """With float32 storage (16 lanes a block), the last block of a row with at most 4 valid lanes
