@@ -1079,8 +1079,9 @@ MGK_HOT void mgk_split_pts(const mgk_nest *N, const mgk_run *R, const int term, 
     }
 }
 /* The points of rows [lo2, hi2) of dim 2 at (i0, i1), in row-major order: MGK_PT at a time, the
- * rest one by one, where a point's sum is several blocks long (an input gradient's rows of 10
- * terms, one block and a rest, gain nothing: the lanes' tree is most of their cost). */
+ * rest one by one, where a point's sum is at least 4 blocks long (a dense layer's input gradient,
+ * rows of 10 terms, one block and a rest, ran slower this way: most of a point's cost is then
+ * its positions and its lanes' tree, not a chain of additions). */
 #define MGK_NP_SPLIT_PTS                                                                           \
     if (!block && !pre && N->mode != MGK_SET && !(N->flags & MGK_F_SCATTER) && !O->gather &&       \
         !I->gather && MGK_SPLIT_VEC(N, term) && (hi2 - lo2) * n[3] >= MGK_PT &&                    \
