@@ -286,6 +286,75 @@ def test_batches_that_end_in_part_of_a_register_tile(batch_size):
         assert np.array_equal(params_after, got["tape", 1]), key
 
 
+def _first_layer_model(offset: bool, seed: int):
+    """A layer of 16 relus over 40 inputs (x[5:45] of 50 with `offset`, where x[0] and x[49] reach
+    the loss another way), then 3 logits and cross-entropy."""
+    random.seed(seed)
+    x, y = mc.inputs(50 if offset else 40), mc.inputs(1)
+    cols = x[5:45] if offset else x
+    W = [[Value(random.uniform(-0.3, 0.3)) for _ in cols] for _ in range(16)]
+    b = [Value(random.uniform(-0.1, 0.1)) for _ in range(16)]
+    h = [sum((w * xi for w, xi in zip(row, cols)), bj).relu() for row, bj in zip(W, b)]
+    V = [[Value(random.uniform(-0.3, 0.3)) for _ in h] for _ in range(3)]
+    logits = [sum((v * hj for v, hj in zip(row, h)), Value(0.0)) for row in V]
+    if offset:
+        logits[0] = logits[0] + x[0] * x[49]
+    params = [p for row in W for p in row] + b + [p for row in V for p in row]
+    return x, y, logits, mc.cross_entropy(logits, y[0]), params
+
+
+@pytest.mark.parametrize("offset", [False, True])
+def test_a_first_layer_runs_in_two_bands_of_its_inputs(offset):
+    """Where a batch's weight steps wait for the batch (drive.h), a first layer (weights times
+    the input rows, its weights stepped in two bands of rows) runs as two nests over the two
+    bands of its inputs, each on the thread that steps those weights, copying in its columns of
+    the rows, and a third adds them in the chunks (schedule.c's splits). Batches of 2, 13, 16 and
+    32 (whole tiles, partial tiles, a last short batch) on 1, 2 and 3 threads: the parameters
+    equal the definition (per-sample gradients in sample order, one step of their mean) to
+    1e-12, bitwise across thread counts and between the tape and compiled code, also where the
+    layer reads a middle range of the inputs and the rest reach the loss another way; float32
+    storage bitwise across thread counts and within 1e-4 of float64."""
+    x, y, logits, loss, params = _first_layer_model(offset, 7)
+    r = np.random.default_rng(3)
+    X = r.uniform(-1, 1, size=(64, len(x)))
+    Y = r.integers(0, 3, size=(64, 1)).astype(np.float64)
+    kinds = [("tape", False)] + ([("c", False), ("c", True)] if HAVE_CC else [])
+    progs = {
+        k: mc.compile(
+            loss, inputs=x, targets=y, params=params, outputs=logits, backend=k[0], float32=k[1]
+        )
+        for k in kinds
+    }
+    for k, prog in progs.items():
+        assert prog.info["split_nests"] == 3, (k, prog.info)
+    ref = progs["tape", False]
+    cut = 5 + 24 if offset else 24  # the band edge: 40 terms at the nearest tile of 8 to 20
+    assert f"two bands of its inputs, [0, {cut}) and [{cut}, {len(x)})" in ref.describe()
+    p0 = ref.parameters.copy()
+    for bs in (2, 13, 16, 32):
+        got = {}
+        for k, prog in progs.items():
+            for threads in (1, 2, 3):
+                prog.parameters[:] = p0
+                prog.fit(X, Y, epochs=1, lr=0.1, batch_size=bs, shuffle=False, threads=threads)
+                got[k, threads] = prog.parameters.copy()
+        ref.parameters[:] = p0
+        for b0 in range(0, 64, bs):
+            for s in range(b0, min(b0 + bs, 64)):
+                ref.forward(X[s], Y[s])
+                ref.backward()
+            ref.step(0.1, min(bs, 64 - b0))
+        want = ref.parameters.copy()
+        assert not np.allclose(want, p0)
+        for (k, threads), after in got.items():
+            if k[1]:
+                assert np.allclose(after, want, rtol=1e-4, atol=1e-5), (bs, k, threads)
+                assert np.array_equal(after, got[k, 1]), (bs, k, threads)
+                continue
+            assert np.allclose(after, want, rtol=1e-12, atol=1e-15), (bs, k, threads)
+            assert np.array_equal(after, got[("tape", False), 1]), (bs, k, threads)
+
+
 @needs_cc
 @pytest.mark.parametrize("nparts", [1, 2, 3, 4])
 def test_generated_code_built_in_any_number_of_parts(nparts, monkeypatch):
