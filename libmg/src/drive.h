@@ -986,11 +986,24 @@ static size_t plan_defer(const mg_tape *t, size_t threads, fit_defer *D, size_t 
     return n;
 }
 
+/* A spinning wait's pause: it leaves the core's resources to the other hardware thread where two
+ * share a core (a virtual machine's CPUs may), and spaces the loads of a line another core is
+ * about to write. */
+static inline void mg_spin_pause(void) {
+#if (defined(__GNUC__) || defined(__clang__)) && (defined(__x86_64__) || defined(__i386__))
+    __builtin_ia32_pause();
+#elif (defined(__GNUC__) || defined(__clang__)) && defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
 /* Waits until `count` items are done; the items' writes are then visible. */
 static void wait_done(fit_run *F, size_t count) {
     unsigned spins = 0;
-    while (atomic_load_explicit(&F->done, memory_order_acquire) < count)
+    while (atomic_load_explicit(&F->done, memory_order_acquire) < count) {
         if (++spins > 2000) sched_yield(); /* a busy machine: let the others run */
+        else mg_spin_pause();
+    }
 }
 
 /* Thread w's part of an epoch: every phase in order, its own items first, then the others'. */
