@@ -648,13 +648,10 @@ PYBIND11_MODULE(_core, m, py::mod_gil_used()) {
                 d["rerolled"] = s.rerolled != 0;
                 d["deferred_steps"] = s.deferred_steps;
                 d["hoisted"] = s.hoisted;
-                d["split_nests"] = s.split_nests;
                 return d;
             },
             "What freezing made of the graph: nodes, statements, loop nests, sequential loops, "
-            "packed parameters, deferred weight steps, nests hoisted out of sequential loops, a "
-            "first "
-            "layer's split nests.")
+            "packed parameters, deferred weight steps, nests hoisted out of sequential loops.")
         .def(
             "data",
             [](py::object self) {

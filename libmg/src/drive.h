@@ -24,10 +24,7 @@
  * chunk's gradient added first: the same operations). Where the whole batch is in flight at once
  * and its samples' slots fit MG_FIT_BATCH_BYTES (and MG_FIT_SUB samples), those nests instead run
  * after the chunks, over the batch's samples, in bands of rows on threads (MG_FIT_DEFER_MAX
- * below); and where one of them steps a first layer's weights (schedule.c's splits, mg_split),
- * that layer's forward runs before the chunks, in the same two bands of its inputs, each band's
- * thread copying in its columns of the rows (split_item). The chunks, the ranges and the bands are
- * work
+ * below). The chunks, the ranges and the bands are work
  * items that threads claim (see "threads" below); a thread only decides which item it runs, so
  * parameters come out bitwise the same for any thread count. Threads wait for each other by
  * spinning, then yielding: a batch lasts microseconds, and a sleeping wait per phase would cost a
@@ -53,7 +50,6 @@
 typedef struct mg_prefetch {
     const char *base;    /* X or X32 */
     size_t row;          /* bytes per row */
-    size_t lo, hi;       /* the bytes of a row asked for (a split's band: its columns) */
     const size_t *perm;  /* rows in the epoch's order (NULL: in order) */
     size_t at, end;      /* the positions in that order still to ask for */
     size_t line, budget; /* the next line of row perm[at]; lines per nest */
@@ -63,8 +59,8 @@ static void prefetch_some(mg_prefetch *P) {
 #if defined(__GNUC__) || defined(__clang__)
     for (size_t left = P->budget; left && P->at < P->end;) {
         const size_t row = P->perm ? P->perm[P->at] : P->at;
-        const uintptr_t p = (uintptr_t)(P->base + row * P->row + P->lo);
-        const uintptr_t a = p & ~(uintptr_t)63, end = p + (P->hi - P->lo);
+        const uintptr_t p = (uintptr_t)(P->base + row * P->row);
+        const uintptr_t a = p & ~(uintptr_t)63, end = p + P->row;
         for (; left && a + 64 * P->line < end; left--, P->line++)
             __builtin_prefetch((const void *)(a + 64 * P->line), 0, 2);
         if (a + 64 * P->line >= end) P->at++, P->line = 0;
@@ -87,7 +83,6 @@ typedef struct mg_exec {
     int defer;
     int skip_steps;  /* the fused steps' nests run after the chunks (fit_run::defer) */
     int loss_in_bwd; /* a fit: a cross-entropy loss is computed with its gradient (xent_last) */
-    int split;       /* a batch whose first layer ran in term bands: its nest adds the bands */
     mg_prefetch pf;  /* input rows brought towards the cache while this run's nests compute */
 } mg_exec;
 
@@ -164,7 +159,6 @@ static void run_one(const mg_tape *t, const mg_instr *in, mg_exec *E) {
     switch (in->kind) {
     case MG_I_NEST:
         if (E->defer && t->info[in->a].pre) keep(&t->pre[t->info[in->a].pre - 1], E);
-        else if (E->split && in->a == t->split.fwd) MG_RUN_NEST(t, t->split.comb, R);
         else if (!(E->skip_steps && (t->nests[in->a].flags & MGK_F_STEP))) MG_RUN_NEST(t, in->a, R);
         break;
     case MG_I_NARY:
@@ -301,8 +295,6 @@ static void prefetch_init(mg_prefetch *P, const mg_tape *t, const double *X, con
     if (!t->ninputs || (!X && !X32)) return;
     P->base = X32 ? (const char *)X32 : (const char *)X;
     P->row = t->ninputs * (X32 ? sizeof(float) : sizeof(double));
-    P->lo = 0;
-    P->hi = P->row;
     P->perm = perm;
     const size_t lines = rows * (P->row / 64 + 2);
     P->budget = calls ? (lines + calls - 1) / calls : lines;
@@ -350,15 +342,6 @@ static void copy_in32(mgk_real *dst, const float *src, size_t n) {
 #else
     memcpy(dst, src, n * sizeof(float));
 #endif
-}
-
-/* Columns [lo, hi) of input row `row` of the caller's doubles X, or floats X32 when not NULL,
- * into dst[lo, hi). */
-static void load_cols(const mg_tape *t, mgk_real *dst, const double *X, const float *X32,
-                      size_t row, size_t lo, size_t hi) {
-    if (hi <= lo) return;
-    if (X32) copy_in32(dst + lo, X32 + row * t->ninputs + lo, hi - lo);
-    else copy_in(dst + lo, X + row * t->ninputs + lo, hi - lo);
 }
 
 /* Input row `row` of the caller's doubles X, or floats X32 when not NULL, into `dst`. */
@@ -505,19 +488,8 @@ MG_DRV_LINK int MG_DRV(step)(mg_tape *t, double lr, size_t count) {
 /* The per-sample slots of `held` samples, `ss` apart, set to the values' frozen slots (what a
  * nest does not write reads as the frozen value). */
 static void fill_frozen(const mg_tape *t, mgk_real *bd, size_t held, size_t ss) {
-    const size_t own = sample_stride(t); /* past it: a split's P (fit_stride) */
-    for (size_t q = 0; q < held; q++) {
-        memcpy(bd + q * ss, MG_R_DATA(t) + t->input0, own * sizeof(mgk_real));
-        if (ss > own) memset(bd + q * ss + own, 0, (ss - own) * sizeof(mgk_real));
-    }
-}
-
-/* The per-sample stride of a batched fit: a split's P after the slots (mg_split). */
-static size_t fit_stride(const mg_tape *t) {
-    const size_t ss = sample_stride(t);
-    if (!t->nsplit) return ss;
-    /* whole lines (of float32 too) per sample: two bands' columns share none */
-    return ((t->split.end > ss ? t->split.end : ss) + 15) / 16 * 16;
+    for (size_t q = 0; q < held; q++)
+        memcpy(bd + q * ss, MG_R_DATA(t) + t->input0, ss * sizeof(mgk_real));
 }
 
 /* Samples whose slots and gradients fit `bytes`: at least one, at most MG_FIT_SUB. */
@@ -675,13 +647,11 @@ typedef struct fit_chunk {
 
 /* ---- threads ---------------------------------------------------------------------------------
  * A batch is two phases of work items: its chunks (an item each), then the sum of the chunks'
- * gradients and the step (MG_FIT_STEP_ITEMS items, ranges of the parameters); three with a split
- * (fit_run::split), whose bands come first (an item each). Phases run in
+ * gradients and the step (MG_FIT_STEP_ITEMS items, ranges of the parameters). Phases run in
  * order: a thread starts on phase p once every item of the phases before it is done (`done`
  * counts finished items, and every thread knows how many items precede a phase). In a phase a
  * thread first claims its own items (item i is thread i % threads's: with every thread on a CPU,
- * each keeps the same chunk, the same ranges and the same bands, whose memory stays in its
- * cache; a split's band i is the thread's that steps those weights), then any item
+ * each keeps the same chunk and the same ranges, whose memory stays in its cache), then any item
  * still unclaimed. So a thread the OS has taken off its CPU (a busy machine) holds the others up
  * by the one item it has claimed at most, not by a time slice per phase: on a machine whose cores
  * were all busy, two threads waiting at barriers for each other trained 50 times slower than one.
@@ -726,12 +696,6 @@ typedef struct fit_run {
     size_t held;  /* samples each chunk's per-sample arrays hold (chunk c's at c * held) */
     fit_defer defer[MG_FIT_DEFER_MAX]; /* the step phase's nests (see above) */
     size_t ndefer;
-    /* the first layer in term bands (mg_split; only with deferred steps): a phase of
-     * MG_SPLIT_BANDS items before the chunks; item i runs band (i + split_rot) % MG_SPLIT_BANDS,
-     * on the thread that steps the same weights in the step phase */
-    int split;
-    size_t split_rot;
-    void *bd_raw, *bg_raw; /* the chunks' per-sample arrays as allocated (line_up) */
     double lr;
     double total;                      /* the batches' losses so far, in batch and chunk order */
     atomic_size_t done;                /* items finished */
@@ -771,7 +735,6 @@ static void run_chunk(fit_run *F, fit_chunk *c, size_t ci) {
     E.scratch = c->scratch;
     E.scratch_ix = c->scratch_ix;
     E.skip_steps = F->ndefer > 0;
-    E.split = F->split;
     E.loss_in_bwd = 1;
     prefetch_init(&E.pf, t, F->X, F->X32, F->perm, F->sub, F->calls);
     c->loss = 0.0;
@@ -789,22 +752,14 @@ static void run_chunk(fit_run *F, fit_chunk *c, size_t ci) {
         size_t nb = c->to - k0 < F->sub ? c->to - k0 : F->sub;
         for (size_t q = 0; q < nb; q++) { /* inputs first in the per-sample region, then targets */
             size_t s = F->perm[k0 + q];
-            if (!F->split) load_row(t, c->bd + q * ss, F->X, F->X32, s); /* else split_item's */
+            load_row(t, c->bd + q * ss, F->X, F->X32, s);
             if (F->Y) copy_in(c->bd + q * ss + t->ninputs, F->Y + s * t->ntargets, t->ntargets);
         }
         /* while they run: the rows of this chunk's next samples in flight, or of this chunk's
          * first ones in the next batch (which the same thread runs, where threads keep theirs) */
         size_t at = k0 + nb, end = c->to;
-        if (F->split) { /* split_item copies the rows in: its band's columns of the next batch's */
-            const size_t b = (ci + F->split_rot) % MG_SPLIT_BANDS, w = E.pf.row / t->ninputs;
-            E.pf.lo = (b ? t->split.cut : 0) * w;
-            E.pf.hi = (b + 1 < MG_SPLIT_BANDS ? t->split.cut : t->ninputs) * w;
-            at = c->from - c->from % F->batch + F->batch;
-            end = at + F->batch < F->n ? at + F->batch : F->n;
-        } else if (at >= c->to) {
-            chunk_range(F, c->from - c->from % F->batch + F->batch, ci, &at, &end);
-        }
-        prefetch_rows(&E.pf, at, end - at < F->sub || F->split ? end : at + F->sub);
+        if (at >= c->to) chunk_range(F, c->from - c->from % F->batch + F->batch, ci, &at, &end);
+        prefetch_rows(&E.pf, at, end - at < F->sub ? end : at + F->sub);
         R->nb = (mgk_i64)nb;
         R->first = k0 == c->from;
         R->bstep = c->step && k0 + nb == c->to;
@@ -833,7 +788,6 @@ static void run_chunk(fit_run *F, fit_chunk *c, size_t ci) {
  * (one thread), only the parameters that no nest stepped (the lists of batch size 1, whose
  * gradients nests add into, and which this zeroes). */
 _Static_assert(MG_FIT_CHUNKS == 2, "step_item adds one or two chunks");
-_Static_assert(MG_SPLIT_BANDS == MG_FIT_CHUNKS, "a split band per thread");
 static void step_item(fit_run *F, size_t i, size_t bn, size_t nch) {
     mg_tape *t = F->t;
     const size_t S = MG_FIT_STEP_ITEMS;
@@ -902,36 +856,12 @@ static void defer_item(fit_run *F, const fit_defer *D, size_t bn, size_t nch) {
     }
 }
 
-/* Item i of the split phase (fit_run::split): band b of the first layer over the batch's samples,
- * after copying that band's columns of their input rows in (the rest of a sample's slots are the
- * chunks'). In one run where the chunks' per-sample arrays adjoin, else a run per chunk. */
-static void split_item(fit_run *F, size_t i, size_t b0, size_t nch) {
-    const mg_tape *t = F->t;
-    const mg_split *S = &t->split;
-    const size_t b = (i + F->split_rot) % MG_SPLIT_BANDS;
-    const size_t lo = b ? S->cut : 0, hi = b + 1 < MG_SPLIT_BANDS ? S->cut : t->ninputs;
-    size_t from[MG_FIT_CHUNKS], to[MG_FIT_CHUNKS]; /* this batch's chunks (F->ch: the last's) */
-    for (size_t c = 0; c < nch; c++) {
-        chunk_range(F, b0, c, &from[c], &to[c]);
-        for (size_t k = from[c]; k < to[c]; k++)
-            load_cols(t, F->ch[c].bd + (k - from[c]) * F->ss, F->X, F->X32, F->perm[k], lo, hi);
-    }
-    mgk_run R;
-    memset(&R, 0, sizeof R);
-    R.a[MGK_D] = MG_R_DATA(t);
-    R.a[MGK_PW] = MG_R_PW(t);
-    R.ix = t->ix;
-    R.ss = (mgk_i64)F->ss;
-    const int adjoin = nch == 2 && to[0] - from[0] == F->held;
-    for (size_t c = 0; c < (adjoin ? 1 : nch); c++) {
-        const fit_chunk *ch = &F->ch[c];
-        R.a[MGK_G] = ch->g;
-        R.a[MGK_PG] = ch->pg;
-        R.a[MGK_BD] = ch->bd;
-        R.a[MGK_BG] = ch->bg;
-        R.nb = (mgk_i64)((adjoin ? to[1] : to[c]) - from[c]);
-        MG_RUN_NEST(t, S->band[b], &R);
-    }
+/* Edge b of `bands` bands of n2 rows: n2 * b / bands rounded to the nearest multiple of
+ * MGK_TS_MAX. With bands <= n2 / MGK_TS_MAX the edges are at least MGK_TS_MAX apart before
+ * rounding, so every band is non-empty (the last ends at n2, at least MGK_TS_MAX / 2 rows on). */
+static mgk_i64 band_edge(mgk_i64 n2, size_t b, size_t bands) {
+    const mgk_i64 x = n2 * (mgk_i64)b;
+    return (x + (mgk_i64)bands * (MGK_TS_MAX / 2)) / ((mgk_i64)bands * MGK_TS_MAX) * MGK_TS_MAX;
 }
 
 /* The bands of nest N on `threads` threads: one per thread where MGK_F_BAND, of whole register
@@ -975,10 +905,10 @@ static size_t plan_defer(const mg_tape *t, size_t threads, fit_defer *D, size_t 
             const size_t bands = band_count(N, threads);
             for (size_t b = 0; b < bands; b++) { /* edges at the nearest tile, the last at n[2] */
                 D[n].nest = in->a;
-                D[n].lo2 = mg_band_edge(N->n[2], b, bands);
+                D[n].lo2 = band_edge(N->n[2], b, bands);
                 D[n].hi2 = bands == 1       ? 0
                            : b + 1 == bands ? N->n[2]
-                                            : mg_band_edge(N->n[2], b + 1, bands);
+                                            : band_edge(N->n[2], b + 1, bands);
                 n++;
             }
             ++*nests;
@@ -1009,23 +939,19 @@ static void wait_done(fit_run *F, size_t count) {
 /* Thread w's part of an epoch: every phase in order, its own items first, then the others'. */
 static void fit_share(fit_run *F, size_t w) {
     const size_t T = F->threads, S = MG_FIT_STEP_ITEMS + F->ndefer; /* the step phase's items */
-    const size_t P = F->split ? MG_SPLIT_BANDS : 0;                 /* the split phase's */
     const size_t nbatches = (F->n + F->batch - 1) / F->batch;
-    for (size_t p = 0; p < 3 * nbatches; p++) {
-        const size_t k = p / 3, ph = p % 3, b0 = k * F->batch;
+    for (size_t p = 0; p < 2 * nbatches; p++) {
+        const size_t k = p / 2, b0 = k * F->batch;
         const size_t bn = F->n - b0 < F->batch ? F->n - b0 : F->batch;
-        const size_t nch = bn < F->nch ? bn : F->nch, items = ph == 0 ? P : ph == 1 ? nch : S;
-        if (!items) continue;
-        /* every batch before this one is whole: P split items, nch chunks and S step items */
-        wait_done(F, k * (P + F->nch + S) + (ph > 0 ? P : 0) + (ph > 1 ? nch : 0));
+        const size_t nch = bn < F->nch ? bn : F->nch, items = p % 2 ? S : nch;
+        /* every batch before this one is whole: nch chunks and S step items */
+        wait_done(F, k * (F->nch + S) + (p % 2 ? nch : 0));
         for (int pass = 0; pass < 2; pass++)
             for (size_t i = 0; i < items; i++) {
                 if ((i % T == w) != (pass == 0)) continue;
                 size_t v = atomic_load_explicit(&F->claim[i], memory_order_relaxed);
                 if (v > p || !atomic_compare_exchange_strong(&F->claim[i], &v, p + 1)) continue;
-                if (ph == 0) {
-                    split_item(F, i, b0, nch);
-                } else if (ph == 1) {
+                if (p % 2 == 0) {
                     fit_chunk *c = &F->ch[i];
                     chunk_range(F, b0, i, &c->from, &c->to);
                     c->step = F->fuse && i + 1 == nch;
@@ -1071,15 +997,11 @@ static int check_fit_args(mg_tape *t, const double *X, const double *Y, size_t n
     return check_targets(t, X, o->X32, Y, n, "fit");
 }
 
-/* `p` rounded up to a cache line's start (NULL stays NULL). */
-static mgk_real *line_up(void *p) {
-    return p ? (mgk_real *)(((uintptr_t)p + 63) & ~(uintptr_t)63) : NULL;
-}
-
 static void free_chunks(mg_tape *t, fit_run *F) {
-    for (size_t c = 0; c < MG_FIT_CHUNKS; c++) { /* bd_raw and bg_raw hold every chunk's */
-        void *bufs[] = {c ? NULL : F->bd_raw, c ? NULL : F->bg_raw, F->ch[c].g,
-                        F->ch[c].pg,          F->ch[c].scratch,     F->ch[c].scratch_ix};
+    for (size_t c = 0; c < MG_FIT_CHUNKS;
+         c++) { /* the first chunk's bd and bg hold every chunk's */
+        void *bufs[] = {c ? NULL : F->ch[c].bd, c ? NULL : F->ch[c].bg, F->ch[c].g, F->ch[c].pg,
+                        F->ch[c].scratch,       F->ch[c].scratch_ix};
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
             if (bufs[i]) t->alloc.free_fn(bufs[i], t->alloc.ctx);
     }
@@ -1149,7 +1071,7 @@ MG_DRV_LINK int MG_DRV(fit)(mg_tape *t, const double *X, const double *Y, size_t
     F.X32 = o.X32;
     F.Y = Y;
     F.perm = perm;
-    F.ss = fit_stride(t);
+    F.ss = sample_stride(t);
     size_t nch = batch < MG_FIT_CHUNKS ? batch : MG_FIT_CHUNKS;
     F.nch = nch;
     size_t per = (batch + nch - 1) / nch, sub = per;
@@ -1173,24 +1095,15 @@ MG_DRV_LINK int MG_DRV(fit)(mg_tape *t, const double *X, const double *Y, size_t
         size_t nests;
         F.ndefer = plan_defer(t, threads, F.defer, &nests);
         if (F.ndefer) F.calls -= nests;
-        for (size_t j = 0; j < F.ndefer && t->nsplit; j++)
-            if (F.defer[j].nest == t->split.grad) { /* its first band's item */
-                F.split = 1;
-                F.split_rot = (MG_FIT_STEP_ITEMS + j) % MG_SPLIT_BANDS;
-                break;
-            }
     }
     F.fuse = threads == 1 && !t->kern_contracts && !F.ndefer;
-    /* the chunks' per-sample arrays one after the other (defer_item runs over both at once),
-     * from a cache line's start (a split's bands write whole lines of their own) */
-    const size_t all = nch * held;
-    if (all > (SIZE_MAX / sizeof(mgk_real) - 64) / F.ss) st = MG_ENOMEM;
-    F.bd_raw = st == MG_OK ? mg_tape__alloc(t, all * F.ss + 64 / sizeof(mgk_real), sizeof(mgk_real))
-                           : NULL;
-    F.bg_raw =
-        F.bd_raw ? mg_tape__alloc(t, all * F.ss + 64 / sizeof(mgk_real), sizeof(mgk_real)) : NULL;
-    if (!F.bg_raw) st = MG_ENOMEM;
-    mgk_real *bd_all = line_up(F.bd_raw), *bg_all = line_up(F.bg_raw);
+    /* the chunks' per-sample arrays one after the other (defer_item runs over both at once) */
+    mgk_real *bd_all = mg_tape__alloc(t, nch * held, F.ss * sizeof(mgk_real));
+    mgk_real *bg_all = bd_all ? mg_tape__alloc(t, nch * held, F.ss * sizeof(mgk_real)) : NULL;
+    if (!bg_all) {
+        if (bd_all) t->alloc.free_fn(bd_all, t->alloc.ctx);
+        st = MG_ENOMEM;
+    }
     for (size_t c = 0; c < nch && st == MG_OK; c++) {
         fit_chunk *ch = &F.ch[c];
         ch->bd = bd_all + c * held * F.ss;

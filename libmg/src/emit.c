@@ -570,15 +570,6 @@ char *mg_tape_describe(mg_tape *t, size_t *len) {
         puts_(&b, "backward:\n");
         describe_prog(&b, t, t->bwd, t->nbwd);
     }
-    if (t->nsplit) {
-        const mg_split *S = &t->split;
-        putf(&b,
-             "batched fits: nest %u in two bands of its inputs, [0, %zu) and [%zu, %zu), each on "
-             "the thread that steps its weights (nest %u), then their sum in the chunks:\n",
-             S->fwd, S->cut, S->cut, t->ninputs, S->grad);
-        for (int k = 0; k < MG_SPLIT_BANDS; k++) describe_nest(&b, t, S->band[k], "  ");
-        describe_nest(&b, t, S->comb, "  ");
-    }
     if (b.failed) {
         if (b.s) t->alloc.free_fn(b.s, t->alloc.ctx);
         return NULL;

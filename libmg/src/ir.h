@@ -103,33 +103,6 @@ typedef struct mg_prestep {
     int64_t glo, ghi, xlo, xhi;
 } mg_prestep;
 
-/* Term bands of a first layer (schedule.c's splits): forward nest `fwd`, a product of weights and
- * the rows of the inputs whose weights' fused step (a banded nest, MGK_F_BAND) runs in two bands of
- * rows, also runs, in a batched fit whose steps wait for the batch (drive.h), as two nests over the
- * same two bands of its terms: `band[0]` (its terms [0, e), with fwd's init, into A) and `band[1]`
- * (terms [e, n), from zero, into P), each over the batch's samples on the thread that steps those
- * weights, and `comb` writes fwd's outputs A + P in the chunks, where fwd would run. Each
- * band's thread copies its columns of the input rows in, [0, cut) and [cut, ninputs): the weights
- * and the inputs a band reads stay on one core. P is per-sample positions [pslot, pslot + len)
- * past the tape's slots (mg_split__stride: the per-sample stride of such a fit). */
-#define MG_SPLIT_BANDS 2
-typedef struct mg_split {
-    uint32_t fwd, grad, band[MG_SPLIT_BANDS], comb; /* grad: the weights' banded step nest */
-    size_t cut; /* the input column band 1's thread starts copying at */
-    /* the bands' outputs A and P, each in lines of its own: their first per-sample positions;
-     * the per-sample positions the fit needs */
-    size_t aslot, pslot, end;
-} mg_split;
-
-/* Edge b of `bands` bands of n2 rows: n2 * b / bands rounded to the nearest multiple of
- * MGK_TS_MAX. With bands <= n2 / MGK_TS_MAX the edges are at least MGK_TS_MAX apart before
- * rounding, so every band is non-empty (the last ends at n2, at least MGK_TS_MAX / 2 rows on).
- * The one rule for the rows of a banded step (drive.h) and the terms of a split (schedule.c). */
-static inline mgk_i64 mg_band_edge(mgk_i64 n2, size_t b, size_t bands) {
-    const mgk_i64 x = n2 * (mgk_i64)b;
-    return (x + (mgk_i64)bands * (MGK_TS_MAX / 2)) / ((mgk_i64)bands * MGK_TS_MAX) * MGK_TS_MAX;
-}
-
 /* A packed parameter block: elements elem(i) = base + sum_k s[k]*i_k over dims n (row-major
  * in packed order), living at pw[p0 + i] while a call runs. */
 typedef struct mg_pack {
@@ -187,9 +160,6 @@ struct mg_tape {
     /* deferred steps (pre-steps) */
     mg_prestep *pre;
     size_t npre;
-    /* a first layer's term bands (nsplit: 0 or 1; its nests are the last ones) */
-    mg_split split;
-    size_t nsplit;
     /* gradient slots backward must zero first: ranges [zero[2i], zero[2i+1]) */
     mgk_idx *zero;
     size_t nzero;

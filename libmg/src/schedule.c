@@ -842,82 +842,6 @@ static void band_flag(mgk_nest *N) {
         N->flags |= MGK_F_BAND;
 }
 
-/* ---- 10. splits -------------------------------------------------------------------------------
- * A first layer (mg_split): forward nest F, weights times the rows of the inputs, paired with its
- * weights' gradient nest G as a pre-step (so F reads each weight once, G steps each, and F's x1 is
- * G's value), where G runs in bands of rows (MGK_F_BAND) that are F's terms. Two threads then
- * each step half of the weights and read the same half for the next batch's forward, with the
- * same half of every input row: nothing of the layer moves between the cores (MLP batch 32 on two
- * threads: the forward and the step read 157 KB of weights and 50 KB of rows the other core had
- * written, every batch). The outputs' sums are then (init + terms [0, e)) + terms [e, n): the
- * order of every batched fit, on every thread count; a single sample keeps F's. */
-static int plan_split(mg_tape *t) {
-    t->nsplit = 0;
-    for (size_t q = 0; q < t->npre; q++) {
-        const mgk_nest *F = &t->nests[t->pre[q].fwd], *G = &t->nests[t->pre[q].bwd];
-        const mg_nest_info *FI = &t->info[t->pre[q].fwd], *GI = &t->info[t->pre[q].bwd];
-        const mgk_ref *W = &F->x[0], *X = &F->x[1];
-        const mgk_i64 n = F->n[7], cols = (mgk_i64)t->ninputs;
-        int rows_only = 1; /* x1 moves along the terms alone */
-        for (int d = 0; d < 7; d++) rows_only &= X->s[d] == 0;
-        if (!rows_only || !(G->flags & MGK_F_BAND) || GI->seq != 1 || FI->seq != 1 ||
-            F->n[0] != 1 || F->n[1] != 1 || F->n[2] != 1 || F->n[4] != 1 || F->n[5] != 1 ||
-            F->n[6] != 1 || n < 2 * MGK_TS_MAX || X->arr != MGK_BD || X->s[7] != 1 || X->base < 0 ||
-            X->base + n > cols || G->n[2] != n || G->init.arr != W->arr ||
-            G->init.base != W->base || G->init.s[2] != W->s[7] || G->init.s[3] != W->s[3])
-            continue;
-        const mgk_i64 e = mg_band_edge(n, 1, MG_SPLIT_BANDS);
-        if (e <= 0 || e >= n) continue;
-        mg_split *S = &t->split;
-        /* A and P each in whole lines of their own (16: the most lanes of a block, a line of
-         * float32), after the slots' padding, and padding after P */
-        const size_t base = t->nslots - t->input0 + 16, len = ((size_t)F->n[3] + 15) / 16 * 16;
-        S->aslot = (base + 15) / 16 * 16;
-        S->pslot = S->aslot + len;
-        S->end = S->pslot + len + 16;
-        S->cut = (size_t)(X->base + e);
-        S->fwd = t->pre[q].fwd;
-        S->grad = t->pre[q].bwd;
-        mgk_nest N[3] = {*F, *F, *F};
-        mg_nest_info I[3] = {*FI, *FI, *FI};
-        N[0].n[7] = e;     /* F's init and its first terms into A */
-        N[1].n[7] = n - e; /* its last terms from zero, into P */
-        N[1].mode = MGK_SUM0;
-        memset(&N[1].init, 0, sizeof N[1].init);
-        N[1].x[0].base += e * W->s[7];
-        N[1].x[1].base += e;
-        for (int k = 0; k < 2; k++) {
-            memset(&N[k].out, 0, sizeof N[k].out);
-            N[k].out.arr = MGK_BD;
-            N[k].out.base = (mgk_i64)(k ? S->pslot : S->aslot);
-            N[k].out.s[3] = 1;
-        }
-        memset(&N[2], 0, sizeof N[2]); /* F's outputs = A + P */
-        N[2].mode = MGK_SUMI;
-        N[2].term = MGK_T_ONE;
-        for (int d = 0; d < MGK_MAXD; d++) N[2].n[d] = 1;
-        N[2].n[3] = F->n[3];
-        N[2].out = F->out;
-        N[2].init = N[0].out;
-        N[2].x[0] = N[1].out;
-        N[2].flags = MGK_F_BLOCK;
-        for (int k = 0; k < 3; k++) {
-            N[k].flags &= ~MGK_F_PRESTEP;
-            I[k].pre = 0;
-            I[k].work = FI->work * (k == 2 ? 1.0 / (double)n : (double)N[k].n[7] / (double)n);
-        }
-        size_t cap = t->nnests;
-        for (int k = 0; k < 3; k++) {
-            if (!mg_tape__push_nest(t, &cap, &N[k], &I[k])) return t->status;
-            if (k < 2) S->band[k] = (uint32_t)(t->nnests - 1);
-            else S->comb = (uint32_t)(t->nnests - 1);
-        }
-        t->nsplit = 1;
-        break;
-    }
-    return MG_OK;
-}
-
 int mg_schedule(mg_tape *t) {
     for (size_t k = 0; k < t->nnests; k++) choose_vector_dim(t, &t->nests[k], &t->info[k], 0);
     int st = plan_packs(t);
@@ -952,6 +876,5 @@ int mg_schedule(mg_tape *t) {
     for (size_t k = 0; k < t->nnests; k++) tile_flag(t, &t->nests[k], &t->info[k]);
     if ((st = to_sample_arrays(t)) != MG_OK) return st;
     for (size_t k = 0; k < t->nnests; k++) band_flag(&t->nests[k]);
-    if ((st = plan_presteps(t)) != MG_OK) return st;
-    return plan_split(t);
+    return plan_presteps(t);
 }

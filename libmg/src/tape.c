@@ -101,13 +101,12 @@ int mg_tape_get_stats(const mg_tape *t, mg_tape_stats *out) {
     out->nodes = t->nodes;
     out->statements = t->nstatements;
     out->forward_nests = t->nfwd_nests;
-    out->backward_nests = t->nnests - t->nfwd_nests - 3 * t->nsplit;
+    out->backward_nests = t->nnests - t->nfwd_nests;
     out->loops = t->nseq;
     out->packed = t->npacked;
     out->rerolled = t->rerolled;
     out->deferred_steps = t->npre;
     out->hoisted = t->nhoisted;
-    out->split_nests = 3 * t->nsplit;
     return MG_OK;
 }
 

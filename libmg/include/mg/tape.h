@@ -115,9 +115,6 @@ typedef struct mg_tape_stats {
     size_t hoisted;        /**< Nests moved out of sequential loops because they do not depend
                                 on them (a recurrent model's input projections before the loop,
                                 its weight gradients after it), the iterations one of their dims. */
-    size_t split_nests;    /**< Nests that run a first layer in two bands of its inputs in batched
-                                training (one band of weights and inputs per thread), and add
-                                the bands: 3, or 0 where no layer qualifies. */
 } mg_tape_stats;
 
 /**

@@ -200,8 +200,7 @@ class Program:
 def _every_nest(info: dict[str, Any]) -> int:
     """A ``max_kernels`` that compiles every loop nest of the program ``info`` describes (what
     float32 storage needs: libmg interprets double slots only)."""
-    nests = int(info["forward_nests"]) + int(info["backward_nests"])
-    return max(nests + int(info.get("split_nests", 0)), 1)
+    return max(int(info["forward_nests"]) + int(info["backward_nests"]), 1)
 
 
 def compile(
