@@ -286,6 +286,50 @@ def test_batches_that_end_in_part_of_a_register_tile(batch_size):
         assert np.array_equal(params_after, got["tape", 1]), key
 
 
+@pytest.mark.parametrize("batch_size", [2, 5, 32])
+def test_batched_fits_add_each_sum_in_the_scalar_programs_order(batch_size):
+    """A batched fit computes every forward value as forward() does, bit for bit: the sums run in
+    the order the scalar program adds its terms, whatever the batch size and thread count (no
+    sum is split between threads or added in another grouping). A relu right at its kink shows
+    it: its sum is a + ... - a + 1e-17 a in the program's order (1e-17 a, so the relu passes its
+    gradient and neuron 0's weights train), but 0 in any grouping that adds the last two terms
+    before the first (the relu is then off and those weights stay). The parameters equal the
+    definition to 1e-12, bitwise across 1 and 2 threads and between the tape and compiled code."""
+    r = np.random.default_rng(11)
+    n = 64
+    X = np.zeros((n, 40))
+    a = r.uniform(0.5, 2.0, size=n)
+    X[:, 0], X[:, 24], X[:, 25] = a, -a, 1e-17 * a
+    X[:, 30:] = r.uniform(-1, 1, size=(n, 10))  # other neurons see these; neuron 0's weights are 0
+    Y = r.integers(0, 3, size=(n, 1)).astype(np.float64)
+
+    def program(backend):
+        _, prog = mlp_program(backend, sizes=(40, [16, 3]), seed=2)
+        prog.parameters[:41] = 0.0  # neuron 0: weights, then its bias
+        prog.parameters[[0, 24, 25]] = 1.0
+        return prog
+
+    ref = program("tape")
+    p0 = ref.parameters.copy()
+    for b in range(0, n, batch_size):
+        for s in range(b, min(b + batch_size, n)):
+            ref.forward(X[s], Y[s])
+            ref.backward()
+        ref.step(0.1, min(batch_size, n - b))
+    want = ref.parameters.copy()
+    assert not np.array_equal(want[:41], p0[:41])  # the relu passed gradients in the definition
+    got = {}
+    for backend in ["tape"] + (["c"] if HAVE_CC else []):
+        prog = program(backend)
+        for threads in (1, 2):
+            prog.parameters[:] = p0
+            prog.fit(X, Y, epochs=1, lr=0.1, batch_size=batch_size, shuffle=False, threads=threads)
+            got[backend, threads] = prog.parameters.copy()
+    for key, params_after in got.items():
+        assert np.allclose(params_after, want, rtol=1e-12, atol=1e-15), key
+        assert np.array_equal(params_after, got["tape", 1]), key
+
+
 @needs_cc
 @pytest.mark.parametrize("nparts", [1, 2, 3, 4])
 def test_generated_code_built_in_any_number_of_parts(nparts, monkeypatch):
