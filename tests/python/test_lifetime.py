@@ -49,6 +49,7 @@ def test_training_loop_10000_steps_in_flat_memory():
 
     for _ in range(200):
         step()
+    gc.collect()  # earlier tests' cycles (tracebacks holding Values) go now, not mid-count
     nodes, graph_bytes, rss = mc.graph_len(), mc.graph_bytes(), rss_mb()
     for _ in range(10_000):
         step()
@@ -59,6 +60,7 @@ def test_training_loop_10000_steps_in_flat_memory():
 
 def test_checkpoint_releases_and_stale_handles_raise():
     w = Value(2.0)
+    gc.collect()  # earlier tests' cycles go now, not during the count
     base = mc.graph_len()
     with mc.checkpoint():
         y = w * w + 1
@@ -109,6 +111,7 @@ def test_parameters_survive_graph_release():
     random.seed(2)
     m = MLP(2, [3, 1])
     params = m.parameters()
+    gc.collect()  # earlier tests' cycles go now, not during the count
     base = mc.graph_len()
     for _ in range(10):
         m([1.0, 2.0]).backward()
