@@ -14,6 +14,19 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 MNIST_DIR = os.path.join(os.path.dirname(ROOT), "shared", "data", "mnist")
 
 
+def settled_graph_len() -> int:
+    """The graph's live values once what earlier tests left in reference cycles (tracebacks
+    holding Values) is collected: a count taken without it drops when the collector runs in the
+    middle of a test (36 Values once, in test_threads.py). Take a test's base with this and its
+    final count with ``mc.graph_len()``, so a cycle of the test's own still shows."""
+    import gc
+
+    import micrograd_c as mc
+
+    gc.collect()
+    return mc.graph_len()
+
+
 def close(a: float, b: float, rel: float = 1e-12, scale: float = 1.0) -> bool:
     """|a - b| <= rel * max(|a|, |b|, scale): relative, with a floor for values near 0."""
     return abs(a - b) <= rel * max(abs(a), abs(b), scale)

@@ -12,6 +12,8 @@ import micrograd_c as mc
 from micrograd_c.engine import Value
 from micrograd_c.nn import MLP
 
+from conftest import settled_graph_len
+
 
 def rss_mb() -> float:
     with open("/proc/self/statm") as f:
@@ -49,8 +51,7 @@ def test_training_loop_10000_steps_in_flat_memory():
 
     for _ in range(200):
         step()
-    gc.collect()  # earlier tests' cycles (tracebacks holding Values) go now, not mid-count
-    nodes, graph_bytes, rss = mc.graph_len(), mc.graph_bytes(), rss_mb()
+    nodes, graph_bytes, rss = settled_graph_len(), mc.graph_bytes(), rss_mb()
     for _ in range(10_000):
         step()
     assert mc.graph_len() == nodes
@@ -60,8 +61,7 @@ def test_training_loop_10000_steps_in_flat_memory():
 
 def test_checkpoint_releases_and_stale_handles_raise():
     w = Value(2.0)
-    gc.collect()  # earlier tests' cycles go now, not during the count
-    base = mc.graph_len()
+    base = settled_graph_len()
     with mc.checkpoint():
         y = w * w + 1
         y.backward()
@@ -111,8 +111,7 @@ def test_parameters_survive_graph_release():
     random.seed(2)
     m = MLP(2, [3, 1])
     params = m.parameters()
-    gc.collect()  # earlier tests' cycles go now, not during the count
-    base = mc.graph_len()
+    base = settled_graph_len()
     for _ in range(10):
         m([1.0, 2.0]).backward()
     assert mc.graph_len() == base

@@ -7,7 +7,6 @@ the parameters they get when run one after the other.
 
 from __future__ import annotations
 
-import gc
 import sys
 import threading
 
@@ -17,6 +16,8 @@ import pytest
 import micrograd_c as mc
 from micrograd_c.engine import Value
 from micrograd_c.nn import MLP
+
+from conftest import settled_graph_len
 
 
 def initial_state(seed: int, sizes: list[int]) -> dict[str, np.ndarray]:
@@ -78,8 +79,7 @@ def run_threads(seeds: list[int], steps: int) -> list[dict[str, np.ndarray]]:
 
 
 def test_two_threads_train_their_own_models_as_if_alone(fast_switching):
-    gc.collect()  # what earlier tests left in reference cycles (tracebacks) is freed before, not
-    base = mc.graph_len()  # during, the count (a collection inside the test lowered it by 36)
+    base = settled_graph_len()
     alone = [train(1, 15), train(2, 15)]
     together = run_threads([1, 2], 15)
     for a, b in zip(alone, together):
