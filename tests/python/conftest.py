@@ -13,6 +13,30 @@ sys.setrecursionlimit(max(sys.getrecursionlimit(), 20_000))  # micrograd's recur
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MNIST_DIR = os.path.join(os.path.dirname(ROOT), "shared", "data", "mnist")
 
+#: The marker of tests that reinstall the package into the running virtual environment (./dev's
+#: rebuild of a stale install): beside other tests they would replace modules under a test that is
+#: importing them, so they run alone. ./dev test runs them after the others (``-m alone``);
+#: among several pytest-xdist workers they skip.
+ALONE = "alone"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", f"{ALONE}: reinstalls the package into this venv; never beside other tests"
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) < 2:
+        return
+    skip = pytest.mark.skip(
+        reason="reinstalls the package: runs alone, not among pytest-xdist workers "
+        "(./dev test runs it after the others: pytest -m alone)"
+    )
+    for item in items:
+        if ALONE in item.keywords:
+            item.add_marker(skip)
+
 
 def settled_graph_len() -> int:
     """The graph's live values once what earlier tests left in reference cycles (tracebacks

@@ -95,6 +95,9 @@ def test_a_fuzzer_failure_names_the_input_shows_the_traceback_and_the_tally(tmp_
         "MG_FUZZ_CORPUS": str(tmp_path / "corpus"),
         "FUZZ_RUNS": "50",
         "MICROGRAD_C_FUZZ_CANARY": "CANARY!",
+        # the fuzz stage installs the package unless the ./dev run around it did: not here, where
+        # the package under test is installed already and other tests may be importing it
+        "MICROGRAD_C_INSTALLED_BY": f"{ROOT}:{sys.prefix}",
     }
     r = dev("test", "fuzz", cwd=tmp_path, env=env)
     assert r.returncode != 0
@@ -143,6 +146,7 @@ def newest_source() -> float:
     return newest
 
 
+@pytest.mark.alone
 def test_dev_train_rebuilds_a_stale_install_only(tmp_path):
     """./dev train rebuilds the package when a source is newer than its last install by ./dev (the
     stamp in the venv), not when every source is older, and leaves alone a package that ./dev did

@@ -145,5 +145,7 @@ class Lifetimes(RuleBasedStateMachine):
         assert mc.graph_len() == self.base
 
 
-Lifetimes.TestCase.settings = settings(max_examples=40, stateful_step_count=30, deadline=None)
+Lifetimes.TestCase.settings = settings(
+    max_examples=40, stateful_step_count=30, deadline=None, derandomize=True, database=None
+)
 TestLifetimes = Lifetimes.TestCase

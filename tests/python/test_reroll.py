@@ -1577,6 +1577,10 @@ def test_one_thread_steps_the_batch_inside_its_last_chunk(name):
         assert any("[fused SGD]" not in line for line in packed), listing
     progs = [rer] + ([compile_case(case, backend="c")] if HAVE_CC else [])
     sca = compile_case(case, raise_loops=False)
+    # the scalar program runs a nest per statement (72,670 of them for cnn-s1: 4.7 s a fit on a
+    # Zen 1, 8 minutes for the four under ASan, whose stage checks memory, not numbers): under ASan
+    # it is compared at the batch sizes of the two chunked paths alone; the python stage, at all
+    scalar_batches = (3, 150) if UNDER_ASAN else (3, 7, 16, 150)
     p0 = np.array([p.data for p in case.params])
     for batch in (3, 7, 16, 150):
         ref, ref_l = fit_params(rer, case, p0, batch, 2, 0.05)
@@ -1586,6 +1590,8 @@ def test_one_thread_steps_the_batch_inside_its_last_chunk(name):
             what = f"{prog.backend} batch {batch}: {threads} threads vs 2"
             assert_bitwise(got, ref, f"{what} (parameters)")
             assert_bitwise(got_l, ref_l, f"{what} (losses)")
+        if batch not in scalar_batches:
+            continue
         s, s_l = fit_params(sca, case, p0, batch, 1, 0.05)
         assert_close(ref, s, f"batch {batch}: rerolled vs scalar parameters")
         assert_close(ref_l, s_l, f"batch {batch}: rerolled vs scalar losses")
