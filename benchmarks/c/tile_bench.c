@@ -52,6 +52,7 @@
 #define M 56            /* outputs computed per row: 7 blocks */
 #define B 32            /* samples */
 #define KC 64           /* terms per chunk (panel, K=64) */
+_Static_assert(TS == 4, "registers() holds the x of 4 samples");
 
 typedef double vec __attribute__((vector_size(VBYTES)));
 typedef double vec_u __attribute__((vector_size(VBYTES), aligned(8), may_alias));
