@@ -1319,7 +1319,9 @@ MGK_HOT void mgk_split_pts(const mgk_nest *N, const mgk_run *R, const int term, 
                         MGK_NP_ELEM_ROWS                                                           \
                         for (; i3 < n[3]; i3 += MGK_LANES) {                                       \
                             const int nl = n[3] - i3 < MGK_LANES ? (int)(n[3] - i3) : MGK_LANES;   \
-                            if (nl == MGK_LANES)                                                   \
+                            /* n3: in generated code a constant, so where the rows hold whole      \
+                             * blocks the partial block's copy of mgk_block is never made */       \
+                            if (n3 % MGK_LANES == 0 || nl == MGK_LANES)                            \
                                 mgk_block(N, Rb, term, op, step, pre, small, nbr, MGK_LANES, po,   \
                                           pi, q0, q1, q2, q3);                                     \
                             else /* the partial last block */                                      \

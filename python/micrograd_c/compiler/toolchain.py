@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import platform
+import select
 import shlex
 import shutil
 import signal
@@ -109,7 +110,7 @@ def run_commands(
                 procs.append((p, out))
         for p, _ in procs:
             try:
-                p.wait(timeout=max(0.0, deadline - time.monotonic()))
+                _wait_until(p, deadline)
             except subprocess.TimeoutExpired:
                 raise subprocess.TimeoutExpired(p.args, timeout) from None
         results = []
@@ -123,6 +124,28 @@ def run_commands(
                 _kill_group(p, posix)
                 p.wait()
             out.close()
+
+
+def _wait_until(p: subprocess.Popen[str], deadline: float) -> None:
+    """Wait for ``p`` to exit, until ``time.monotonic()`` reaches ``deadline`` (then
+    :class:`subprocess.TimeoutExpired`). Where the OS has process descriptors (Linux), the wait
+    wakes when ``p`` exits: ``Popen.wait`` with a timeout polls, sleeping up to 50 ms between
+    looks, which added 25 ms on average to every compile of generated code."""
+    fd = -1
+    if hasattr(os, "pidfd_open"):
+        with contextlib.suppress(OSError):  # an old kernel, or already reaped
+            fd = os.pidfd_open(p.pid)
+    if fd < 0:
+        p.wait(timeout=max(0.0, deadline - time.monotonic()))
+        return
+    try:
+        while p.poll() is None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise subprocess.TimeoutExpired(p.args, 0)
+            select.select([fd], [], [], left)
+    finally:
+        os.close(fd)
 
 
 @contextlib.contextmanager
