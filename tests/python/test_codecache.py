@@ -424,6 +424,29 @@ def test_parallel_part_builds_time_out_as_one(tmp_path):
     assert [(r.returncode, r.stdout) for r in ok] == [(0, "one\n"), (3, "two\n")]
 
 
+@posix_only
+def test_parallel_part_builds_wait_in_a_process_with_many_descriptors():
+    """The parts' compilers are waited for on process descriptors (Linux): in a process that
+    holds more than 1024 open files, whose new descriptors select() cannot watch, the wait still
+    ends when they exit, and a timeout still fires."""
+    import resource
+
+    from micrograd_c.compiler.toolchain import run_commands
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < 1200:
+        pytest.skip(f"RLIMIT_NOFILE is {soft}: cannot open 1100 descriptors")
+    fds = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    try:
+        ok = run_commands([["sh", "-c", "echo one"], ["sh", "-c", "sleep 0.2; exit 3"]], 60)
+        assert [(r.returncode, r.stdout) for r in ok] == [(0, "one\n"), (3, "")]
+        with pytest.raises(subprocess.TimeoutExpired):
+            run_commands([["sleep", "1000"]], timeout=0.5)
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
 @needs_cc
 def test_fallback_cache_directory_is_removed_at_exit(tmp_path):
     tmp = tmp_path / "tmp"

@@ -4,6 +4,7 @@ machine-dependent flags resolve to, and running the compiler under a time limit.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import platform
 import select
@@ -139,11 +140,13 @@ def _wait_until(p: subprocess.Popen[str], deadline: float) -> None:
         p.wait(timeout=max(0.0, deadline - time.monotonic()))
         return
     try:
+        poller = select.poll()  # not select.select: a process may hold descriptors past 1023
+        poller.register(fd, select.POLLIN)
         while p.poll() is None:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise subprocess.TimeoutExpired(p.args, 0)
-            select.select([fd], [], [], left)
+            poller.poll(max(1, math.ceil(left * 1000)))
     finally:
         os.close(fd)
 
