@@ -245,7 +245,8 @@ static const char emit_parts_note[] =
 
 /* A nest function's compile cost, relative: gcc -O2's CPU time for it in hundredths of a second
  * on a 2 GHz Zen 1, fitted by least squares to compile times of random subsets of the functions of
- * seven model zoo families (benchmarks/zoo.py, 167 functions). A nest whose samples run in
+ * seven model zoo families (benchmarks/zoo.py, 167 functions; benchmarks/compile_costs.py measures
+ * them again). A nest whose samples run in
  * register tiles keeps the most code, 0.12-0.27 s (more with rows in tiles too); a matrix product
  * over a shared output whose rows may run in bands (a layer's weight gradient with fused SGD)
  * about 0.17 s; other shared-output tiles, the rows of each sample in tiles and a nest of points

@@ -360,6 +360,32 @@ def test_generated_code_built_in_any_number_of_parts(nparts, monkeypatch):
 
 
 @needs_cc
+def test_compile_costs_fits_every_nest_function_and_reports_the_split():
+    """benchmarks/compile_costs.py, which kernel_cost's weights come from, runs on the MLP: a
+    line per nest function (all of them, each in one of the two parts) and the parts' loads."""
+    import re
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    r = subprocess.run(
+        [sys.executable, os.path.join(root, "benchmarks", "compile_costs.py")]
+        + ["--families", "mlp", "--rounds", "1"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert r.returncode == 0, r.stderr[-4000:]
+    assert "mlp: 9 nest functions" in r.stdout, r.stdout
+    rows = re.findall(
+        r"^\s+(\d+)\s+[0-3]\s+[01]\s+[01]\s+\S*\s+[\d, ]+\s+([01])\s+-?\d", r.stdout, re.M
+    )
+    assert sorted(int(k) for k, _ in rows) == list(range(9)), r.stdout
+    assert {p for _, p in rows} == {"0", "1"}, r.stdout
+    assert "parts as emitted" in r.stdout
+
+
+@needs_cc
 def test_constant_powers_round_as_the_c_library_does():
     """`x ** 2`, `x ** 3` and `x ** -1` (micrograd's division): with the exponent a constant of
     the nest, gcc computes pow(x, 2.0) as x * x and pow(x, -1.0) as 1.0 / x, which differ in the
