@@ -592,9 +592,10 @@ MGK_HOT void mgk_block(const mgk_nest *N, const mgk_run *R, const int term, cons
 }
 
 #if MGK_VECTOR && defined(MGK_ELEM_ROWS)
-/* A row of `len` points of an elementwise term (an op, dA or dB) along the vector dim of a nest
- * with no reduction: what mgk_block computes for each block, lane by lane the same terms,
- * without its per-block set-up. Each operand's lanes are read from consecutive elements (in place
+/* A row of `len` points of an elementwise term (an op, dA or dB; or one product or value per point
+ * where mgk_block would add it lane by lane, MGK_BLOCK_VECTORS: a GRU's gate gradients) along the
+ * vector dim of a nest with no reduction: what mgk_block computes for each block, lane by lane the
+ * same terms, without its per-block set-up. Each operand's lanes are read from consecutive elements (in place
  * where its stride is 1, else copied into a block first: a broadcast repeated, a strided operand
  * gathered), so that the C compiler vectorises the op's formula over the block with plain vector
  * loads. The last block computes every lane and stores its valid ones: an operand read in place
@@ -644,7 +645,7 @@ MGK_HOT void mgk_elem_rows(const mgk_nest *N, const mgk_run *R, const int term, 
             MGK_COPY_LANES(b0, x0, s0);
             z0 = b0;
         }
-        if (s1 != 1) {
+        if (term != MGK_T_ONE && s1 != 1) {
             MGK_COPY_LANES(b1, x1, s1);
             z1 = b1;
         }
@@ -1255,9 +1256,18 @@ MGK_HOT void mgk_split_pts(const mgk_nest *N, const mgk_run *R, const int term, 
 #define MGK_NP_WIDE
 #endif
 #if MGK_VECTOR && defined(MGK_ELEM_ROWS)
+/* Whether mgk_block sums a term of kind `term` (one or mul) over whole vectors of lanes (its first
+ * path, without step or pre-step); where it does not, it adds lane by lane with strides read at
+ * run time, and a term with nothing to sum (one product per point, as in a gradient's outer
+ * product with a strided operand) runs faster as an elementwise row. */
+#define MGK_BLOCK_VECTORS(N, term)                                                                 \
+    ((N)->out.s[3] == 1 && ((N)->x[0].s[3] == 0 || (N)->x[0].s[3] == 1) &&                         \
+     ((term) == MGK_T_ONE || (N)->x[1].s[3] == 0 || (N)->x[1].s[3] == 1) &&                        \
+     ((N)->mode != MGK_SUMI || (N)->init.s[3] <= 1) && (N)->mode != MGK_SET &&                     \
+     (N)->init.s[3] >= 0)
 #define MGK_NP_ELEM_ROWS                                                                           \
-    if (term >= MGK_T_OP && !step && !pre && nbr == 1 && (small || (n[4] == 1 && n[5] == 1)) &&    \
-        n[6] == 1 && n[7] == 1 &&                                                                  \
+    if ((term >= MGK_T_OP || !MGK_BLOCK_VECTORS(N, term)) && !step && !pre && nbr == 1 &&          \
+        (small || (n[4] == 1 && n[5] == 1)) && n[6] == 1 && n[7] == 1 &&                           \
         (MGK_ELEM_ROWS == 1 || (n[3] > MGK_LANES && n[3] % MGK_LANES))) {                          \
         /* an elementwise term with no reduction: the row in one go */                             \
         mgk_elem_rows(N, Rb, term, op, n[3], po, pi, q0, q1, q2, q3);                              \

@@ -40,6 +40,7 @@ from __future__ import annotations
 import math
 import os
 import random
+import re
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -1770,6 +1771,49 @@ def test_rows_of_every_other_element_run_in_whole_vectors(float32):
         if not float32:  # a fresh program: the fits above trained prog's parameters
             fresh = compile_case(case, backend="c")
             assert_tape_bits(fresh, compile_case(case), case, f"{what} vs tape", (1, 4), 1)
+
+
+def products_case(width: int, seed: int = 0) -> Case:
+    """A row of `width` pairs, each pair's product, into a dense layer of 3: the gradient of each
+    factor is the other factor times the product's gradient, one product per point with nothing to
+    sum, read and written every other element."""
+    r = np.random.default_rng(seed)
+    X = r.uniform(-1, 1, size=(6, 2 * width))
+    x = [Value(float(v)) for v in X[0]]
+    w = [Value(float(v)) for v in r.uniform(-1, 1, size=2 * width)]
+    a = [(xi * wi).tanh() for xi, wi in zip(x, w)]
+    b = [Value(float(v)) for v in r.uniform(-1, 1, size=width)]
+    z = [b[j] + a[2 * j] * a[2 * j + 1] for j in range(width)]
+    W = [[Value(float(v)) for v in r.uniform(-0.5, 0.5, size=width)] for _ in range(3)]
+    logits = [sum((wj * zj for wj, zj in zip(row, z)), Value(0.0)) for row in W]
+    Y = r.integers(0, 3, size=(6, 1)).astype(np.float64)
+    y = [Value(float(Y[0, 0]))]
+    loss = mc.cross_entropy(logits, y[0])
+    params = w + b + [v for row in W for v in row]
+    return Case(x=x, y=y, params=params, loss=loss, outputs=logits, X=X, Y=Y)
+
+
+@needs_cc
+def test_products_with_nothing_to_sum_and_strided_operands_run_as_elementwise_rows():
+    """A product term with one product per point whose output or operand is strided (the factors'
+    gradients of pairwise products, every other element; a GRU's gate gradients) runs as an
+    elementwise row (nest_kernels.h, MGK_BLOCK_VECTORS): the interpreter's every row, generated
+    code's rows of more than one block that end in a partial one. Against eager micrograd_c,
+    plain lane loops (-DMGK_NO_VECTOR) and the tape, bit for bit where the order of additions is
+    the same, in rows of 12, 20 and 42 at batch sizes 1 and 4."""
+    flags = [*compiler.default_flags(compiler.find_compiler()), "-DMGK_NO_VECTOR"]
+    for width in (12, 20, 42):
+        case = products_case(width)
+        listing = compile_case(case).describe()
+        strided = r"\(\d+ \| \) \w+ out\[sample_grad\d+ \+2\*i3\] .*x0\*x1 "
+        assert re.search(strided, listing), listing
+        check_case(case, with_c=True)
+        prog = compile_case(case, backend="c")
+        plain = compile_case(case, backend="c", flags=flags)
+        what = f"products in rows of {width}"
+        assert_tape_bits(prog, plain, case, what, batches=(1, 4), threads=1)
+        fresh = compile_case(case, backend="c")
+        assert_tape_bits(fresh, compile_case(case), case, f"{what} vs tape", (1, 4), 1)
 
 
 @needs_cc
