@@ -595,11 +595,11 @@ MGK_HOT void mgk_block(const mgk_nest *N, const mgk_run *R, const int term, cons
 /* A row of `len` points of an elementwise term (an op, dA or dB; or one product or value per point
  * where mgk_block would add it lane by lane, MGK_BLOCK_VECTORS: a GRU's gate gradients) along the
  * vector dim of a nest with no reduction: what mgk_block computes for each block, lane by lane the
- * same terms, without its per-block set-up. Each operand's lanes are read from consecutive elements (in place
- * where its stride is 1, else copied into a block first: a broadcast repeated, a strided operand
- * gathered), so that the C compiler vectorises the op's formula over the block with plain vector
- * loads. The last block computes every lane and stores its valid ones: an operand read in place
- * reads at most MGK_LANES - 1 elements past the row, which the padding allows; a copied one
+ * same terms, without its per-block set-up. Each operand's lanes are read from consecutive elements
+ * (in place where its stride is 1, else copied into a block first: a broadcast repeated, a strided
+ * operand gathered), so that the C compiler vectorises the op's formula over the block with plain
+ * vector loads. The last block computes every lane and stores its valid ones: an operand read in
+ * place reads at most MGK_LANES - 1 elements past the row, which the padding allows; a copied one
  * copies only the valid lanes (the others are zeros). The interpreter's instances define
  * MGK_ELEM_ROWS 1, every such row: with strides known only at run time, mgk_block built every
  * lane of every operand on its own. Generated code, whose strides and sizes are constants,
