@@ -592,15 +592,15 @@ MGK_HOT void mgk_block(const mgk_nest *N, const mgk_run *R, const int term, cons
 }
 
 #if MGK_VECTOR && defined(MGK_ELEM_ROWS)
-/* A row of `len` points of an elementwise term (an op, dA or dB; or one product or value per point
- * where mgk_block would add it lane by lane, MGK_BLOCK_VECTORS: a GRU's gate gradients) along the
- * vector dim of a nest with no reduction: what mgk_block computes for each block, lane by lane the
- * same terms, without its per-block set-up. Each operand's lanes are read from consecutive elements
- * (in place where its stride is 1, else copied into a block first: a broadcast repeated, a strided
- * operand gathered), so that the C compiler vectorises the op's formula over the block with plain
- * vector loads. The last block computes every lane and stores its valid ones: an operand read in
- * place reads at most MGK_LANES - 1 elements past the row, which the padding allows; a copied one
- * copies only the valid lanes (the others are zeros). The interpreter's instances define
+/* A row of `len` points of an elementwise term (an op, dA or dB; in the interpreter also one
+ * product or value per point where mgk_block would add it lane by lane, MGK_BLOCK_VECTORS) along
+ * the vector dim of a nest with no reduction: what mgk_block computes for each block, lane by lane
+ * the same terms, without its per-block set-up. Each operand's lanes are read from consecutive
+ * elements (in place where its stride is 1, else copied into a block first: a broadcast repeated, a
+ * strided operand gathered), so that the C compiler vectorises the op's formula over the block with
+ * plain vector loads. The last block computes every lane and stores its valid ones: an operand read
+ * in place reads at most MGK_LANES - 1 elements past the row, which the padding allows; a copied
+ * one copies only the valid lanes (the others are zeros). The interpreter's instances define
  * MGK_ELEM_ROWS 1, every such row: with strides known only at run time, mgk_block built every
  * lane of every operand on its own. Generated code, whose strides and sizes are constants,
  * defines it 2: only rows of more than one block that end in a partial one, which mgk_block
@@ -1259,15 +1259,18 @@ MGK_HOT void mgk_split_pts(const mgk_nest *N, const mgk_run *R, const int term, 
 /* Whether mgk_block sums a term of kind `term` (one or mul) over whole vectors of lanes (its first
  * path, without step or pre-step); where it does not, it adds lane by lane with strides read at
  * run time, and a term with nothing to sum (one product per point, as in a gradient's outer
- * product with a strided operand) runs faster as an elementwise row. */
+ * product with a strided operand) runs faster as an elementwise row: in the interpreter's
+ * instances only (a GRU's nests past the emitter's budget: its fit 1.05x). Generated code knows
+ * the strides, and the C compiler, which could not drop the row's code from such nests before
+ * their descriptor's fields were folded, spent up to a quarter more time on a CNN's file. */
 #define MGK_BLOCK_VECTORS(N, term)                                                                 \
     ((N)->out.s[3] == 1 && ((N)->x[0].s[3] == 0 || (N)->x[0].s[3] == 1) &&                         \
      ((term) == MGK_T_ONE || (N)->x[1].s[3] == 0 || (N)->x[1].s[3] == 1) &&                        \
      ((N)->mode != MGK_SUMI || (N)->init.s[3] <= 1) && (N)->mode != MGK_SET &&                     \
      (N)->init.s[3] >= 0)
 #define MGK_NP_ELEM_ROWS                                                                           \
-    if ((term >= MGK_T_OP || !MGK_BLOCK_VECTORS(N, term)) && !step && !pre && nbr == 1 &&          \
-        (small || (n[4] == 1 && n[5] == 1)) && n[6] == 1 && n[7] == 1 &&                           \
+    if ((term >= MGK_T_OP || (MGK_ELEM_ROWS == 1 && !MGK_BLOCK_VECTORS(N, term))) && !step &&      \
+        !pre && nbr == 1 && (small || (n[4] == 1 && n[5] == 1)) && n[6] == 1 && n[7] == 1 &&       \
         (MGK_ELEM_ROWS == 1 || (n[3] > MGK_LANES && n[3] % MGK_LANES))) {                          \
         /* an elementwise term with no reduction: the row in one go */                             \
         mgk_elem_rows(N, Rb, term, op, n[3], po, pi, q0, q1, q2, q3);                              \

@@ -1798,10 +1798,10 @@ def products_case(width: int, seed: int = 0) -> Case:
 def test_products_with_nothing_to_sum_and_strided_operands_run_as_elementwise_rows(float32):
     """A product term with one product per point whose output or operand is strided (the factors'
     gradients of pairwise products, every other element; a GRU's gate gradients) runs as an
-    elementwise row (nest_kernels.h, MGK_BLOCK_VECTORS): the interpreter's every row, generated
-    code's rows of more than one block that end in a partial one. Against eager micrograd_c,
-    plain lane loops (-DMGK_NO_VECTOR) and the tape, bit for bit where the order of additions is
-    the same, in rows of 12, 20 and 42 (float32: 16 lanes a block) at batch sizes 1 and 4."""
+    elementwise row in the interpreter's instances (nest_kernels.h, MGK_BLOCK_VECTORS), lane by
+    lane in generated code, whose strides are constants. Against eager micrograd_c, plain lane
+    loops (-DMGK_NO_VECTOR), generated code and the tape, bit for bit, in rows of 12, 20 and 42
+    (float32: 16 lanes a block) at batch sizes 1 and 4."""
     flags = [*compiler.default_flags(compiler.find_compiler()), "-DMGK_NO_VECTOR"]
     for width in (12, 20, 42):
         case = products_case(width)
