@@ -460,6 +460,21 @@ MGK_HOT void mgk_point1(const mgk_nest *N, const mgk_run *R, const int term, con
     }
 }
 
+#if MGK_VECTOR
+/* Whether mgk_block sums a term of kind `term` (one or mul) over whole vectors of lanes (its first
+ * path; a step or a pre-step asks more); where it does not, it adds lane by lane with strides read
+ * at run time, and a term with nothing to sum (one product per point, as in a gradient's outer
+ * product with a strided operand) runs faster as an elementwise row: in the interpreter's
+ * instances only (a GRU's nests past the emitter's budget: its fit 1.05x). Generated code knows
+ * the strides, and the C compiler, which could not drop the row's code from such nests before
+ * their descriptor's fields were folded, spent up to a quarter more time on a CNN's file. */
+#define MGK_BLOCK_VECTORS(N, term)                                                                 \
+    ((N)->out.s[3] == 1 && ((N)->x[0].s[3] == 0 || (N)->x[0].s[3] == 1) &&                         \
+     ((term) == MGK_T_ONE || (N)->x[1].s[3] == 0 || (N)->x[1].s[3] == 1) &&                        \
+     ((N)->mode != MGK_SUMI || (N)->init.s[3] <= 1) && (N)->mode != MGK_SET &&                     \
+     (N)->init.s[3] >= 0)
+#endif
+
 /* MGK_LANES consecutive points along the vector dim (no gather refs), `nl` of them valid: lane l
  * of operand j is at p_j + l * s_j. The lanes are what the C compiler vectorises; each lane's
  * terms are added in the order the scalar path adds them. */
@@ -481,10 +496,8 @@ MGK_HOT void mgk_block(const mgk_nest *N, const mgk_run *R, const int term, cons
     int l;
 #if MGK_VECTOR
     /* sums of products (or of values) over unit-stride or broadcast lanes, as vectors */
-    if ((term == MGK_T_MUL || term == MGK_T_ONE) && so == 1 && (s0 == 0 || s0 == 1) &&
-        (term == MGK_T_ONE || s1 == 0 || s1 == 1) && (N->mode != MGK_SUMI || N->init.s[3] <= 1) &&
-        (!step || N->init.s[3] == 1) && N->mode != MGK_SET && N->init.s[3] >= 0 &&
-        (!pre || (nl == MGK_LANES && s0 == 1 && s1 == 0))) {
+    if ((term == MGK_T_MUL || term == MGK_T_ONE) && MGK_BLOCK_VECTORS(N, term) &&
+        (!step || N->init.s[3] == 1) && (!pre || (nl == MGK_LANES && s0 == 1 && s1 == 0))) {
         mgk_vec v[MGK_NV], a = MGK_VSPLAT((mgk_real)0), b = a;
         const mgk_vec lr = MGK_VSPLAT((mgk_real)R->lr);
         int k;
@@ -1256,18 +1269,6 @@ MGK_HOT void mgk_split_pts(const mgk_nest *N, const mgk_run *R, const int term, 
 #define MGK_NP_WIDE
 #endif
 #if MGK_VECTOR && defined(MGK_ELEM_ROWS)
-/* Whether mgk_block sums a term of kind `term` (one or mul) over whole vectors of lanes (its first
- * path, without step or pre-step); where it does not, it adds lane by lane with strides read at
- * run time, and a term with nothing to sum (one product per point, as in a gradient's outer
- * product with a strided operand) runs faster as an elementwise row: in the interpreter's
- * instances only (a GRU's nests past the emitter's budget: its fit 1.05x). Generated code knows
- * the strides, and the C compiler, which could not drop the row's code from such nests before
- * their descriptor's fields were folded, spent up to a quarter more time on a CNN's file. */
-#define MGK_BLOCK_VECTORS(N, term)                                                                 \
-    ((N)->out.s[3] == 1 && ((N)->x[0].s[3] == 0 || (N)->x[0].s[3] == 1) &&                         \
-     ((term) == MGK_T_ONE || (N)->x[1].s[3] == 0 || (N)->x[1].s[3] == 1) &&                        \
-     ((N)->mode != MGK_SUMI || (N)->init.s[3] <= 1) && (N)->mode != MGK_SET &&                     \
-     (N)->init.s[3] >= 0)
 #define MGK_NP_ELEM_ROWS                                                                           \
     if ((term >= MGK_T_OP || (MGK_ELEM_ROWS == 1 && !MGK_BLOCK_VECTORS(N, term))) && !step &&      \
         !pre && nbr == 1 && (small || (n[4] == 1 && n[5] == 1)) && n[6] == 1 && n[7] == 1 &&       \
