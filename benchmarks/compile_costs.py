@@ -35,7 +35,25 @@ import micrograd_c as mc  # noqa: E402
 from micrograd_c import compiler  # noqa: E402
 from micrograd_c.app.bench import cpu_model  # noqa: E402
 
-FLAG_LETTERS = ((1, "B"), (2, "S"), (4, "T"), (8, "X"), (16, "I"), (32, "P"), (64, "D"))
+# A letter per nest flag, by name; the flags' values are read from the source itself (the enum of
+# nest_kernels.h it embeds), so a flag added there prints under its own name until it gets a letter.
+FLAG_LETTERS = {
+    "BLOCK": "B",
+    "SPLIT": "S",
+    "STEP": "T",
+    "SCATTER": "X",
+    "TILE": "I",
+    "PRESTEP": "P",
+    "BAND": "D",
+}
+
+
+def flag_letters(src: str) -> list[tuple[int, str]]:
+    """(bit, letter) for every MGK_F_* flag the generated source defines."""
+    found = re.findall(r"\bMGK_F_([A-Z0-9_]+) = (\d+)", src)
+    if not found:
+        raise SystemExit("compile_costs: no MGK_F_* flags in the generated source")
+    return [(int(v), FLAG_LETTERS.get(name, f"[{name}]")) for name, v in found]
 
 
 def source_of(name: str) -> str:
@@ -58,6 +76,7 @@ def cpu_seconds(cmd: list[str]) -> float:
 
 def measure(name: str, tc: compiler.Toolchain, flags: list[str], rounds: int, work: str) -> None:
     src = source_of(name)
+    bits = flag_letters(src)
     guards = re.findall(r"#if MG_HAS\((\d+), (\d+), \d+, \d+\)", src)
     part = {int(k): int(p) for k, p in guards}
     paths = dict(
@@ -95,7 +114,7 @@ def measure(name: str, tc: compiler.Toolchain, flags: list[str], rounds: int, wo
     for k in ks:
         term, op, small, ps, tile, block, n3 = paths[k]
         flags_ = int(table[k][3])
-        letters = "".join(c for b, c in FLAG_LETTERS if flags_ & b)
+        letters = "".join(c for b, c in bits if flags_ & b)
         print(
             f"  {k:3d}  {tile:4d}  {ps:10d}  {block:6d}  {letters:7s}  {table[k][4]:25s}  "
             f"{part[k]:4d}  {cost[k]:7.3f}"
