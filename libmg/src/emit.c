@@ -393,7 +393,8 @@ char *mg_tape_emit_c(mg_tape *t, const mg_emit_options *opt, size_t *len) {
     puts_(&b, mg__kernels_text);
     puts_(&b, "\n/* ---- the op table's formulas ---- */\n");
     emit_ops(&b);
-    puts_(&b, "#define MGK_ELEM_ROWS 2 /* rows that end in a partial block (nest_kernels.h) */\n");
+    puts_(&b, "#define MGK_ELEM_ROWS 2 /* rows that end in a partial block (nest_kernels.h) */\n"
+              "#define MGK_CONST_SHAPES 1 /* tiles for constant sizes (nest_kernels.h) */\n");
     puts_(&b, mg__nest_kernels_text);
     puts_(&b, "\n/* ---- the program's nests ---- */\n");
     emit_kernels(&b, t, hot, map, map + nn, hot + nn);

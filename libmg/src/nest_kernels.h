@@ -103,7 +103,7 @@ typedef struct mgk_nest {
  * they go (MGK_F_STEP, batch size 1 only). Its layout does not depend on mgk_real. With nb > 1, BD
  * and BG hold nb rounded up to a multiple of MGK_TS_MAX samples: a tile of samples may run into
  * the ones past nb, whose values nothing else reads. */
-#define MGK_TS_MAX 8 /* the most rows of a register tile (MGK_TS), a multiple of every MGK_TS */
+#define MGK_TS_MAX 8 /* rows of the largest register tile, a multiple of MGK_TS and MGK_TSS */
 typedef struct mgk_run {
     mgk_real *a[MGK_NARR];
     const mgk_idx *ix;
@@ -719,7 +719,23 @@ MGK_HOT void mgk_elem_rows(const mgk_nest *N, const mgk_run *R, const int term, 
 #endif
 
 #if MGK_VECTOR
-/* A register tile: `nt` rows (at most MGK_TS) of MGK_LANES outputs, the rows `ro` (out), `ri`
+/* Samples per tile of a batch (MGK_TSS): 8 with AVX-512 or AVX2 (whose weight vectors then serve
+ * eight samples per load; tiles of 4 ran a CNN at batch 32 0.96x), 4 with SSE2. Rows per tile
+ * along an outer dim (MGK_TS: rows of a matrix-vector product, a convolution's channels): in
+ * generated code (MGK_CONST_SHAPES, whose tile counts are constants), 8 with one native vector
+ * per block (AVX-512), else 4, so eight vector accumulators with AVX2 as with AVX-512: tiles of
+ * 8 x 2 vectors need more registers than AVX2 has (16 accumulators, the operands' vectors and a
+ * broadcast); the MLP's batch-1 forward ran 1.11x faster in tiles of 4, and their unrolled code
+ * was up to a tenth of gcc's time on generated code. The interpreter's instances, whose tile
+ * counts are read at run time, keep MGK_TSS rows (with tiles of 4 in arrays for 8, attention's
+ * tape ran 0.85x). */
+#define MGK_TSS (16 / MGK_NV > 8 ? 8 : 16 / MGK_NV)
+#ifdef MGK_CONST_SHAPES
+#define MGK_TS (MGK_NV == 1 ? 8 : 4)
+#else
+#define MGK_TS MGK_TSS
+#endif
+/* A register tile: `nt` rows (at most MGK_TSS) of MGK_LANES outputs, the rows `ro` (out), `ri`
  * (init) and `rb` (operand b) elements apart, for sums of products x0 * x1 where x0 is the same
  * for every row and unit-stride along the lanes, and x1 is one value per row (broadcast along the
  * lanes): each x0 vector is loaded once for the tile (the micro-kernel of a matrix product). Rows
@@ -730,7 +746,6 @@ MGK_HOT void mgk_elem_rows(const mgk_nest *N, const mgk_run *R, const int term, 
  * value for every row): the rows are then consecutive blocks along the vector dim, so that a
  * matrix-vector product (batch size 1) keeps several independent sums in flight instead of one
  * chain of dependent additions per block. */
-#define MGK_TS (16 / MGK_NV > 8 ? 8 : 16 / MGK_NV)
 MGK_HOT void mgk_tile(const mgk_nest *N, const mgk_run *R, const int small, const mgk_i64 nbr,
                       const int nt, const int nl, mgk_real *o, const mgk_real *in,
                       const mgk_real *a0, const mgk_real *b0, const mgk_i64 ro, const mgk_i64 ri,
@@ -739,7 +754,7 @@ MGK_HOT void mgk_tile(const mgk_nest *N, const mgk_run *R, const int small, cons
     const mgk_ref *X = N->x;
     const mgk_i64 psa = MGK_PS(&X[0]) ? R->ss : 0, psb = MGK_PS(&X[1]) ? R->ss : 0;
     const mgk_i64 so = N->out.s[3]; /* 1, or a strided output (a convolution along channels) */
-    mgk_vec v[MGK_TS][MGK_NV] = {{MGK_VSPLAT((mgk_real)0)}}, a[MGK_NV], b;
+    mgk_vec v[MGK_TSS][MGK_NV] = {{MGK_VSPLAT((mgk_real)0)}}, a[MGK_NV], b;
     mgk_i64 r4, r5, r6, r7, sm;
     int k, q;
     /* MGK_F_PRESTEP (rows that read distinct weights, ra nonzero): the previous sample's output
@@ -748,7 +763,7 @@ MGK_HOT void mgk_tile(const mgk_nest *N, const mgk_run *R, const int small, cons
     const mgk_real *const qx = pre ? R->a[MGK_QD] + (b0 - R->a[X[1].arr]) : b0;
     const mgk_vec lr = MGK_VSPLAT((mgk_real)R->lr);
     /* ... that gradient is the same at every reduction point: held in registers */
-    mgk_vec gv[MGK_TS][MGK_NV] = {{MGK_VSPLAT((mgk_real)0)}};
+    mgk_vec gv[MGK_TSS][MGK_NV] = {{MGK_VSPLAT((mgk_real)0)}};
     if (pre) {
         MGK_UNROLL
         for (q = 0; q < nt; q++) {
@@ -869,7 +884,7 @@ MGK_HOT void mgk_tile_q(const mgk_nest *N, const mgk_run *R, const int small, co
     const mgk_ref *X = N->x;
     const mgk_i64 psa = MGK_PS(&X[0]) ? R->ss : 0, psb = MGK_PS(&X[1]) ? R->ss : 0;
     const mgk_i64 so = N->out.s[3];
-    mgk_vq v[MGK_TS] = {MGK_QSPLAT((mgk_real)0)}, a;
+    mgk_vq v[MGK_TSS] = {MGK_QSPLAT((mgk_real)0)}, a;
     mgk_i64 r4, r5, r6, r7, sm;
     int q;
     MGK_UNROLL
@@ -1174,8 +1189,8 @@ MGK_HOT void mgk_split_pts(const mgk_nest *N, const mgk_run *R, const int term, 
  * The paths that need vectors, as statements of the body: */
 #if MGK_VECTOR
 #define MGK_NP_SAMPLE_TILES                                                                        \
-    if (ps && tile == 2 && nb >= MGK_TS / 2) {                                                     \
-        /* samples in tiles of MGK_TS: x0 (a shared weight) loaded once for all of them. At least  \
+    if (ps && tile == 2 && nb >= MGK_TSS / 2) {                                                    \
+        /* samples in tiles of MGK_TSS: x0 (a shared weight) loaded once for all of them. At least \
          * half a tile left over runs as a whole tile, into the samples past nb (mgk_run); fewer   \
          * run one by one below, as at batch size 1. Each sample's sums are in the same order on   \
          * either path. A second copy of the tile for a run-time number of samples was a sixth of  \
@@ -1183,10 +1198,10 @@ MGK_HOT void mgk_split_pts(const mgk_nest *N, const mgk_run *R, const int term, 
         const mgk_i64 *n = N->n, t = R->t, ss = R->ss;                                             \
         const mgk_ref *O = &N->out, *I = &N->init, *X = N->x;                                      \
         const mgk_i64 ri = MGK_PS(I) ? ss : 0;                                                     \
-        const mgk_i64 tiled = nb % MGK_TS >= MGK_TS / 2 ? nb : nb - nb % MGK_TS;                   \
+        const mgk_i64 tiled = nb % MGK_TSS >= MGK_TSS / 2 ? nb : nb - nb % MGK_TSS;                \
         mgk_i64 i0, i1, i2, i3;                                                                    \
-        _Static_assert(MGK_TS_MAX % MGK_TS == 0, "a batch's samples hold whole tiles");            \
-        for (sm = 0; sm < tiled; sm += MGK_TS) {                                                   \
+        _Static_assert(MGK_TS_MAX % MGK_TSS == 0, "a batch's samples hold whole tiles");           \
+        for (sm = 0; sm < tiled; sm += MGK_TSS) {                                                  \
             mgk_run Rs = *R;                                                                       \
             Rs.a[MGK_BD] += sm * ss;                                                               \
             Rs.a[MGK_BG] += sm * ss;                                                               \
@@ -1202,10 +1217,10 @@ MGK_HOT void mgk_split_pts(const mgk_nest *N, const mgk_run *R, const int term, 
                             const mgk_real *b0 =                                                   \
                                 Rs.a[X[1].arr] + MGK_OPOS(&X[1], t, i0, i1, i2, i3);               \
                             if (MGK_QTAIL(n3) && nl <= MGK_QL)                                     \
-                                mgk_tile_q(N, &Rs, small, 1, MGK_TS, nl, o, in, a0, b0, ss, ri,    \
+                                mgk_tile_q(N, &Rs, small, 1, MGK_TSS, nl, o, in, a0, b0, ss, ri,   \
                                            ss, 0);                                                 \
                             else                                                                   \
-                                mgk_tile(N, &Rs, small, 1, MGK_TS, nl, o, in, a0, b0, ss, ri, 0,   \
+                                mgk_tile(N, &Rs, small, 1, MGK_TSS, nl, o, in, a0, b0, ss, ri, 0,  \
                                          ss, 0, 0);                                                \
                         }                                                                          \
         }                                                                                          \
@@ -1310,7 +1325,7 @@ MGK_HOT void mgk_split_pts(const mgk_nest *N, const mgk_run *R, const int term, 
         const int wide = MGK_VECTOR && term == MGK_T_MUL && !step && N->mode != MGK_SET &&         \
                          O->s[3] == 1 && X[0].s[3] == 1 && X[1].s[3] == 0 && !O->gather &&         \
                          !X[0].gather && !X[1].gather && I->s[3] >= 0 &&                           \
-                         (N->mode != MGK_SUMI || I->s[3] <= 1) && n[3] >= 2 * MGK_LANES;           \
+                         (N->mode != MGK_SUMI || I->s[3] <= 1) && n3 >= 2 * MGK_LANES;             \
         (void)wide;                                                                                \
         (void)tile2; /* both unused without vectors (MGK_NO_VECTOR, tcc) */                        \
         const mgk_i64 n0 = small ? 1 : n[0], n1 = n[1];                                            \
@@ -1338,7 +1353,10 @@ MGK_HOT void mgk_split_pts(const mgk_nest *N, const mgk_run *R, const int term, 
                         MGK_NP_ELEM_ROWS                                                           \
                         for (; i3 < n[3]; i3 += MGK_LANES) {                                       \
                             const int nl = n[3] - i3 < MGK_LANES ? (int)(n[3] - i3) : MGK_LANES;   \
-                            if (nl == MGK_LANES)                                                   \
+                            /* n3, a constant in generated code: rows of whole blocks              \
+                             * carry no copy for a partial one (gcc warned about its dead          \
+                             * second vector) */                                                   \
+                            if (n3 % MGK_LANES == 0 || nl == MGK_LANES)                            \
                                 mgk_block(N, Rb, term, op, step, pre, small, nbr, MGK_LANES, po,   \
                                           pi, q0, q1, q2, q3);                                     \
                             else /* the partial last block */                                      \

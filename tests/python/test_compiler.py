@@ -256,7 +256,7 @@ def test_a_batch_too_large_for_the_cache_is_still_the_mean_of_its_samples():
 
 @pytest.mark.parametrize("batch_size", [5, 10, 12, 20, 24, 32])
 def test_batches_that_end_in_part_of_a_register_tile(batch_size):
-    """A matrix product runs the samples of a batch in register tiles (MGK_TS, 8 rows with
+    """A matrix product runs the samples of a batch in register tiles (MGK_TSS, 8 rows with
     AVX-512 or AVX2, 4 with SSE2). The samples a chunk has past its last full tile run as one
     more tile over the per-sample arrays' padding when they fill at least half of it, else one
     by one. Chunks of 3, 5, 6, 10, 12 and 16 samples take every one of those paths: the
