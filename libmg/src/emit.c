@@ -256,17 +256,17 @@ static const char emit_parts_note[] =
  * on a 2 GHz Zen 1, fitted by least squares to compile times of random subsets of the functions of
  * seven model zoo families (benchmarks/zoo.py, 167 functions; benchmarks/compile_costs.py measures
  * them again). A nest whose samples run in
- * register tiles keeps the most code, 0.12-0.27 s (more with rows in tiles too); a matrix product
+ * register tiles keeps the most code, 0.12-0.27 s; a matrix product
  * over a shared output whose rows may run in bands (a layer's weight gradient with fused SGD)
  * about 0.17 s; other shared-output tiles, the rows of each sample in tiles and a nest of points
  * (no blocks; more with split sums or steps) 0.04-0.16 s; every other nest 0.02-0.09 s. The
  * previous weights, by tile kind alone, left one part of the Elman RNN 0.45 s behind the other
  * (now 0.05 s, simulated). */
-#define MG_KCOST_MAX 21
+#define MG_KCOST_MAX 18
 static size_t kernel_cost(const mgk_nest *N) {
     const int tile = MGK_TILE_KIND(N);
-    if (tile == 1) return (N->flags & MGK_F_BAND) ? 18 : 10;
-    if (tile == 2) return MGK_ROWS2(N) ? MG_KCOST_MAX : 16;
+    if (tile == 1) return (N->flags & MGK_F_BAND) ? MG_KCOST_MAX : 10;
+    if (tile == 2) return 16;
     if (tile == 3) return 7;
     if (!(N->flags & MGK_F_BLOCK))
         return ((N->flags & MGK_F_SPLIT) ? 8 : 5) + ((N->flags & MGK_F_STEP) ? 4 : 0);

@@ -1158,13 +1158,18 @@ MGK_HOT void mgk_split_pts(const mgk_nest *N, const mgk_run *R, const int term, 
 /* Whether x0 is the same for every point along dim 2 (tiles whose rows run along dim 2). */
 #define MGK_ROWS2(N) ((N)->x[0].s[2] == 0 && (N)->n[2] > 1)
 /* Which tiles a nest runs in, from its descriptor alone: 1 rows along dim 2 (a shared output),
- * 2 samples (a per-sample output read through a shared weight; one sample at a time, rows along
- * dim 2 where MGK_ROWS2), 3 rows along dim 2 of each sample (a per-sample output), 0 none. */
+ * 3 rows along dim 2 of each sample (a per-sample output: a convolution's positions, its weights
+ * loaded once per tile), 2 samples (a per-sample output read through a shared weight without such
+ * rows: a dense layer), 0 none. Rows before samples: a nest with both kept two tiles' code, one
+ * per batch size, and its tiles of samples were no faster at batch 32 (CNNs 0.99-1.07x, the GRU
+ * 1.00x without them), but took two thirds of its gcc time (a padded 5x5 CNN's five forward
+ * nests with rows: 0.21 -> 0.07 s each; the two parts' gcc time of that CNN 2.98 -> 2.47 s, of
+ * the GRU 2.74 -> 2.28 s). */
 #define MGK_TILE_KIND(N)                                                                           \
     (!MGK_TILE_OK(N)      ? 0                                                                      \
      : !MGK_PS(&(N)->out) ? (MGK_ROWS2(N) ? 1 : 0)                                                 \
+     : MGK_ROWS2(N)       ? 3                                                                      \
      : !MGK_PS(&(N)->x[0]) && MGK_PS(&(N)->x[1]) && !((N)->flags & MGK_F_STEP) ? 2                 \
-     : MGK_ROWS2(N)                                                            ? 3                 \
                                                                                : 0)
 
 /* Runs a nest. `term` and `op` repeat N->term and N->op as constants, so that each call site (an
@@ -1307,8 +1312,8 @@ MGK_HOT void mgk_split_pts(const mgk_nest *N, const mgk_run *R, const int term, 
         mgk_run Rs = *R;                                                                           \
         const mgk_run *const Rb = &Rs;                                                             \
         const mgk_i64 nbr = ps ? 1 : nb;                                                           \
-        /* rows along dim 2 in tiles (at batch size 1, tile 2 reaches here) */                     \
-        const int tile2 = ps ? tile == 3 || (tile == 2 && MGK_ROWS2(N)) : tile == 1;               \
+        /* rows along dim 2 in tiles */                                                            \
+        const int tile2 = ps ? tile == 3 : tile == 1;                                              \
         if (ps) {                                                                                  \
             Rs.a[MGK_BD] += sm * R->ss;                                                            \
             Rs.a[MGK_BG] += sm * R->ss;                                                            \
