@@ -720,15 +720,15 @@ MGK_HOT void mgk_elem_rows(const mgk_nest *N, const mgk_run *R, const int term, 
 
 #if MGK_VECTOR
 /* Samples per tile of a batch (MGK_TSS): 8 with AVX-512 or AVX2 (whose weight vectors then serve
- * eight samples per load; tiles of 4 ran a CNN at batch 32 0.96x), 4 with SSE2. Rows per tile
- * along an outer dim (MGK_TS: rows of a matrix-vector product, a convolution's channels): in
- * generated code (MGK_CONST_SHAPES, whose tile counts are constants), 8 with one native vector
- * per block (AVX-512), else 4, so eight vector accumulators with AVX2 as with AVX-512: tiles of
- * 8 x 2 vectors need more registers than AVX2 has (16 accumulators, the operands' vectors and a
- * broadcast); the MLP's batch-1 forward ran 1.11x faster in tiles of 4, and their unrolled code
- * was up to a tenth of gcc's time on generated code. The interpreter's instances, whose tile
- * counts are read at run time, keep MGK_TSS rows (with tiles of 4 in arrays for 8, attention's
- * tape ran 0.85x). */
+ * eight samples per load; tiles of 4 ran the MLP and a CNN at batch 32 0.95-0.97x), 4 with SSE2.
+ * Rows per tile along an outer dim (MGK_TS: rows of a matrix-vector product, a convolution's
+ * positions): in generated code (MGK_CONST_SHAPES, whose tile counts are constants), 8 with one
+ * native vector per block (AVX-512), else 4, so eight vector accumulators with AVX2 as with
+ * AVX-512: tiles of 8 x 2 vectors need more registers than AVX2 has (16 accumulators, the
+ * operands' vectors and a broadcast); the MLP's batch-1 forward ran 1.11x faster in tiles of 4,
+ * and their unrolled code was up to a tenth of gcc's time on generated code. The interpreter's
+ * instances, whose tile counts are read at run time, keep MGK_TSS rows (with tiles of 4 in arrays
+ * for 8, attention's tape ran 0.85x). */
 #define MGK_TSS (16 / MGK_NV > 8 ? 8 : 16 / MGK_NV)
 #ifdef MGK_CONST_SHAPES
 #define MGK_TS (MGK_NV == 1 ? 8 : 4)
