@@ -255,13 +255,14 @@ static const char emit_parts_note[] =
 /* A nest function's compile cost, relative: gcc -O2's CPU time for it in hundredths of a second
  * on a 2 GHz Zen 1, fitted by least squares to compile times of random subsets of the functions of
  * seven model zoo families (benchmarks/zoo.py, 167 functions; benchmarks/compile_costs.py measures
- * them again). A nest whose samples run in
- * register tiles keeps the most code, 0.12-0.27 s; a matrix product
- * over a shared output whose rows may run in bands (a layer's weight gradient with fused SGD)
- * about 0.17 s; other shared-output tiles, the rows of each sample in tiles and a nest of points
- * (no blocks; more with split sums or steps) 0.04-0.16 s; every other nest 0.02-0.09 s. The
- * previous weights, by tile kind alone, left one part of the Elman RNN 0.45 s behind the other
- * (now 0.05 s, simulated). */
+ * them again). A nest whose samples run in register tiles (a dense layer's forward) keeps the
+ * most code, 0.10-0.17 s; a matrix product over a shared output whose rows may run in bands (a
+ * layer's weight gradient with fused SGD) about 0.11-0.17 s; other shared-output tiles, the rows
+ * of each sample in tiles and a nest of points (no blocks; more with split sums or steps)
+ * 0.04-0.16 s; every other nest 0.02-0.11 s. The previous weights, by tile kind alone, left one
+ * part of the Elman RNN 0.45 s behind the other (now 0.05 s, simulated). Not refitted
+ * after the row tiles changed (2026-11-27: a convolution's forward lost its tiles of samples and
+ * costs 0.04-0.08 s; the split of cnn2 then fitted 0.94 / 1.12 s against an even 1.03 s). */
 #define MG_KCOST_MAX 18
 static size_t kernel_cost(const mgk_nest *N) {
     const int tile = MGK_TILE_KIND(N);
