@@ -9,6 +9,7 @@ under a name no earlier load used (a rebuilt entry is really reloaded); the key 
 from __future__ import annotations
 
 import os
+import platform
 import random
 import stat
 import subprocess
@@ -312,8 +313,48 @@ def test_default_flags_add_an_optional_flag_only_where_the_compiler_takes_it(tmp
     cc.chmod(0o755)
     flags = compiler.default_flags(compiler.find_compiler(str(cc)))
     assert flags[: len(compiler.DEFAULT_FLAGS)] == compiler.DEFAULT_FLAGS
-    assert set(flags[len(compiler.DEFAULT_FLAGS) :]) <= set(compiler.OPTIONAL_FLAGS)
+    tuning = {add for _, add in compiler.TUNING_FLAGS}
+    assert set(flags[len(compiler.DEFAULT_FLAGS) :]) <= set(compiler.OPTIONAL_FLAGS) | tuning
     assert (flag in flags) == (answer == "takes")
+
+
+@needs_cc
+@posix_only
+@pytest.mark.parametrize("halves", [True, False])
+def test_default_flags_undo_the_tuning_for_cpus_that_split_256_bit_vectors(tmp_path, halves):
+    """Where gcc reports that its tuning for -march=native splits unaligned 256-bit stores and
+    prefers 128-bit loops (a Zen 1), the defaults ask for whole stores and 256-bit loops; where it
+    does not (a Zen 3 here), they add nothing. The cache key follows the flags."""
+    path = tmp_path / "tunedcc"
+    cpu, store, width = ("znver1", "enabled", "128") if halves else ("znver3", "disabled", "none")
+    path.write_text(
+        textwrap.dedent(f"""\
+        #!/bin/sh
+        for a in "$@"; do
+            case "$a" in
+            --help=target)
+                printf '  -march=  \\t\\t%s\\n' "{cpu}"
+                printf '  -mavx256-split-unaligned-store \\t[{store}]\\n'
+                printf '  -mprefer-vector-width=  \\t\\t{width}\\n'
+                exit 0;;
+            esac
+        done
+        exec {CC.path} "$@"
+    """)
+    )
+    path.chmod(0o755)
+    tc = compiler.find_compiler(str(path))
+    flags = compiler.default_flags(tc)
+    added = [add for _, add in compiler.TUNING_FLAGS]
+    if "-march=native" not in flags:
+        pytest.skip("the compiler takes no -march=native")
+    assert [f for f in flags if f in added] == (added if halves else [])
+    if platform.machine() in ("x86_64", "AMD64") and "gcc" in os.path.basename(CC.path):
+        # gcc takes them on any x86-64 CPU (this one's tuning need not be Zen 1's)
+        built = compiler.build_library(
+            "int mg_answer(void) { return 7; }\n", tc, flags, cache=str(tmp_path / "cache")
+        )
+        assert codecache.load_verified(built["path"]).mg_answer() == 7
 
 
 # ---- item 8: hanging compilers and fallback directories --------------------------------------

@@ -23,6 +23,7 @@ from .toolchain import (
     CANDIDATES,
     DEFAULT_FLAGS,
     OPTIONAL_FLAGS,
+    TUNING_FLAGS,
     CompileError,
     Toolchain,
     default_flags,
@@ -42,6 +43,7 @@ __all__ = [
     "load_library",
     "DEFAULT_FLAGS",
     "OPTIONAL_FLAGS",
+    "TUNING_FLAGS",
     "CANDIDATES",
     "default_flags",
 ]
