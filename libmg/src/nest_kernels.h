@@ -560,6 +560,33 @@ MGK_HOT void mgk_block(const mgk_nest *N, const mgk_run *R, const int term, cons
         }
         return;
     }
+    /* the pre-stepped last block of a row when exactly MGK_QL lanes are valid (an MLP layer's 50
+     * outputs: six blocks, then 2), as one quarter vector: the lane loops below, the same
+     * operations in the same order, with nothing touched past the row (at batch 1 the MLP's
+     * tape ran 1.12x faster, its generated code 1.01-1.02x: gcc had made two scalar chains of
+     * the lane loops) */
+    if (pre && nl == MGK_QL && term == MGK_T_MUL && s0 == 1 && s1 == 0 && so == 1 &&
+        N->mode != MGK_SET && !step && N->init.s[3] >= 0 && N->init.s[3] <= 1) {
+        const mgk_vq lr = MGK_QSPLAT((mgk_real)R->lr);
+        const mgk_vq g = *(const mgk_vq_u *)(const void *)(R->a[MGK_QG] + po);
+        const mgk_real *in = R->a[N->init.arr] + pi;
+        mgk_vq v;
+        if (MGK_ZS(N, R)) v = MGK_QSPLAT((mgk_real)0);
+        else if (N->mode == MGK_SUMI && N->init.s[3] == 0) v = MGK_QSPLAT(in[0]);
+        else if (N->mode == MGK_SUMI) v = *(const mgk_vq_u *)(const void *)in;
+        else v = *(const mgk_vq_u *)(const void *)o;
+        MGK_EACH_TERM(nbr, n) {
+            mgk_real *y0 = (mgk_real *)x0 + sm * ps0 + MGK_RPOS(&X[0], r4, r5, r6, r7);
+            const mgk_real *y1 = x1 + sm * ps1 + MGK_RPOS(&X[1], r4, r5, r6, r7);
+            const mgk_vq xq = MGK_QSPLAT(R->a[MGK_QD][p1 + MGK_RPOS(&X[1], r4, r5, r6, r7)]);
+            mgk_vq a = *(const mgk_vq_u *)(const void *)y0;
+            a = a - lr * (MGK_QSPLAT((mgk_real)0) + g * xq);
+            *(mgk_vq_u *)(void *)y0 = a;
+            v += a * MGK_QSPLAT(*y1);
+        }
+        *(mgk_vq_u *)(void *)o = v;
+        return;
+    }
 #endif
     if (N->mode == MGK_SET) {
         for (l = 0; l < nl; l++)
