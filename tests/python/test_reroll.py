@@ -1838,6 +1838,76 @@ def test_float32_quarter_blocks_compute_the_plain_lanes_bits():
         )
 
 
+def prestep_tails_case(seed: int = 0) -> Case:
+    """Dense layers whose weights batch 1 steps as the next forward reads them ([steps its
+    weights first]), with rows ending in exactly a quarter block: 50 units with a bias each
+    (6 blocks of 8 doubles and 2), 10 with none (8 and 2: sums from zero), 18 sharing one bias
+    (16 and 2: a bias of stride 0), 20 (16 floats and 4), then 3 outputs."""
+    r = np.random.default_rng(seed)
+    X = r.uniform(-1, 1, size=(6, 12))
+    x = [Value(float(v)) for v in X[0]]
+    params: list[Value] = []
+
+    def weights(rows: int, cols: int) -> list[list[Value]]:
+        W = [[Value(float(v)) for v in r.uniform(-0.5, 0.5, size=cols)] for _ in range(rows)]
+        params.extend(w for row in W for w in row)
+        return W
+
+    def layer(h: list[Value], n: int, bias: str) -> list[Value]:
+        W = weights(n, len(h))
+        if bias == "each":
+            b = [Value(float(v)) for v in r.uniform(-0.1, 0.1, size=n)]
+            params.extend(b)
+        elif bias == "shared":
+            b = [Value(0.05)] * n
+            params.append(b[0])
+        out = []
+        for j, row in enumerate(W):
+            terms = [w * hi for w, hi in zip(row, h)]
+            out.append(sum(terms[1:], terms[0]) if bias == "none" else sum(terms, b[j]))
+        return [o.relu() for o in out]
+
+    h = layer(x, 50, "each")
+    h = layer(h, 10, "none")
+    h = layer(h, 18, "shared")
+    h = layer(h, 20, "each")
+    W = weights(3, len(h))
+    logits = [sum((w * hi for w, hi in zip(row, h)), Value(0.0)) for row in W]
+    Y = r.integers(0, 3, size=(6, 1)).astype(np.float64)
+    y = [Value(float(Y[0, 0]))]
+    loss = mc.cross_entropy(logits, y[0])
+    return Case(x=x, y=y, params=params, loss=loss, outputs=logits, X=X, Y=Y)
+
+
+@needs_cc
+@pytest.mark.parametrize("float32", [False, True])
+def test_prestepped_rows_ending_in_a_quarter_block_compute_the_plain_lanes_bits(float32):
+    """A batch-1 forward that steps its weights as it reads them runs a row's last block of exactly
+    a quarter of the lanes (2 doubles, 4 floats) as one 16-byte vector (mgk_block): bitwise what
+    plain lane loops (MGK_NO_VECTOR) compute, for a bias per unit, none, and one shared, in
+    generated code at batch sizes 1 and 4 and, in float64, in the tape interpreter too."""
+    case = prestep_tails_case()
+    listing = compile_case(case).describe()
+    assert listing.count("[steps its weights first]") >= 4, listing
+    flags = compiler.default_flags(compiler.find_compiler())
+    vec = compile_case(case, backend="c", float32=float32)
+    plain = compile_case(case, backend="c", float32=float32, flags=[*flags, "-DMGK_NO_VECTOR"])
+    what = f"float32 {float32}"
+    if float32:
+        p0 = np.array([p.data for p in case.params])
+        for batch in (1, 4):
+            assert_bitwise(
+                fit_params(vec, case, p0, batch, 1, 0.01)[0],
+                fit_params(plain, case, p0, batch, 1, 0.01)[0],
+                f"{what} fit, batch {batch}",
+            )
+    else:
+        assert_tape_bits(vec, plain, case, f"{what} vector vs plain", batches=(1, 4), threads=1)
+        # fresh programs (the fits above trained these): the cache hands back the same library
+        plain = compile_case(case, backend="c", flags=[*flags, "-DMGK_NO_VECTOR"])
+        assert_tape_bits(compile_case(case), plain, case, f"{what} tape", (1, 4), 1)
+
+
 # A subprocess per kernel build (MG_ISA is read once per process): zoo families trained on the
 # tape interpreter, batch 1 and batch 12 (a whole tile of 8 samples and a padded half tile), the
 # parameters' bytes hashed.

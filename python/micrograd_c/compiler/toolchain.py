@@ -36,16 +36,19 @@ DEFAULT_FLAGS: list[str] = ["-O2", "-ffp-contract=off"]
 #: of 30 interleaved rounds measured the GRU at batch 1 2-4% slower, the others within noise). An
 #: optimisation pass never changes a strict-FP value, so results do not change either.
 OPTIONAL_FLAGS: tuple[str, ...] = ("-march=native", "-fvect-cost-model=cheap", "-fno-tree-fre")
-#: Added where gcc reports the setting on the left for the flags above (``-Q --help=target``): its
-#: tuning for CPUs that run 256-bit vectors as two 128-bit halves (what ``-march=native`` means on
-#: AMD's Zen 1) splits every unaligned 256-bit store into two 128-bit ones, and vectorises loops
-#: 128 bits wide. Generated code stores whole vector blocks at any alignment (an MLP layer's
-#: weights as its forward steps them) and vectorises its lanes' op formulas. Measured on a Zen 1
-#: (``benchmarks/models.py``'s families, one process alternating flags, the same bits): unsplit
-#: stores ran the MLP at batch 1 1.08x and the GRU 1.05x; 256-bit loops then attention at batch 1
-#: 1.05x, the GRU 1.05x more, cnn48 1.02-1.03x, none slower beyond noise. Unsplit loads as well
-#: ran the MLP at batch 1 0.89x; they stay as gcc tunes them. Elsewhere gcc reports neither
-#: setting, and the flags are not added.
+#: Added, all of them, where gcc reports every setting on the left for the flags above (``-Q
+#: --help=target``, in the C locale): its tuning for CPUs that run 256-bit vectors as two 128-bit
+#: halves (what ``-march=native`` means on AMD's Zen 1 and Bulldozer cores) splits every unaligned
+#: 256-bit store into two 128-bit ones, and vectorises loops 128 bits wide. Generated code stores
+#: whole vector blocks at any alignment (an MLP layer's weights as its forward steps them) and
+#: vectorises its lanes' op formulas. Measured on a Zen 1 (``benchmarks/models.py``'s families,
+#: one process alternating flags, the same bits): unsplit stores ran the MLP at batch 1 1.08x and
+#: the GRU 1.05x; 256-bit loops then attention at batch 1 1.05x, the GRU 1.05x more, cnn48
+#: 1.02-1.03x, none slower beyond noise. Unsplit loads as well ran the MLP at batch 1 0.89x; they
+#: stay as gcc tunes them. A CPU that reports only one of the settings (gcc 12: Sandy Bridge and
+#: Ivy Bridge split stores but vectorise 256 bits wide, Jaguar the reverse) runs whole vectors
+#: otherwise, unmeasured here, and keeps gcc's tuning; so does every other CPU (Zen 2 and later,
+#: Intel since Haswell: gcc reports neither).
 TUNING_FLAGS: tuple[tuple[str, str], ...] = (
     ("-mavx256-split-unaligned-store [enabled]", "-mno-avx256-split-unaligned-store"),
     ("-mprefer-vector-width= 128", "-mprefer-vector-width=256"),
@@ -71,8 +74,11 @@ class CompileError(RuntimeError):
 # ---- running the compiler -------------------------------------------------------------------
 
 
-def run_command(cmd: Sequence[str], timeout: float) -> subprocess.CompletedProcess[str]:
-    """Run ``cmd`` with its output captured (text), in a process group of its own.
+def run_command(
+    cmd: Sequence[str], timeout: float, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run ``cmd`` with its output captured (text), in a process group of its own (in ``env``,
+    default this process's environment).
 
     A compiler is a tree of processes (driver, cc1, as, ld, or whatever a wrapper starts); when
     ``timeout`` seconds pass, or the caller is interrupted, the whole group is killed, not only
@@ -82,7 +88,13 @@ def run_command(cmd: Sequence[str], timeout: float) -> subprocess.CompletedProce
     posix = os.name == "posix"
     kw: dict[str, Any] = {"start_new_session": True} if posix else {}
     with subprocess.Popen(
-        list(cmd), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, errors="replace", **kw
+        list(cmd),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        errors="replace",
+        env=env,
+        **kw,
     ) as p:
         try:
             out, err = p.communicate(timeout=timeout)
@@ -316,7 +328,8 @@ def default_flags(tc: Toolchain) -> list[str]:
     target = resolved_target(tc, flags)
     if target.startswith("gcc-target\n"):
         settings = set(target.splitlines())
-        flags += [add for setting, add in TUNING_FLAGS if setting in settings]
+        if all(setting in settings for setting, _ in TUNING_FLAGS):
+            flags += [add for _, add in TUNING_FLAGS]
     return flags
 
 
@@ -347,7 +360,12 @@ def resolved_target(tc: Toolchain, flags: Sequence[str]) -> str:
 
 def _gcc_target(tc: Toolchain, flags: Sequence[str]) -> str:
     try:
-        r = run_command(tc.command + list(flags) + ["-Q", "--help=target"], timeout=60)
+        # in the C locale: a translated gcc prints "[enabled]" in its own language
+        r = run_command(
+            tc.command + list(flags) + ["-Q", "--help=target"],
+            timeout=60,
+            env={**os.environ, "LC_ALL": "C"},
+        )
     except (OSError, subprocess.TimeoutExpired):
         return ""
     if r.returncode != 0 or ("-march=" not in r.stdout and "-mcpu=" not in r.stdout):
