@@ -121,6 +121,10 @@ typedef struct mgk_run {
 
 /* A per-sample operand. */
 #define MGK_PS(X) ((X)->arr >= MGK_BD)
+/* A weight w stepped by a pre-step (MGK_F_PRESTEP): the deferred gradient nest's arithmetic, a
+ * sum from zero of its one term g * x, then SGD, so the same bits as the step it replaces. `zero`
+ * is 0 in w's type (a scalar or a vector); every kernel that pre-steps weights uses this. */
+#define MGK_PRESTEPPED(w, lr, zero, g, x) ((w) - (lr) * ((zero) + (g) * (x)))
 /* Whether a nest's sums start from zero (MGK_SUM0, or an MGK_F_STEP nest's run with `first`). */
 #define MGK_ZS(N, R) ((N)->mode == MGK_SUM0 || (((N)->flags & MGK_F_STEP) && (R)->first))
 /* An MGK_F_STEP nest's other gradient at out's element `po`, or NULL. */
@@ -521,7 +525,7 @@ MGK_HOT void mgk_block(const mgk_nest *N, const mgk_run *R, const int term, cons
                     mgk_vec g;
                     MGK_VLOAD(g, R->a[MGK_QG] + po + k * MGK_VW);
                     MGK_VLOAD(a, y0 + k * MGK_VW);
-                    a = a - lr * (MGK_VSPLAT((mgk_real)0) + g * xq);
+                    a = MGK_PRESTEPPED(a, lr, MGK_VSPLAT((mgk_real)0), g, xq);
                     MGK_VSTORE((mgk_real *)y0 + k * MGK_VW, a);
                 }
             }
@@ -580,7 +584,7 @@ MGK_HOT void mgk_block(const mgk_nest *N, const mgk_run *R, const int term, cons
             const mgk_real *y1 = x1 + sm * ps1 + MGK_RPOS(&X[1], r4, r5, r6, r7);
             const mgk_vq xq = MGK_QSPLAT(R->a[MGK_QD][p1 + MGK_RPOS(&X[1], r4, r5, r6, r7)]);
             mgk_vq a = *(const mgk_vq_u *)(const void *)y0;
-            a = a - lr * (MGK_QSPLAT((mgk_real)0) + g * xq);
+            a = MGK_PRESTEPPED(a, lr, MGK_QSPLAT((mgk_real)0), g, xq);
             *(mgk_vq_u *)(void *)y0 = a;
             v += a * MGK_QSPLAT(*y1);
         }
@@ -614,7 +618,7 @@ MGK_HOT void mgk_block(const mgk_nest *N, const mgk_run *R, const int term, cons
             const mgk_real lr = (mgk_real)R->lr;
             for (l = 0; l < nl; l++) {
                 mgk_real *w = (mgk_real *)y0 + l * s0;
-                *w = *w - lr * ((mgk_real)0 + gq[l * so] * xq[l * s1]);
+                *w = MGK_PRESTEPPED(*w, lr, (mgk_real)0, gq[l * so], xq[l * s1]);
             }
         }
         for (l = 0; l < nl; l++)
@@ -823,7 +827,7 @@ MGK_HOT void mgk_tile(const mgk_nest *N, const mgk_run *R, const int small, cons
                 for (k = 0; k < MGK_NV; k++) {
                     mgk_real *const w = (mgk_real *)y0 + q * ra + k * MGK_VW;
                     MGK_VLOAD(a[k], w);
-                    a[k] = a[k] - lr * (MGK_VSPLAT((mgk_real)0) + gv[q][k] * xq);
+                    a[k] = MGK_PRESTEPPED(a[k], lr, MGK_VSPLAT((mgk_real)0), gv[q][k], xq);
                     MGK_VSTORE(w, a[k]);
                     v[q][k] += a[k] * b;
                 }
