@@ -1755,11 +1755,13 @@ def test_rows_of_every_other_element_run_in_whole_vectors(float32):
     """A row read or written every other element (a 2-wide max-pool's operands and gradients) runs
     its blocks that have another after them as shuffles of whole vectors (nest_kernels.h's
     MGK_EVEN, MGK_ZIP_LO/HI), the rest lane by lane: bitwise what plain lane loops
-    (-DMGK_NO_VECTOR) compute, and the tape interpreter's vector paths, in rows of 20 and 42 (8
-    doubles or 16 floats a block: two and five inner blocks, or one and two), at batch sizes 1
-    and 4."""
+    (-DMGK_NO_VECTOR) compute, and the tape interpreter's vector paths, at batch sizes 1 and 4.
+    A row that ends in a partial block runs in blocks of one native vector (mgk_elem_rows): with
+    AVX2, rows of 14 (a 28-wide image's pool: 3 vectors of 4 doubles and 2 lanes), 13 (3 and 1),
+    20 (4 inner vectors and a last whole one, lane by lane), 29 (floats: 3 vectors of 8 and 5
+    lanes) and 42 (10 and 2)."""
     flags = [*compiler.default_flags(compiler.find_compiler()), "-DMGK_NO_VECTOR"]
-    for width in (20, 42):
+    for width in (13, 14, 20, 29, 42):
         case = pairs_case(width)
         prog = compile_case(case, backend="c", float32=float32)
         listing = prog.describe()
