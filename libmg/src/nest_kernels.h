@@ -347,6 +347,34 @@ MGK_HOT void mgk_point1(const mgk_nest *N, const mgk_run *R, const int term, con
         return;
     }
     if (N->flags & MGK_F_SCATTER) {
+#ifndef MGK_NO_SCATTER_ROWS
+        if ((term == MGK_T_ONE || term == MGK_T_MUL) && !N->out.gather && !X[0].gather &&
+            (term == MGK_T_ONE || !X[1].gather)) {
+            /* the same additions in the same order, the positions advanced along the innermost
+             * reduction dim instead of computed for each term from every dim and stride (a
+             * strided convolution's input gradient, cnn2's 10,368 terms per sample: tape 1.4x).
+             * Defining MGK_NO_SCATTER_ROWS leaves it out (to compare: a test checks the bits). */
+            const mgk_i64 os = N->out.s[7], as = X[0].s[7], bs = X[1].s[7];
+            for (sm = 0; sm < nbr; sm++) {
+                const mgk_i64 ss = s0 + sm * R->ss;
+                mgk_real *const ob = R->a[N->out.arr] + po + (MGK_PS(&N->out) ? ss : 0);
+                const mgk_real *const ab = R->a[X[0].arr] + p0 + (MGK_PS(&X[0]) ? ss : 0);
+                const mgk_real *const bb =
+                    term == MGK_T_ONE ? ab : R->a[X[1].arr] + p1 + (MGK_PS(&X[1]) ? ss : 0);
+                for (r4 = 0; r4 < n[4]; r4++)
+                    for (r5 = 0; r5 < n[5]; r5++)
+                        for (r6 = 0; r6 < n[6]; r6++) {
+                            mgk_real *o = ob + MGK_RPOS(&N->out, r4, r5, r6, 0);
+                            const mgk_real *a = ab + MGK_RPOS(&X[0], r4, r5, r6, 0);
+                            const mgk_real *b = bb + MGK_RPOS(&X[1], r4, r5, r6, 0);
+                            for (r7 = 0; r7 < n[7]; r7++)
+                                o[r7 * os] +=
+                                    term == MGK_T_ONE ? a[r7 * as] : a[r7 * as] * b[r7 * bs];
+                        }
+            }
+            return;
+        }
+#endif
         MGK_EACH_TERM(nbr, n)
         *MGK_ATS(R, &N->out, po + MGK_RPOS(&N->out, r4, r5, r6, r7), s0 + sm * R->ss) +=
             MGK_TERM_AT(N, R, term, op, p0 + MGK_RPOS(&X[0], r4, r5, r6, r7),

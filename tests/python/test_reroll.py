@@ -1504,8 +1504,11 @@ def zoo_case(name: str, seed: int = 0) -> Case:
         "cnn": lambda: zoo.cnn(x, ((1, 5, 3, 0),), pool="max"),
         "cnn-zeros": lambda: zoo.cnn(x, ((1, 3, 4, 1),), pool="avg", pad_with_zeros=True),
         "cnn-s1": lambda: zoo.cnn(x, ((2, 3, 1, 0),), pool="max"),
-        # padded: the kernel weights' gradient in several nests (interior, edges), none stepping
+        # padded: the kernel weights' gradient in several nests (interior, edges, the corners'
+        # scattered into shared outputs), none stepping
         "cnn-pad": lambda: zoo.cnn(x, ((2, 3, 1, 1),), pool="max"),
+        # a stride-2 convolution after a padded one: its input gradient scattered per sample
+        "cnn-s2": lambda: zoo.cnn(x, ((2, 3, 1, 1), (2, 3, 2, 0)), pool="max"),
         # rows ending in quarter blocks (1 and 2 of 8 double lanes, 1 and 3 of 16 float ones)
         "mlp-tails": lambda: zoo.mlp(x, hidden=(17, 10), nout=3),
     }[name]
@@ -1700,6 +1703,26 @@ def test_plain_lane_loops_compute_the_vector_paths_bits(name):
     flags = [*compiler.default_flags(compiler.find_compiler()), "-DMGK_NO_VECTOR"]
     plain = compile_case(case, backend="c", flags=flags)
     assert_tape_bits(plain, tape, case, "plain-lane", batches=(1, 4), threads=1)
+
+
+@needs_cc
+def test_scattered_gradients_advance_along_rows_with_the_bits_of_each_term_on_its_own():
+    """A scattered nest (a stride-2 convolution's input gradient, per sample; a padded one's
+    corner weights' gradients, shared, summed over a batch's samples) adds its terms along the
+    innermost reduction dim with positions advanced by its strides (mgk_point1), in the order it
+    visits them one by one: generated code with and without that path (-DMGK_NO_SCATTER_ROWS)
+    and the tape, bit for bit, at batch sizes 1 and 4 on two threads."""
+    flags = [*compiler.default_flags(compiler.find_compiler()), "-DMGK_NO_SCATTER_ROWS"]
+    for name, output in (("cnn-s2", "out[sample_grad"), ("cnn-pad", "out[grad")):
+        case = zoo_case(name)
+        tape = compile_case(case)
+        listing = tape.describe()
+        scattered = [line for line in listing.splitlines() if "[scatter]" in line]
+        assert any(output in line for line in scattered), listing
+        termwise = compile_case(case, backend="c", flags=flags)
+        assert_tape_bits(termwise, tape, case, f"{name} term by term", (1, 4), threads=2)
+        rows = compile_case(case, backend="c")  # and a fresh tape: the fits trained this one
+        assert_tape_bits(rows, compile_case(case), case, f"{name} along rows", (1, 4), threads=2)
 
 
 @needs_cc
