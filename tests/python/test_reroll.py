@@ -1706,6 +1706,27 @@ def test_plain_lane_loops_compute_the_vector_paths_bits(name):
 
 
 @needs_cc
+@pytest.mark.parametrize("name", ["cnn", "cnn-zeros", "cnn-s2"])
+def test_unblocked_rows_of_single_terms_run_as_elementwise_rows_in_the_interpreter(name):
+    """A row of points too short for a block, with strided operands and nothing to sum (a 2x2
+    pool's maxima, sums and their gradients, 4 or 6 wide, every other element), runs as an
+    elementwise row in the interpreter (nest_kernels.h, MGK_NP_POINT_ROWS) and point by point in
+    generated code: the same bits, at batch sizes 1 and 4 on two threads."""
+    case = zoo_case(name)
+    tape = compile_case(case)
+    unblocked = [
+        line
+        for line in tape.describe().splitlines()
+        if re.search(r"nest \d+: \([\d, ]+ \| \) .*\+2\*i3\]", line) and "[blocks]" not in line
+    ]
+    assert unblocked, tape.describe()
+    prog = compile_case(case, backend="c", max_kernels=1000)  # every nest generated
+    listing = prog.describe()
+    assert listing.count("[compiled]") == len(re.findall(r"nest \d+:", listing)), listing
+    assert_tape_bits(prog, tape, case, f"{name} rows", batches=(1, 4), threads=2)
+
+
+@needs_cc
 def test_scattered_gradients_advance_along_rows_with_the_bits_of_each_term_on_its_own():
     """A scattered nest (a stride-2 convolution's input gradient, per sample; a padded one's
     corner weights' gradients, shared, summed over a batch's samples) adds its terms along the
