@@ -1705,19 +1705,41 @@ def test_plain_lane_loops_compute_the_vector_paths_bits(name):
     assert_tape_bits(plain, tape, case, "plain-lane", batches=(1, 4), threads=1)
 
 
+def windows_case(seed: int = 0) -> Case:
+    """Overlapping windows of 3 over 10 hidden values, each product with a weight per offset: the
+    hidden values' gradient adds, row by row, into outputs that the next row adds into again (an
+    alias nest, rows of 3 with nothing to sum)."""
+    r = np.random.default_rng(seed)
+    X = r.uniform(-1, 1, size=(6, 10))
+    x = [Value(float(q)) for q in X[0]]
+    v = [Value(float(q)) for q in r.uniform(-1, 1, size=10)]
+    h = [(xi * vi).tanh() for xi, vi in zip(x, v)]
+    w = [Value(float(q)) for q in r.uniform(-1, 1, size=3)]
+    p = [(h[i + a] * w[a]).tanh() for i in range(8) for a in range(3)]
+    W = [[Value(float(q)) for q in r.uniform(-0.5, 0.5, size=24)] for _ in range(3)]
+    logits = [sum((wj * pj for wj, pj in zip(row, p)), Value(0.0)) for row in W]
+    Y = r.integers(0, 3, size=(6, 1)).astype(np.float64)
+    y = [Value(float(Y[0, 0]))]
+    loss = mc.cross_entropy(logits, y[0])
+    params = v + w + [q for row in W for q in row]
+    return Case(x=x, y=y, params=params, loss=loss, outputs=logits, X=X, Y=Y)
+
+
 @needs_cc
-@pytest.mark.parametrize("name", ["cnn", "cnn-zeros", "cnn-s2"])
+@pytest.mark.parametrize("name", ["cnn", "cnn-zeros", "cnn-s2", "windows"])
 def test_unblocked_rows_of_single_terms_run_as_elementwise_rows_in_the_interpreter(name):
-    """A row of points too short for a block, with strided operands and nothing to sum (a 2x2
-    pool's maxima, sums and their gradients, 4 or 6 wide, every other element), runs as an
-    elementwise row in the interpreter (nest_kernels.h, MGK_NP_POINT_ROWS) and point by point in
-    generated code: the same bits, at batch sizes 1 and 4 on two threads."""
-    case = zoo_case(name)
+    """A row of points too short for a block that sums nothing (a 2x2 pool's maxima, sums and
+    their gradients, 4 or 6 wide, every other element; overlapping windows' gradients, rows of 3
+    adding into the outputs of the row before) runs as an elementwise row in the interpreter
+    (nest_kernels.h, MGK_NP_POINT_ROWS) and point by point in generated code: the same bits, at
+    batch sizes 1 and 4 on two threads."""
+    case = windows_case() if name == "windows" else zoo_case(name)
     tape = compile_case(case)
+    rows = r"\+2\*i3\]" if name != "windows" else r"acc out\[sample_grad\d+ \+1\*i2 \+1\*i3\]"
     unblocked = [
         line
         for line in tape.describe().splitlines()
-        if re.search(r"nest \d+: \([\d, ]+ \| \) .*\+2\*i3\]", line) and "[blocks]" not in line
+        if re.search(r"nest \d+: \([\d, ]+ \| \) .*" + rows, line) and "[blocks]" not in line
     ]
     assert unblocked, tape.describe()
     prog = compile_case(case, backend="c", max_kernels=1000)  # every nest generated
