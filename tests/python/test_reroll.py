@@ -1716,13 +1716,7 @@ def windows_case(seed: int = 0) -> Case:
     h = [(xi * vi).tanh() for xi, vi in zip(x, v)]
     w = [Value(float(q)) for q in r.uniform(-1, 1, size=3)]
     p = [(h[i + a] * w[a]).tanh() for i in range(8) for a in range(3)]
-    W = [[Value(float(q)) for q in r.uniform(-0.5, 0.5, size=24)] for _ in range(3)]
-    logits = [sum((wj * pj for wj, pj in zip(row, p)), Value(0.0)) for row in W]
-    Y = r.integers(0, 3, size=(6, 1)).astype(np.float64)
-    y = [Value(float(Y[0, 0]))]
-    loss = mc.cross_entropy(logits, y[0])
-    params = v + w + [q for row in W for q in row]
-    return Case(x=x, y=y, params=params, loss=loss, outputs=logits, X=X, Y=Y)
+    return dense3_case(r, X, x, p, v + w)
 
 
 @needs_cc
@@ -1797,6 +1791,20 @@ def test_split_sums_of_several_points_at_once_keep_the_bits_of_one(float32):
         assert_tape_bits(prog, plain, case, what, batches=(1, 4, 6), threads=2)
 
 
+def dense3_case(
+    r: np.random.Generator, X: np.ndarray, x: list[Value], feats: list[Value], params: list[Value]
+) -> Case:
+    """`feats` into a dense layer of 3 (its weights drawn from `r` next, after them a class per
+    sample), softmax cross-entropy: the case's parameters are `params` then the layer's."""
+    W = [[Value(float(q)) for q in r.uniform(-0.5, 0.5, size=len(feats))] for _ in range(3)]
+    logits = [sum((wj * fj for wj, fj in zip(row, feats)), Value(0.0)) for row in W]
+    Y = r.integers(0, 3, size=(len(X), 1)).astype(np.float64)
+    y = [Value(float(Y[0, 0]))]
+    loss = mc.cross_entropy(logits, y[0])
+    params = params + [q for row in W for q in row]
+    return Case(x=x, y=y, params=params, loss=loss, outputs=logits, X=X, Y=Y)
+
+
 def pairs_case(width: int, seed: int = 0) -> Case:
     """A row of `width` pairs, each pair's larger value (a max-pool 2 wide) into a dense layer of
     3: operands and gradients every other element, in rows of `width` lanes."""
@@ -1806,13 +1814,7 @@ def pairs_case(width: int, seed: int = 0) -> Case:
     w = [Value(float(v)) for v in r.uniform(-1, 1, size=2 * width)]
     a = [(xi * wi).tanh() for xi, wi in zip(x, w)]
     m = [a[2 * j].max(a[2 * j + 1]) for j in range(width)]
-    W = [[Value(float(v)) for v in r.uniform(-0.5, 0.5, size=width)] for _ in range(3)]
-    logits = [sum((wj * mj for wj, mj in zip(row, m)), Value(0.0)) for row in W]
-    Y = r.integers(0, 3, size=(6, 1)).astype(np.float64)
-    y = [Value(float(Y[0, 0]))]
-    loss = mc.cross_entropy(logits, y[0])
-    params = w + [v for row in W for v in row]
-    return Case(x=x, y=y, params=params, loss=loss, outputs=logits, X=X, Y=Y)
+    return dense3_case(r, X, x, m, w)
 
 
 @needs_cc
@@ -1852,13 +1854,7 @@ def products_case(width: int, seed: int = 0) -> Case:
     a = [(xi * wi).tanh() for xi, wi in zip(x, w)]
     b = [Value(float(v)) for v in r.uniform(-1, 1, size=width)]
     z = [b[j] + a[2 * j] * a[2 * j + 1] for j in range(width)]
-    W = [[Value(float(v)) for v in r.uniform(-0.5, 0.5, size=width)] for _ in range(3)]
-    logits = [sum((wj * zj for wj, zj in zip(row, z)), Value(0.0)) for row in W]
-    Y = r.integers(0, 3, size=(6, 1)).astype(np.float64)
-    y = [Value(float(Y[0, 0]))]
-    loss = mc.cross_entropy(logits, y[0])
-    params = w + b + [v for row in W for v in row]
-    return Case(x=x, y=y, params=params, loss=loss, outputs=logits, X=X, Y=Y)
+    return dense3_case(r, X, x, z, w + b)
 
 
 @needs_cc
