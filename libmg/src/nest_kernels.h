@@ -1358,10 +1358,13 @@ MGK_HOT void mgk_split_pts(const mgk_nest *N, const mgk_run *R, const int term, 
 #define MGK_NP_WIDE
 #endif
 #if MGK_VECTOR && defined(MGK_ELEM_ROWS)
+/* A row that mgk_elem_rows can run: one term per point (no reduction dims), one sample, no step
+ * fused or pre-step. */
+#define MGK_ROW_OF_ONE_TERMS                                                                       \
+    (!step && !pre && nbr == 1 && (small || (n[4] == 1 && n[5] == 1)) && n[6] == 1 && n[7] == 1)
 #define MGK_NP_ELEM_ROWS                                                                           \
-    if ((term >= MGK_T_OP || (MGK_ELEM_ROWS == 1 && !MGK_BLOCK_VECTORS(N, term))) && !step &&      \
-        !pre && nbr == 1 && (small || (n[4] == 1 && n[5] == 1)) && n[6] == 1 && n[7] == 1 &&       \
-        (MGK_ELEM_ROWS == 1 || (n[3] > MGK_LANES && n[3] % MGK_LANES))) {                          \
+    if ((term >= MGK_T_OP || (MGK_ELEM_ROWS == 1 && !MGK_BLOCK_VECTORS(N, term))) &&               \
+        MGK_ROW_OF_ONE_TERMS && (MGK_ELEM_ROWS == 1 || (n[3] > MGK_LANES && n[3] % MGK_LANES))) {  \
         /* an elementwise term with no reduction: the row in one go */                             \
         mgk_elem_rows(N, Rb, term, op, n[3], po, pi, q0, q1, q2, q3);                              \
         continue;                                                                                  \
@@ -1372,9 +1375,8 @@ MGK_HOT void mgk_split_pts(const mgk_nest *N, const mgk_run *R, const int term, 
  * time strides: the same one addition per point (cnn5s2 tape 1.4x, cnn2 1.3x). */
 #if MGK_ELEM_ROWS == 1
 #define MGK_NP_POINT_ROWS                                                                          \
-    if (!step && !pre && nbr == 1 && n[3] >= 2 && (small || (n[4] == 1 && n[5] == 1)) &&           \
-        n[6] == 1 && n[7] == 1 && !(N->flags & MGK_F_SCATTER) && !O->gather && !I->gather &&       \
-        !X[0].gather && !X[1].gather && !X[2].gather && !X[3].gather) {                            \
+    if (MGK_ROW_OF_ONE_TERMS && n[3] >= 2 && !(N->flags & MGK_F_SCATTER) && !O->gather &&          \
+        !I->gather && !X[0].gather && !X[1].gather && !X[2].gather && !X[3].gather) {              \
         mgk_elem_rows(N, Rb, term, op, n[3], po, pi, q0, q1, q2, q3);                              \
         continue;                                                                                  \
     }
