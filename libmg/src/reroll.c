@@ -11,10 +11,13 @@
  *    multi-index (a 3x3 convolution's input is (i+a)*W + (j+b): dims (3, 3), strides (W, 1)).
  *    The signature is everything but the slots' bases.
  * 4. Layout and groups. A level's statements get consecutive slots in creation order (so the
- *    next level reads them in the order the user's loops wrote them); statements of one level
- *    and one signature form a group, whose operand bases are fitted as an affine function of
- *    the group's own multi-index. Operands that are not affine are read through an index table
- *    (gather), never one instruction per scalar.
+ *    next level reads them in the order the user's loops wrote them), except a level that
+ *    cycles through 2-4 kinds of statement unit by unit (a GRU's gates: z r n z r n ...): it is
+ *    stored kind-major (level_period), so that loops over the units read and write consecutive
+ *    slots. Statements of one level and one signature form a group, in slot order, whose
+ *    operand bases are fitted as an affine function of the group's own multi-index. Operands
+ *    that are not affine are read through an index table (gather), never one instruction per
+ *    scalar.
  * Forward values are unchanged: every reduction adds its terms in the chain's order. */
 #include "ir.h"
 
@@ -612,46 +615,36 @@ static int push_fwd_nest(rr *R, const mgk_nest *N, const stmt *s0, size_t npoint
     return mg_tape__push_instr(t, &t->fwd, &t->nfwd, &R->fwd_cap, &in);
 }
 
-/* Emits the nests of one group: `members` are statement indices in creation order. */
-static int emit_group(rr *R, const uint32_t *members, size_t N) {
-    mg_tape *t = R->t;
-    const mg_fz *f = R->f;
-    const stmt *s0 = &R->st[members[0]];
-    if (s0->kind == S_NARY) {
-        for (size_t i = 0; i < N; i++) {
-            const stmt *s = &R->st[members[i]];
-            uint32_t no = f->off[s->node + 1] - f->off[s->node];
-            if (!mg_tape__grow(t, (void **)&t->ix, &R->ix_cap, sizeof(mgk_idx), t->nix + no))
-                return 0;
-            for (uint32_t j = 0; j < no; j++)
-                t->ix[t->nix + j] = slot_of(R, f->opnd[f->off[s->node] + j]);
-            mg_instr in;
-            memset(&in, 0, sizeof in);
-            in.kind = MG_I_NARY;
-            in.op = s->op;
-            in.flags = f->bias[s->node] ? MG_FLAG_BIAS : 0;
-            in.cone = s->cone;
-            in.a = (uint32_t)t->nix;
-            in.b = no;
-            in.n = (uint32_t)f->k[s->node];
-            in.out = slot_of(R, s->node);
-            t->nix += no;
-            if (!mg_tape__push_instr(t, &t->fwd, &t->nfwd, &R->fwd_cap, &in)) return 0;
-        }
-        return 1;
-    }
+/* A group's sequences (out, init or elementwise operands, each segment's term operands' first
+ * slots) and their affine fit over the group's members. */
+typedef struct gfit {
+    int64_t *seqs[2 + 2 * MAXSEG];
+    int use[2 + 2 * MAXSEG];  /* fitted */
+    int want[2 + 2 * MAXSEG]; /* to fit (the rest are read through index tables) */
+    int ns, nseg;
+    uint32_t nops; /* elementwise operands */
+    int64_t str[(2 + 2 * MAXSEG) * MGK_MAXD];
+    fitres fr;
+} gfit;
+
+/* Fits group `members` (N statements, not variadic): 1, -1 when the outputs are not affine, 0
+ * out of memory. */
+static int group_fit(rr *R, const uint32_t *members, size_t N, gfit *G) {
     /* the sequences whose bases must be affine over the group: out, init / elementwise operands,
      * and per segment its term operands' first slots */
-    int nseg = s0->kind == S_RED ? (int)s0->ns : 0;
-    int ns = 2 + (s0->kind == S_RED ? 2 * nseg : 1);
+    const mg_fz *f = R->f;
+    const stmt *s0 = &R->st[members[0]];
+    const int nseg = G->nseg = s0->kind == S_RED ? (int)s0->ns : 0;
+    const int ns = G->ns = 2 + (s0->kind == S_RED ? 2 * nseg : 1);
     if (!GROW(R, seqbuf, capseq, (size_t)ns * N)) return 0;
-    int64_t *seqs[2 + 2 * MAXSEG];
-    int use[2 + 2 * MAXSEG];
+    int64_t **seqs = G->seqs;
+    int *use = G->use;
     for (int j = 0; j < ns; j++) {
         seqs[j] = R->seqbuf + (size_t)j * N;
         use[j] = 0;
     }
-    uint32_t nops = s0->kind == S_ELEM ? f->off[s0->node + 1] - f->off[s0->node] : 0;
+    const uint32_t nops = G->nops =
+        s0->kind == S_ELEM ? f->off[s0->node + 1] - f->off[s0->node] : 0;
     for (size_t i = 0; i < N; i++) {
         const stmt *s = &R->st[members[i]];
         seqs[0][i] = slot_of(R, s->node);
@@ -680,12 +673,47 @@ static int emit_group(rr *R, const uint32_t *members, size_t N) {
             use[3 + 2 * q] = R->terms[s0->t0 + g->r0].kind == MGK_T_MUL && !g->gather_b;
         }
     }
-    int want[2 + 2 * MAXSEG];
-    memcpy(want, use, sizeof want);
-    int64_t str[(2 + 2 * MAXSEG) * MGK_MAXD];
-    memset(str, 0, sizeof str);
-    fitres fr;
-    if (!fit(seqs, use, ns, N, MGK_MAXO, 2, &fr, str)) return -1; /* the outputs are not affine */
+    memcpy(G->want, use, sizeof G->want);
+    memset(G->str, 0, sizeof G->str);
+    return fit(seqs, use, ns, N, MGK_MAXO, 2, &G->fr, G->str) ? 1 : -1;
+}
+
+/* Emits the nests of one group: `members` are statement indices in slot order. */
+static int emit_group(rr *R, const uint32_t *members, size_t N) {
+    mg_tape *t = R->t;
+    const mg_fz *f = R->f;
+    const stmt *s0 = &R->st[members[0]];
+    if (s0->kind == S_NARY) {
+        for (size_t i = 0; i < N; i++) {
+            const stmt *s = &R->st[members[i]];
+            uint32_t no = f->off[s->node + 1] - f->off[s->node];
+            if (!mg_tape__grow(t, (void **)&t->ix, &R->ix_cap, sizeof(mgk_idx), t->nix + no))
+                return 0;
+            for (uint32_t j = 0; j < no; j++)
+                t->ix[t->nix + j] = slot_of(R, f->opnd[f->off[s->node] + j]);
+            mg_instr in;
+            memset(&in, 0, sizeof in);
+            in.kind = MG_I_NARY;
+            in.op = s->op;
+            in.flags = f->bias[s->node] ? MG_FLAG_BIAS : 0;
+            in.cone = s->cone;
+            in.a = (uint32_t)t->nix;
+            in.b = no;
+            in.n = (uint32_t)f->k[s->node];
+            in.out = slot_of(R, s->node);
+            t->nix += no;
+            if (!mg_tape__push_instr(t, &t->fwd, &t->nfwd, &R->fwd_cap, &in)) return 0;
+        }
+        return 1;
+    }
+    gfit GF;
+    const int fitted = group_fit(R, members, N, &GF);
+    if (fitted <= 0) return fitted; /* -1: the outputs are not affine */
+    int64_t *const *seqs = GF.seqs;
+    const int *use = GF.use, *want = GF.want, nseg = GF.nseg;
+    const uint32_t nops = GF.nops;
+    const int64_t *str = GF.str;
+    const fitres fr = GF.fr;
 
     /* the nests: one per segment (one for an elementwise group) */
     int nnest = s0->kind == S_RED ? nseg : 1;
@@ -782,8 +810,9 @@ static int key_less(const skey *x, const skey *y) {
     return x->k1 != y->k1 ? x->k1 < y->k1 : x->k2 < y->k2;
 }
 
-/* Sorts the statement indices v[0..n) by (level, serial), or by (signature hash, serial) with
- * `by_hash`: a stable merge sort of their keys (no recursion over the data's size). */
+/* Sorts the statement indices v[0..n) by (level, serial), or by (signature hash, slot) with
+ * `by_hash` (a level's slots follow creation order, or its kinds, level_period): a stable merge
+ * sort of their keys (no recursion over the data's size). */
 static int sort_idx(rr *R, uint32_t *v, size_t n, int by_hash) {
     if (n < 2) return 1;
     skey *a = mg_tape__alloc(R->t, n, 2 * sizeof(skey));
@@ -792,7 +821,7 @@ static int sort_idx(rr *R, uint32_t *v, size_t n, int by_hash) {
     for (size_t i = 0; i < n; i++) {
         const stmt *x = &R->st[v[i]];
         a[i].k1 = by_hash ? x->hash : x->level;
-        a[i].k2 = R->f->serial[x->node];
+        a[i].k2 = by_hash ? R->f->slot[x->node] : R->f->serial[x->node];
         a[i].i = v[i];
     }
     for (size_t w = 1; w < n; w *= 2) {
@@ -809,6 +838,38 @@ static int sort_idx(rr *R, uint32_t *v, size_t n, int by_hash) {
     }
     for (size_t i = 0; i < n; i++) v[i] = a[i].i;
     R->t->alloc.free_fn(a < b ? a : b, R->t->alloc.ctx);
+    return 1;
+}
+
+/* The period P of a level stored kind-major: its statements v[0..n), in creation order, cycle
+ * through P kinds of at least 8 statements each, P from 2 to 4, either
+ *  - P signatures in turn (a GRU's gate pre-activations, unit by unit: z r n z r n ...), or
+ *  - one signature, whose fit has an innermost dim of P consecutive outputs (a GRU's z and r
+ *    gates, two by two over the units);
+ * 1 (creation order) for any other level. Kind-major, each kind's values are consecutive along the
+ * units, as loops over the units read and write them: 0 out of memory. */
+static size_t level_period(rr *R, const uint32_t *v, size_t n) {
+    size_t i, P;
+    if (n < 16 || R->st[v[0]].kind == S_NARY) return 1;
+    for (i = 0; i + 1 < n; i++)
+        if (!same_signature(R, &R->st[v[i]], &R->st[v[i + 1]])) break;
+    if (i + 1 >= n) { /* one signature */
+        gfit G;
+        const int e = group_fit(R, v, n, &G);
+        if (e == 0) return 0;
+        const int d = G.fr.nd - 1;
+        if (e < 0 || d < 1) return 1;
+        P = (size_t)G.fr.n[d];
+        const int kinds =
+            P >= 2 && P <= 4 && n / P >= 8 && G.str[d] == 1 && G.str[d - 1] == (int64_t)P;
+        return kinds ? P : 1;
+    }
+    for (P = 2; P <= 4; P++) {
+        if (n % P || n / P < 8) continue;
+        for (i = 0; i + P < n; i++)
+            if (!same_signature(R, &R->st[v[i]], &R->st[v[i + P]])) break;
+        if (i + P >= n) return P;
+    }
     return 1;
 }
 
@@ -862,6 +923,14 @@ int mg_reroll(mg_tape *t, const mg_fz *f, int scalar) {
             for (size_t i = lo; i < hi; i++) {
                 stmt *s = &R.st[order[i]];
                 if (!make_segments(&R, s) || !make_signature(&R, s)) goto done;
+            }
+            const size_t P = level_period(&R, order + lo, hi - lo);
+            if (P == 0) goto done;
+            if (P > 1) { /* kind-major: statement j of the level at (j % P) * (n / P) + j / P */
+                const size_t nl = hi - lo, start = R.next_slot - nl;
+                for (size_t j = 0; j < nl; j++)
+                    f->slot[R.st[order[lo + j]].node] =
+                        (uint32_t)(start + (j % P) * (nl / P) + j / P);
             }
             if (!sort_idx(&R, order + lo, hi - lo, 1)) goto done;
             for (size_t g0 = lo; g0 < hi;) {

@@ -1498,6 +1498,9 @@ def zoo_case(name: str, seed: int = 0) -> Case:
         # packed weights: the recurrent ones stepped by their gradient nest, the input ones not
         "elman-16": lambda: zoo.elman(x, hidden=16, steps=6),
         "gru": lambda: zoo.gru(x, hidden=3, steps=4),
+        # 16 units: the gates' levels cycle z r n unit by unit, stored kind-major
+        "gru-16": lambda: zoo.gru(x, hidden=16, steps=3),
+        "lstm": lambda: lstm(x, hidden=8, steps=3),
         "attention": lambda: zoo.attention(x, tokens=3, dim=4),
         # rows of 16 terms: the embedding's gradient through q, k and v, a split sum per token
         "attention-16": lambda: zoo.attention(x, tokens=3, dim=16),
@@ -1529,6 +1532,39 @@ def zoo_case(name: str, seed: int = 0) -> Case:
     )
 
 
+def lstm(x: Sequence[Value], hidden: int, steps: int) -> tuple[list[Value], list[Value]]:
+    """An LSTM cell written unit by unit (its four gates from one signature, their activations
+    from two: sigmoid, sigmoid, tanh, sigmoid), then dense 3 on h_T."""
+    params: list[Value] = []
+
+    def p(fan: int = 1) -> Value:
+        v = Value(random.uniform(-1, 1) / math.sqrt(fan))
+        params.append(v)
+        return v
+
+    n = len(x) // steps
+    W = [[[p(n + hidden) for _ in range(n)] for _ in range(hidden)] for _ in range(4)]
+    U = [[[p(n + hidden) for _ in range(hidden)] for _ in range(hidden)] for _ in range(4)]
+    b = [[p() for _ in range(hidden)] for _ in range(4)]
+    h: list[Any] = [0.0] * hidden
+    c: list[Any] = [0.0] * hidden
+    for t in range(steps):
+        xt = x[t * n : (t + 1) * n]
+        pre = [
+            [
+                sum((w * xi for w, xi in zip(W[k][j], xt)), b[k][j])
+                + sum((u * hk for u, hk in zip(U[k][j], h)), 0.0)
+                for k in range(4)
+            ]
+            for j in range(hidden)
+        ]
+        act = [[a.tanh() if k == 2 else a.sigmoid() for k, a in enumerate(g)] for g in pre]
+        c = [f * cj + i * g for (i, f, g, _), cj in zip(act, c)]
+        h = [o * cj.tanh() for (_, _, _, o), cj in zip(act, c)]
+    Wy = [[p(hidden) for _ in range(hidden)] for _ in range(3)]
+    return [sum((w * hj for w, hj in zip(row, h)), p()) for row in Wy], params
+
+
 ZOO = ["mlp", "mlp-deep", "elman", "gru", "attention", "cnn", "cnn-zeros"]
 
 
@@ -1547,6 +1583,95 @@ def test_zoo_families(name):
 @pytest.mark.parametrize("name", ["elman", "gru", "attention", "cnn"])
 def test_zoo_families_compiled(name):
     check_case(zoo_case(name), with_c=True)
+
+
+def unit_strides(describe: str) -> list[str]:
+    """The refs of per-sample values (and their gradients) in a program's listing that move along
+    a nest's vector dim (i3) by more than one slot."""
+    refs = re.findall(r"sample(?:_grad)?\d+ [^\]]*", describe)
+    return [r for r in refs if re.search(r"[+-](?:[2-9]|\d\d+)\*i3\b", r)]
+
+
+@needs_cc
+@pytest.mark.parametrize("name", ["gru-16", "lstm"])
+def test_gate_values_are_stored_kind_major(name):
+    """A cell written unit by unit makes its gates' values in turn (z r n z r n ..., or an
+    LSTM's four). Their levels are stored gate by gate, so every loop over the units reads and
+    writes consecutive values (before: strides of 2, 3 and 4), and the gradient through the
+    recurrent weights is a split sum over unit-stride rows. Eager, scalar, tape and compiled
+    programs agree as on every other case."""
+    case = zoo_case(name)
+    info = check_case(case, with_c=True)
+    assert info["loops"] >= 1, info
+    text = compile_case(case).describe()
+    assert unit_strides(text) == [], text
+    assert "[split sums]" in text, text
+
+
+def interleaved_kinds_case(ctx: Ctx) -> Case:
+    """Values made unit by unit, P kinds at a time, then read back in a random pattern."""
+    P = ctx.int(2, 4, "kinds")
+    M = ctx.choice([7, 8, 9, 12, 16], "units")
+    n_in = ctx.choice([3, 5, 8], "inputs")
+    X = samples(ctx, n_in)
+    x = [Value(float(v)) for v in X[0]]
+    # a kind's form; kinds of one form share a signature (one group, as a GRU's z and r)
+    forms = [
+        ctx.choice(["dot+b", "dot+b", "dot", "short dot", "op"], f"kind {k}") for k in range(P)
+    ]
+    W = [[[ctx.weight(n_in) for _ in range(n_in)] for _ in range(M)] for _ in range(P)]
+    b = [[ctx.weight() for _ in range(M)] for _ in range(P)]
+    vals: list[list[Value]] = []
+    for j in range(M):
+        row = []
+        for k in range(P):
+            f = forms[k]
+            if f == "dot+b":
+                row.append(sum((w * xi for w, xi in zip(W[k][j], x)), b[k][j]))
+            elif f == "dot":
+                row.append(sum((w * xi for w, xi in zip(W[k][j], x)), 0.0))
+            elif f == "short dot":
+                row.append(sum((w * xi for w, xi in zip(W[k][j][1:], x[1:])), b[k][j]))
+            else:
+                row.append(x[(j + k) % n_in] * b[k][j])
+        vals.append(row)
+    ops = [ctx.choice(["sigmoid", "tanh", "same", "square"], f"kind {k} op") for k in range(P)]
+    if ctx.flag("activations"):
+        vals = [
+            [v if op == "same" else getattr(v, op)() for v, op in zip(row, ops)] for row in vals
+        ]
+    read = ctx.choice(["gates", "by kind", "reversed", "rotated", "scrambled", "subset"], "read")
+    order = list(range(M))
+    if read == "reversed":
+        order = order[::-1]
+    elif read == "rotated":
+        order = order[1:] + order[:1]
+    elif read == "scrambled":
+        ctx.rng.shuffle(order)
+    if read == "gates":  # per unit, as a GRU combines z, n and h
+        final = [vals[j][0] * vals[j][-1] + (1 - vals[j][0]) * vals[j][P // 2] for j in order]
+    elif read == "subset":
+        final = [vals[j][0] * vals[j][P - 1] for j in order]
+    else:  # kind by kind, each a row over the units
+        final = (
+            [sum((vals[j][k] * ctx.weight() for j in order), 0.0) for k in range(P)]
+            if read == "by kind"
+            else [vals[j][k].tanh() for k in range(P) for j in order]
+        )
+    if ctx.flag("head"):
+        final = dense(ctx, final, ctx.choice([2, 3], "head outputs"))
+    ctx.taps.extend([vals[0][P - 1], vals[M - 1][0]])
+    return finish(ctx, x, X, final)
+
+
+@examples(60)
+@given(data=st.data())
+def test_levels_of_interleaved_kinds(data):
+    """Levels that cycle through 2-4 kinds of statement (reductions of one signature or of
+    several, products), with fewer than 8 units or more, read back per unit, kind by kind, in
+    reversed, rotated or scrambled order (index tables), or a subset: whatever the layout does
+    with them, every program computes the eager graph's values and gradients."""
+    check_case(interleaved_kinds_case(Ctx(data)))
 
 
 @pytest.mark.parametrize("name", ["elman-16", "cnn-s1", "mlp-tails"])
