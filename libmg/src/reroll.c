@@ -797,10 +797,11 @@ static int emit_group(rr *R, const uint32_t *members, size_t N) {
 /* ---- the pass ---------------------------------------------------------------------------------
  */
 
-/* A statement's sort key: (level or signature hash, creation serial), with its index. The keys are
- * copied out once so that the sort reads them in sequence: comparing through the statements and
- * the serials (two dependent loads from arrays of a million nodes per comparison) was a fifth of
- * the time a million-value CNN took to freeze. Serials are unique, so the order is total. */
+/* A statement's sort key: (level, creation serial) or (signature hash, slot), with its index. The
+ * keys are copied out once so that the sort reads them in sequence: comparing through the
+ * statements and the serials (two dependent loads from arrays of a million nodes per comparison)
+ * was a fifth of the time a million-value CNN took to freeze. Serials are unique, and so are the
+ * slots of a level, so the order is total. */
 typedef struct skey {
     uint64_t k1, k2;
     uint32_t i;
@@ -844,25 +845,24 @@ static int sort_idx(rr *R, uint32_t *v, size_t n, int by_hash) {
 /* The period P of a level stored kind-major: its statements v[0..n), in creation order, cycle
  * through P kinds of at least 8 statements each, P from 2 to 4, either
  *  - P signatures in turn (a GRU's gate pre-activations, unit by unit: z r n z r n ...), or
- *  - one signature, whose fit has an innermost dim of P consecutive outputs (a GRU's z and r
- *    gates, two by two over the units);
+ *  - one signature, whose fit's innermost dim is P (a GRU's z and r gates, two by two over the
+ *    units; a convolution's output with 2-4 channels innermost; complex numbers as (re, im));
  * 1 (creation order) for any other level. Kind-major, each kind's values are consecutive along the
- * units, as loops over the units read and write them: 0 out of memory. */
+ * units, as loops over the units read and write them: 0 out of memory. A reduction that reads the
+ * level in creation order (a dense layer over pairs) then sums over two dims, the kinds and the
+ * units, in the same order. */
 static size_t level_period(rr *R, const uint32_t *v, size_t n) {
     size_t i, P;
     if (n < 16 || R->st[v[0]].kind == S_NARY) return 1;
     for (i = 0; i + 1 < n; i++)
         if (!same_signature(R, &R->st[v[i]], &R->st[v[i + 1]])) break;
-    if (i + 1 >= n) { /* one signature */
+    if (i + 1 >= n) { /* one signature: the outputs, consecutive, fit innermost */
         gfit G;
         const int e = group_fit(R, v, n, &G);
         if (e == 0) return 0;
-        const int d = G.fr.nd - 1;
-        if (e < 0 || d < 1) return 1;
-        P = (size_t)G.fr.n[d];
-        const int kinds =
-            P >= 2 && P <= 4 && n / P >= 8 && G.str[d] == 1 && G.str[d - 1] == (int64_t)P;
-        return kinds ? P : 1;
+        if (e < 0 || G.fr.nd < 2) return 1;
+        P = (size_t)G.fr.n[G.fr.nd - 1];
+        return P >= 2 && P <= 4 && n / P >= 8 ? P : 1;
     }
     for (P = 2; P <= 4; P++) {
         if (n % P || n / P < 8) continue;

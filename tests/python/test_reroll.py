@@ -1608,6 +1608,74 @@ def test_gate_values_are_stored_kind_major(name):
     assert "[split sums]" in text, text
 
 
+def forward_out_strides(describe: str) -> list[str]:
+    """The outputs of a program's forward nests (per-sample values) that move along the vector
+    dim (i3) by more than one slot."""
+    fwd = describe.split("\nbackward:")[0]
+    refs = re.findall(r"out\[sample\d+ [^\]]*", fwd)
+    return [r for r in refs if re.search(r"[+-](?:[2-9]|\d\d+)\*i3\b", r)]
+
+
+def channels_innermost_case(C: int, H: int = 9, W: int = 9) -> Case:
+    """Two 3x3 convolutions written position by position with the C channels innermost (for i,
+    for j, for c), relu, dense 3: each level cycles through the channels unit by unit."""
+    random.seed(C)
+    r = np.random.default_rng(C)
+    X = r.uniform(-1, 1, size=(6, H * W))
+    x = [Value(float(v)) for v in X[0]]
+    params: list[Value] = []
+
+    def p(fan: int) -> Value:
+        v = Value(random.uniform(-1, 1) / math.sqrt(fan))
+        params.append(v)
+        return v
+
+    img = [[[x[i * W + j]] for j in range(W)] for i in range(H)]
+    for cin in (1, C):
+        K = [
+            [[[p(9 * cin) for _ in range(cin)] for _ in range(3)] for _ in range(3)]
+            for _ in range(C)
+        ]
+        b = [p(1) for _ in range(C)]
+        H, W = H - 2, W - 2
+        img = [
+            [
+                [
+                    sum(
+                        (
+                            K[c][a][d][q] * img[i + a][j + d][q]
+                            for a in range(3)
+                            for d in range(3)
+                            for q in range(cin)
+                        ),
+                        b[c],
+                    ).relu()
+                    for c in range(C)
+                ]
+                for j in range(W)
+            ]
+            for i in range(H)
+        ]
+    flat = [v for row in img for px in row for v in px]
+    logits = [sum((p(len(flat)) * v for v in flat), p(1)) for _ in range(3)]
+    Y = r.integers(0, 3, size=(6, 1)).astype(np.float64)
+    y = [Value(float(Y[0, 0]))]
+    loss = mc.cross_entropy(logits, y[0])
+    return Case(x=x, y=y, params=params, loss=loss, outputs=logits, X=X, Y=Y)
+
+
+@pytest.mark.parametrize("C", [2, 3, 4])
+def test_convolutions_with_channels_innermost_are_stored_channel_major(C):
+    """A convolution written with its channels innermost makes its outputs channel by channel at
+    each position; its levels are stored channel-major, so each convolution writes unit-stride
+    rows (before: strides of C and more), and the programs agree as on every other case."""
+    case = channels_innermost_case(C)
+    info = check_case(case, with_c=HAVE_CC and C == 4)
+    assert info["forward_nests"] <= 8, info
+    text = compile_case(case).describe()
+    assert forward_out_strides(text) == [], text
+
+
 def interleaved_kinds_case(ctx: Ctx) -> Case:
     """Values made unit by unit, P kinds at a time, then read back in a random pattern."""
     P = ctx.int(2, 4, "kinds")
