@@ -11,14 +11,13 @@
  *    multi-index (a 3x3 convolution's input is (i+a)*W + (j+b): dims (3, 3), strides (W, 1)).
  *    The signature is everything but the slots' bases.
  * 4. Layout and groups. A level's statements get consecutive slots in creation order (so the
- *    next level reads them in the order the user's loops wrote them), except a level that
- *    cycles through 2-4 kinds of statement unit by unit (a GRU's gates: z r n z r n ...): it is
- *    stored kind-major (level_period), so that loops over the units read and write consecutive
- *    slots. Statements of one level and one signature form a group, in slot order, whose
- *    operand bases are fitted as an affine function of the group's own multi-index. Operands
- *    that are not affine are read through an index table (gather), never one instruction per
- *    scalar.
- * Forward values are unchanged: every reduction adds its terms in the chain's order. */
+ *    next level reads them in the order the user's loops wrote them), except statements that
+ *    cycle through 2-4 kinds unit by unit (a GRU's gates: z r n z r n ...): they are stored
+ *    kind-major (level_layout), so that loops over the units read and write consecutive slots.
+ * Statements of one level and one signature form a group, in slot order, whose operand bases are
+ * fitted as an affine function of the group's own multi-index. Operands that are not affine are
+ * read through an index table (gather), never one instruction per scalar. Forward values are
+ * unchanged: every reduction adds its terms in the chain's order. */
 #include "ir.h"
 
 #include <string.h>
@@ -72,12 +71,14 @@ typedef struct rr {
     /* per-group scratch */
     int64_t *seqbuf;
     size_t capseq;
+    uint8_t *taken; /* level_layout: statements of the level already stored kind-major */
+    size_t captaken;
 } rr;
 
 static void rr_free(rr *R) {
     mg_tape *t = R->t;
-    void *bufs[] = {R->st,      R->terms,    R->segs,  R->sigbuf,
-                    R->stmt_of, R->absorbed, R->level, R->seqbuf};
+    void *bufs[] = {R->st,       R->terms, R->segs,   R->sigbuf, R->stmt_of,
+                    R->absorbed, R->level, R->seqbuf, R->taken};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) t->alloc.free_fn(bufs[i], t->alloc.ctx);
 }
@@ -812,7 +813,7 @@ static int key_less(const skey *x, const skey *y) {
 }
 
 /* Sorts the statement indices v[0..n) by (level, serial), or by (signature hash, slot) with
- * `by_hash` (a level's slots follow creation order, or its kinds, level_period): a stable merge
+ * `by_hash` (a level's slots follow creation order, or its kinds: level_layout): a stable merge
  * sort of their keys (no recursion over the data's size). */
 static int sort_idx(rr *R, uint32_t *v, size_t n, int by_hash) {
     if (n < 2) return 1;
@@ -842,34 +843,62 @@ static int sort_idx(rr *R, uint32_t *v, size_t n, int by_hash) {
     return 1;
 }
 
-/* The period P of a level stored kind-major: its statements v[0..n), in creation order, cycle
- * through P kinds of at least 8 statements each, P from 2 to 4, either
- *  - P signatures in turn (a GRU's gate pre-activations, unit by unit: z r n z r n ...), or
- *  - one signature, whose fit's innermost dim is P (a GRU's z and r gates, two by two over the
- *    units; a convolution's output with 2-4 channels innermost; complex numbers as (re, im));
- * 1 (creation order) for any other level. Kind-major, each kind's values are consecutive along the
- * units, as loops over the units read and write them: 0 out of memory. A reduction that reads the
- * level in creation order (a dense layer over pairs) then sums over two dims, the kinds and the
- * units, in the same order. */
-static size_t level_period(rr *R, const uint32_t *v, size_t n) {
+/* Stores statements v[0..len) kind-major from slot `base`: statement j, of kind j % P and unit
+ * j / P, at base + (j % P) * (len / P) + j / P. */
+static void kind_major(rr *R, const uint32_t *v, size_t len, size_t P, size_t base) {
+    for (size_t j = 0; j < len; j++)
+        R->f->slot[R->st[v[j]].node] = (uint32_t)(base + (j % P) * (len / P) + j / P);
+}
+
+/* The layout of a level whose statements v[0..n), in creation order, have slots start .. start
+ * + n - 1: creation order, except where they cycle through P kinds unit by unit, P from 2 to 4,
+ * for at least 8 units. Those are stored kind-major (kind_major), so that each kind's values are
+ * consecutive along the units, as loops over the units read and write them:
+ *  - a run of statements whose signatures repeat every P, P of them in turn (a GRU's gate
+ *    pre-activations, unit by unit: z r n z r n ...), anywhere in the level (other statements
+ *    before or after it keep their slots); shorter periods first;
+ *  - a whole level of one signature, whose fit's innermost dim is P (a GRU's z and r gates, two by
+ *    two over the units; a convolution's output with 2-4 channels innermost; complex numbers as
+ *    (re, im)).
+ * A reduction that reads such values in creation order (a dense layer over pairs) then sums over
+ * two dims, the kinds and the units, in the same order. Returns 0 out of memory. */
+static int level_layout(rr *R, const uint32_t *v, size_t n, size_t start) {
     size_t i, P;
-    if (n < 16 || R->st[v[0]].kind == S_NARY) return 1;
+    if (n < 16) return 1;
     for (i = 0; i + 1 < n; i++)
         if (!same_signature(R, &R->st[v[i]], &R->st[v[i + 1]])) break;
     if (i + 1 >= n) { /* one signature: the outputs, consecutive, fit innermost */
+        if (R->st[v[0]].kind == S_NARY) return 1;
         gfit G;
         const int e = group_fit(R, v, n, &G);
         if (e == 0) return 0;
         if (e < 0 || G.fr.nd < 2) return 1;
         P = (size_t)G.fr.n[G.fr.nd - 1];
-        return P >= 2 && P <= 4 && n / P >= 8 ? P : 1;
+        if (P >= 2 && P <= 4 && n / P >= 8) kind_major(R, v, n, P, start);
+        return 1;
     }
-    for (P = 2; P <= 4; P++) {
-        if (n % P || n / P < 8) continue;
-        for (i = 0; i + P < n; i++)
-            if (!same_signature(R, &R->st[v[i]], &R->st[v[i + P]])) break;
-        if (i + P >= n) return P;
-    }
+    /* runs: maximal [a, e) where statement k has the signature of k + P, and P more */
+    if (!GROW(R, taken, captaken, n)) return 0;
+    memset(R->taken, 0, n);
+    for (P = 2; P <= 4; P++)
+        for (size_t a = 0; a + P < n;) {
+            size_t e = a;
+            while (e + P < n && same_signature(R, &R->st[v[e]], &R->st[v[e + P]])) e++;
+            if (e == a) {
+                a++;
+                continue;
+            }
+            const size_t len = (e - a + P) / P * P; /* whole cycles of [a, e + P) */
+            int ok = len / P >= 8, mixed = 0;       /* P kinds, not P copies of one */
+            for (size_t k = a + 1; k < a + P; k++)
+                mixed |= !same_signature(R, &R->st[v[a]], &R->st[v[k]]);
+            for (size_t k = a; k < a + len && ok; k++) ok = !R->taken[k]; /* a shorter period's */
+            if (ok && mixed) {
+                kind_major(R, v + a, len, P, start + a);
+                memset(R->taken + a, 1, len);
+            }
+            a = e; /* a run starting inside [a, e) ends at e: no longer, no more kinds */
+        }
     return 1;
 }
 
@@ -924,14 +953,7 @@ int mg_reroll(mg_tape *t, const mg_fz *f, int scalar) {
                 stmt *s = &R.st[order[i]];
                 if (!make_segments(&R, s) || !make_signature(&R, s)) goto done;
             }
-            const size_t P = level_period(&R, order + lo, hi - lo);
-            if (P == 0) goto done;
-            if (P > 1) { /* kind-major: statement j of the level at (j % P) * (n / P) + j / P */
-                const size_t nl = hi - lo, start = R.next_slot - nl;
-                for (size_t j = 0; j < nl; j++)
-                    f->slot[R.st[order[lo + j]].node] =
-                        (uint32_t)(start + (j % P) * (nl / P) + j / P);
-            }
+            if (!level_layout(&R, order + lo, hi - lo, R.next_slot - (hi - lo))) goto done;
             if (!sort_idx(&R, order + lo, hi - lo, 1)) goto done;
             for (size_t g0 = lo; g0 < hi;) {
                 size_t g1 = g0 + 1;

@@ -1690,6 +1690,8 @@ def interleaved_kinds_case(ctx: Ctx) -> Case:
     W = [[[ctx.weight(n_in) for _ in range(n_in)] for _ in range(M)] for _ in range(P)]
     b = [[ctx.weight() for _ in range(M)] for _ in range(P)]
     vals: list[list[Value]] = []
+    # statements of the same level before and after the units (level_layout leaves them be)
+    extras = [x[i % n_in] * ctx.weight() for i in range(ctx.int(0, 3, "extras before"))]
     for j in range(M):
         row = []
         for k in range(P):
@@ -1703,6 +1705,7 @@ def interleaved_kinds_case(ctx: Ctx) -> Case:
             else:
                 row.append(x[(j + k) % n_in] * b[k][j])
         vals.append(row)
+    extras += [x[i % n_in] + ctx.weight() for i in range(ctx.int(0, 2, "extras after"))]
     ops = [ctx.choice(["sigmoid", "tanh", "same", "square"], f"kind {k} op") for k in range(P)]
     if ctx.flag("activations"):
         vals = [
@@ -1728,8 +1731,44 @@ def interleaved_kinds_case(ctx: Ctx) -> Case:
         )
     if ctx.flag("head"):
         final = dense(ctx, final, ctx.choice([2, 3], "head outputs"))
+    final += [e.tanh() for e in extras]
     ctx.taps.extend([vals[0][P - 1], vals[M - 1][0]])
     return finish(ctx, x, X, final)
+
+
+def test_kinds_among_other_statements_of_their_level_are_stored_kind_major():
+    """Three kinds of reduction made unit by unit over 16 units, with other statements of the
+    same level made before and after them: the kinds' run is stored kind-major on its own (each
+    kind's nest reads and writes unit-stride rows), the other statements keep their slots."""
+    random.seed(3)
+    r = np.random.default_rng(3)
+    X = r.uniform(-1, 1, size=(4, 6))
+    x = [Value(float(v)) for v in X[0]]
+    params: list[Value] = []
+
+    def p() -> Value:
+        v = Value(random.uniform(-1, 1))
+        params.append(v)
+        return v
+
+    before = [x[0] * p(), x[1] * p()]
+    kinds = []
+    for _ in range(16):
+        kinds.append(
+            [
+                sum((p() * xi for xi in x), p()),  # with a bias
+                sum((p() * xi for xi in x), 0.0),  # without
+                sum((p() * xi for xi in x[1:]), p()),  # shorter
+            ]
+        )
+    after = [x[2] + p()]
+    final = [k[0].sigmoid() * k[1].tanh() + k[2] for k in kinds]
+    final += [v.tanh() for v in before + after]
+    loss = sum((v * v for v in final), 0.0)
+    case = Case(x=x, y=[], params=params, loss=loss, outputs=[], X=X, Y=None)
+    check_case(case)
+    text = compile_case(case).describe()
+    assert forward_out_strides(text) == [], text
 
 
 @examples(60)
