@@ -11,8 +11,8 @@
  *    multi-index (a 3x3 convolution's input is (i+a)*W + (j+b): dims (3, 3), strides (W, 1)).
  *    The signature is everything but the slots' bases.
  * 4. Layout and groups. A level's statements get consecutive slots in creation order (so the
- *    next level reads them in the order the user's loops wrote them), except statements that
- *    cycle through 2-4 kinds unit by unit (a GRU's gates: z r n z r n ...): they are stored
+ *    next level reads them in the order the user's loops wrote them), except a level that
+ *    cycles through 2-4 kinds unit by unit (a GRU's gates: z r n z r n ...): it is stored
  *    kind-major (level_layout), so that loops over the units read and write consecutive slots.
  * Statements of one level and one signature form a group, in slot order, whose operand bases are
  * fitted as an affine function of the group's own multi-index. Operands that are not affine are
@@ -71,14 +71,12 @@ typedef struct rr {
     /* per-group scratch */
     int64_t *seqbuf;
     size_t capseq;
-    uint8_t *taken; /* level_layout: statements of the level already stored kind-major */
-    size_t captaken;
 } rr;
 
 static void rr_free(rr *R) {
     mg_tape *t = R->t;
-    void *bufs[] = {R->st,       R->terms, R->segs,   R->sigbuf, R->stmt_of,
-                    R->absorbed, R->level, R->seqbuf, R->taken};
+    void *bufs[] = {R->st,      R->terms,    R->segs,  R->sigbuf,
+                    R->stmt_of, R->absorbed, R->level, R->seqbuf};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) t->alloc.free_fn(bufs[i], t->alloc.ctx);
 }
@@ -851,24 +849,23 @@ static void kind_major(rr *R, const uint32_t *v, size_t len, size_t P, size_t ba
 }
 
 /* The layout of a level whose statements v[0..n), in creation order, have slots start .. start
- * + n - 1: creation order, except where they cycle through P kinds unit by unit, P from 2 to 4,
- * for at least 8 units. Those are stored kind-major (kind_major), so that each kind's values are
- * consecutive along the units, as loops over the units read and write them:
- *  - a run of statements whose signatures repeat every P, P of them in turn (a GRU's gate
- *    pre-activations, unit by unit: z r n z r n ...), anywhere in the level (other statements
- *    before or after it keep their slots); shorter periods first;
- *  - a whole level of one signature, whose fit's innermost dim is P (a GRU's z and r gates, two by
- *    two over the units; a convolution's output with 2-4 channels innermost; complex numbers as
- *    (re, im)).
- * A reduction that reads such values in creation order (a dense layer over pairs) then sums over
- * two dims, the kinds and the units, in the same order. Returns 0 out of memory. */
+ * + n - 1: creation order, except a level that cycles through P kinds unit by unit, P from 2 to 4,
+ * for at least 8 units, stored kind-major (kind_major), so that each kind's values are consecutive
+ * along the units, as loops over the units read and write them:
+ *  - P signatures in turn (a GRU's gate pre-activations, unit by unit: z r n z r n ...), or
+ *  - one signature, whose fit's innermost dim is P (a GRU's z and r gates, two by two over the
+ *    units; a convolution's output with 2-4 channels innermost; complex numbers as (re, im)).
+ * A reduction that reads such a level in creation order (a dense layer over pairs) then sums over
+ * two dims, the kinds and the units, in the same order. Only a whole level: with other statements
+ * in it (before or after the cycle, or a partial last cycle), a reader over the level in creation
+ * order, or a kind's group, would no longer be affine (index tables, up to 1.8x slower on the
+ * tape), so such a level keeps creation order. Returns 0 out of memory. */
 static int level_layout(rr *R, const uint32_t *v, size_t n, size_t start) {
     size_t i, P;
-    if (n < 16) return 1;
+    if (n < 16 || R->st[v[0]].kind == S_NARY) return 1;
     for (i = 0; i + 1 < n; i++)
         if (!same_signature(R, &R->st[v[i]], &R->st[v[i + 1]])) break;
     if (i + 1 >= n) { /* one signature: the outputs, consecutive, fit innermost */
-        if (R->st[v[0]].kind == S_NARY) return 1;
         gfit G;
         const int e = group_fit(R, v, n, &G);
         if (e == 0) return 0;
@@ -877,28 +874,15 @@ static int level_layout(rr *R, const uint32_t *v, size_t n, size_t start) {
         if (P >= 2 && P <= 4 && n / P >= 8) kind_major(R, v, n, P, start);
         return 1;
     }
-    /* runs: maximal [a, e) where statement k has the signature of k + P, and P more */
-    if (!GROW(R, taken, captaken, n)) return 0;
-    memset(R->taken, 0, n);
-    for (P = 2; P <= 4; P++)
-        for (size_t a = 0; a + P < n;) {
-            size_t e = a;
-            while (e + P < n && same_signature(R, &R->st[v[e]], &R->st[v[e + P]])) e++;
-            if (e == a) {
-                a++;
-                continue;
-            }
-            const size_t len = (e - a + P) / P * P; /* whole cycles of [a, e + P) */
-            int ok = len / P >= 8, mixed = 0;       /* P kinds, not P copies of one */
-            for (size_t k = a + 1; k < a + P; k++)
-                mixed |= !same_signature(R, &R->st[v[a]], &R->st[v[k]]);
-            for (size_t k = a; k < a + len && ok; k++) ok = !R->taken[k]; /* a shorter period's */
-            if (ok && mixed) {
-                kind_major(R, v + a, len, P, start + a);
-                memset(R->taken + a, 1, len);
-            }
-            a = e; /* a run starting inside [a, e) ends at e: no longer, no more kinds */
+    for (P = 2; P <= 4; P++) { /* the shortest period of the whole level */
+        if (n % P || n / P < 8) continue;
+        for (i = 0; i + P < n; i++)
+            if (!same_signature(R, &R->st[v[i]], &R->st[v[i + P]])) break;
+        if (i + P >= n) {
+            kind_major(R, v, n, P, start);
+            return 1;
         }
+    }
     return 1;
 }
 

@@ -1736,10 +1736,12 @@ def interleaved_kinds_case(ctx: Ctx) -> Case:
     return finish(ctx, x, X, final)
 
 
-def test_kinds_among_other_statements_of_their_level_are_stored_kind_major():
+def test_kinds_among_other_statements_of_their_level_keep_creation_order():
     """Three kinds of reduction made unit by unit over 16 units, with other statements of the
-    same level made before and after them: the kinds' run is stored kind-major on its own (each
-    kind's nest reads and writes unit-stride rows), the other statements keep their slots."""
+    same level before and after them, read back per unit and by a dense layer over the whole
+    level in creation order: the level keeps creation order (stored kind-major, the cycle
+    alone, the dense layer read it through an index table, 1.8x slower on the tape), so nothing
+    reads through a table, and the programs agree as on every other case."""
     random.seed(3)
     r = np.random.default_rng(3)
     X = r.uniform(-1, 1, size=(4, 6))
@@ -1762,13 +1764,14 @@ def test_kinds_among_other_statements_of_their_level_are_stored_kind_major():
             ]
         )
     after = [x[2] + p()]
+    level = before + [v for k in kinds for v in k] + after
     final = [k[0].sigmoid() * k[1].tanh() + k[2] for k in kinds]
-    final += [v.tanh() for v in before + after]
+    final += [sum((p() * v for v in level), p()) for _ in range(2)]
     loss = sum((v * v for v in final), 0.0)
     case = Case(x=x, y=[], params=params, loss=loss, outputs=[], X=X, Y=None)
     check_case(case)
     text = compile_case(case).describe()
-    assert forward_out_strides(text) == [], text
+    assert "@table" not in text, text
 
 
 @examples(60)
