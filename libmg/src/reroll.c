@@ -10,14 +10,15 @@
  *    operand classes); each run's operand slots are fitted as an affine function of a row-major
  *    multi-index (a 3x3 convolution's input is (i+a)*W + (j+b): dims (3, 3), strides (W, 1)).
  *    The signature is everything but the slots' bases.
- * 4. Layout and groups. A level's statements get consecutive slots in creation order (so the
- *    next level reads them in the order the user's loops wrote them), except a level that
- *    cycles through 2-4 kinds unit by unit (a GRU's gates: z r n z r n ...): it is stored
- *    kind-major (level_layout), so that loops over the units read and write consecutive slots.
- * Statements of one level and one signature form a group, in slot order, whose operand bases are
- * fitted as an affine function of the group's own multi-index. Operands that are not affine are
- * read through an index table (gather), never one instruction per scalar. Forward values are
- * unchanged: every reduction adds its terms in the chain's order. */
+ * 4. Layout. A level's statements get consecutive slots in creation order (so the next level
+ *    reads them in the order the user's loops wrote them), except a level that cycles through
+ *    2-4 kinds unit by unit (a GRU's gates: z r n z r n ...): it is stored kind-major
+ *    (level_layout), so that loops over the units read and write consecutive slots.
+ * 5. Groups. Statements of one level and one signature form a group, in slot order, whose
+ *    operand bases are fitted as an affine function of the group's own multi-index. Operands
+ *    that are not affine are read through an index table (gather), never one instruction per
+ *    scalar.
+ * Forward values are unchanged: every reduction adds its terms in the chain's order. */
 #include "ir.h"
 
 #include <string.h>
