@@ -621,7 +621,7 @@ typedef struct gfit {
     int64_t *seqs[2 + 2 * MAXSEG];
     int use[2 + 2 * MAXSEG];  /* fitted */
     int want[2 + 2 * MAXSEG]; /* to fit (the rest are read through index tables) */
-    int ns, nseg;
+    int nseg;
     uint32_t nops; /* elementwise operands */
     int64_t str[(2 + 2 * MAXSEG) * MGK_MAXD];
     fitres fr;
@@ -635,7 +635,7 @@ static int group_fit(rr *R, const uint32_t *members, size_t N, gfit *G) {
     const mg_fz *f = R->f;
     const stmt *s0 = &R->st[members[0]];
     const int nseg = G->nseg = s0->kind == S_RED ? (int)s0->ns : 0;
-    const int ns = G->ns = 2 + (s0->kind == S_RED ? 2 * nseg : 1);
+    const int ns = 2 + (s0->kind == S_RED ? 2 * nseg : 1);
     if (!GROW(R, seqbuf, capseq, (size_t)ns * N)) return 0;
     int64_t **seqs = G->seqs;
     int *use = G->use;
