@@ -11,8 +11,9 @@ micrograd user writes them (lists of Values, Python loops), it prints in one run
 - freeze + reroll + emit + C compile time (gcc by default, a fresh cache), and the C source size;
 - training throughput at each batch size (images/s, one SGD step per batch, one thread, medians
   of --repeat one-epoch runs, the systems interleaved within each repeat): the tape interpreter,
-  the compiled program, PyTorch eager float64 (pinned to one thread) and, for `cnn` and `elman`,
-  the obvious hand-written C (benchmarks/c/, built with micrograd_c's own compiler flags);
+  the compiled program, PyTorch eager float64 (pinned to one thread) and, for `cnn`, `cnn48`
+  and `elman`, the obvious hand-written C (benchmarks/c/, built with micrograd_c's own compiler
+  flags);
 - ratios measured in the same run, and the first epoch's mean loss of every system (they start
   from the same parameters where the layouts agree, so the losses agree).
 
@@ -50,7 +51,12 @@ from micrograd_c.app.bench import cpu_model  # noqa: E402
 from micrograd_c.datasets import DatasetError, load_mnist  # noqa: E402
 
 DEFAULT_MNIST = os.path.join(os.path.dirname(os.path.dirname(HERE)), "shared", "data", "mnist")
-HAND = {"cnn": ("cnn_hand.c", "cnn"), "elman": ("elman_hand.c", "elman")}
+# family -> the hand-written C (benchmarks/c/), its function stem and the defines that shape it
+HAND = {
+    "cnn": ("cnn_hand.c", "cnn", []),
+    "cnn48": ("cnn_hand.c", "cnn", ["-DCH=48", "-DPAD=1"]),
+    "elman": ("elman_hand.c", "elman", []),
+}
 
 
 def load_data(data_dir: str, n: int) -> tuple[np.ndarray, np.ndarray, str]:
@@ -177,11 +183,12 @@ def torch_epoch(net: Any, prep: Any, X: Any, Y: Any, lr: float, batch: int) -> f
 
 
 def build_hand(name: str, tc: Any, flags: list[str], work: str) -> Any:
-    src, stem = HAND[name]
-    out = os.path.join(work, f"{stem}_hand.so")
+    src, stem, defines = HAND[name]
+    out = os.path.join(work, f"{name}_hand.so")
     subprocess.run(
         tc.command
         + list(flags)
+        + defines
         + ["-fPIC", "-shared", "-o", out, os.path.join(HERE, "c", src), "-lm"],
         check=True,
         capture_output=True,

@@ -1,16 +1,26 @@
 /* The reference a C programmer would write for benchmarks/zoo.py's `cnn` family: conv 3x3 with
- * 4 channels (no padding), ReLU, 2x2 max pooling, dense 10, softmax cross-entropy, one SGD step
- * per sample. The obvious loops, strict floating point (build with -O2 -ffp-contract=off, as
- * micrograd_c builds its own code). Parameters in zoo's order: w[c][a][b], b[c], W[k][f], B[k].
- * benchmarks/models.py compiles it and calls train_epoch through ctypes. */
+ * CH channels (4 unless -DCH=...) and PAD pixels of padding (0 unless -DPAD=..., the taps that
+ * fall on it skipped, as zoo's _conv does), ReLU, 2x2 max pooling, dense 10, softmax
+ * cross-entropy, one SGD step per sample. The obvious loops, strict floating point (build with
+ * -O2 -ffp-contract=off, as micrograd_c builds its own code). Parameters in zoo's order:
+ * w[c][a][b], b[c], W[k][f], B[k]. benchmarks/models.py compiles it (-DCH=48 -DPAD=1 for
+ * `cnn48`) and calls train_epoch through ctypes. */
 #include <math.h>
 #include <stddef.h>
 
 #define IN 28
+#ifndef CH
 #define CH 4
+#endif
+#ifndef PAD
+#define PAD 0
+#endif
 #define KS 3
-#define CO (IN - KS + 1) /* 26 */
-#define PO (CO / 2)      /* 13 */
+#define CO (IN + 2 * PAD - KS + 1) /* 26 without padding */
+#define PO (CO / 2)                /* 13 */
+
+/* Input pixel (i, j) of the padded image: 0 on the padding, where no tap adds anything. */
+#define IN_IMAGE(i, j) ((i) >= 0 && (i) < IN && (j) >= 0 && (j) < IN)
 #define NF (CH * PO * PO)
 #define NC 10
 
@@ -35,7 +45,10 @@ double cnn_train_epoch(double *pp, const double *X, const double *Y, const size_
                 for (int j = 0; j < CO; j++) {
                     double acc = p->b[c];
                     for (int a = 0; a < KS; a++)
-                        for (int b = 0; b < KS; b++) acc += p->w[c][a][b] * x[(i + a) * IN + j + b];
+                        for (int b = 0; b < KS; b++) {
+                            const int ii = i + a - PAD, jj = j + b - PAD;
+                            if (IN_IMAGE(ii, jj)) acc += p->w[c][a][b] * x[ii * IN + jj];
+                        }
                     act[c][i][j] = acc > 0.0 ? acc : 0.0;
                 }
         for (int c = 0; c < CH; c++)
@@ -83,7 +96,10 @@ double cnn_train_epoch(double *pp, const double *X, const double *Y, const size_
                     double g = gpool[f];
                     gb[c] += g;
                     for (int a = 0; a < KS; a++)
-                        for (int b = 0; b < KS; b++) gw[c][a][b] += g * x[(ii + a) * IN + jj + b];
+                        for (int b = 0; b < KS; b++) {
+                            const int xi = ii + a - PAD, xj = jj + b - PAD;
+                            if (IN_IMAGE(xi, xj)) gw[c][a][b] += g * x[xi * IN + xj];
+                        }
                 }
         for (int c = 0; c < CH; c++) {
             p->b[c] -= lr * gb[c];
