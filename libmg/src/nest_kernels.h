@@ -264,6 +264,7 @@ typedef mgk_real mgk_vq_u __attribute__((vector_size(16), aligned(MGK_REAL_BYTES
 #endif
 #else
 #define MGK_VECTOR 0
+#define MGK_UNROLL /* (a hint to gcc and clang; the scalar paths are correct rolled) */
 #endif
 
 /* Index-table entries name an element of the shared arrays (D, G) or, with MGK_IX_PS set, of the
@@ -459,7 +460,8 @@ MGK_HOT void mgk_point1(const mgk_nest *N, const mgk_run *R, const int term, con
             tree = 1;
         }
 #endif
-        if (!tree) { /* one loop for split sums' lanes and plain sums */
+        if (!tree) { /* split sums' lanes, or a plain sum */
+            MGK_UNROLL
             for (l = 0; l < MGK_LANES; l++) part[l] = (mgk_real)0;
             for (sm = 0; sm < nbr; sm++) {
                 const mgk_i64 so = s0 + sm * R->ss;
@@ -470,13 +472,25 @@ MGK_HOT void mgk_point1(const mgk_nest *N, const mgk_run *R, const int term, con
                                           q1 = p1 + MGK_RPOS(&X[1], r4, r5, r6, 0);
                             const mgk_i64 q2 = p2 + MGK_RPOS(&X[2], r4, r5, r6, 0),
                                           q3 = p3 + MGK_RPOS(&X[3], r4, r5, r6, 0);
-                            for (r7 = 0; r7 < n[7]; r7++) {
-                                const mgk_real v = MGK_TERM_AT(
-                                    N, R, term, op, q0 + r7 * X[0].s[7], q1 + r7 * X[1].s[7],
-                                    q2 + r7 * X[2].s[7], q3 + r7 * X[3].s[7], so);
-                                if (split) part[r7 % MGK_LANES] += v;
-                                else acc += v;
+#define MGK_TERM7(r7)                                                                              \
+    MGK_TERM_AT(N, R, term, op, q0 + (r7) * X[0].s[7], q1 + (r7) * X[1].s[7],                      \
+                q2 + (r7) * X[2].s[7], q3 + (r7) * X[3].s[7], so)
+                            if (split) {
+                                /* a block's terms at constant lane indices, so that the lanes
+                                 * stay in registers (indexed by r7 % MGK_LANES, each term's lane
+                                 * was a load and a store: a padded convolution's kernel gradient
+                                 * along its edge columns, rows 28 elements apart) */
+                                for (r7 = 0; r7 < full; r7 += MGK_LANES) {
+                                    MGK_UNROLL
+                                    for (l = 0; l < MGK_LANES; l++) part[l] += MGK_TERM7(r7 + l);
+                                }
+                                MGK_UNROLL
+                                for (l = 0; l < MGK_LANES; l++)
+                                    if (l < m) part[l] += MGK_TERM7(full + l);
+                            } else {
+                                for (r7 = 0; r7 < n[7]; r7++) acc += MGK_TERM7(r7);
                             }
+#undef MGK_TERM7
                         }
             }
             if (split) acc += MGK_TREE(MGK_PART);
