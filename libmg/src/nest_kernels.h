@@ -475,11 +475,14 @@ MGK_HOT void mgk_point1(const mgk_nest *N, const mgk_run *R, const int term, con
 #define MGK_TERM7(r7)                                                                              \
     MGK_TERM_AT(N, R, term, op, q0 + (r7) * X[0].s[7], q1 + (r7) * X[1].s[7],                      \
                 q2 + (r7) * X[2].s[7], q3 + (r7) * X[3].s[7], so)
-                            if (split) {
+                            if (split && (term == MGK_T_MUL || term == MGK_T_ONE)) {
                                 /* a block's terms at constant lane indices, so that the lanes
                                  * stay in registers (indexed by r7 % MGK_LANES, each term's lane
                                  * was a load and a store: a padded convolution's kernel gradient
-                                 * along its edge columns, rows 28 elements apart) */
+                                 * along its edge columns, rows 28 elements apart). Products and
+                                 * values only: unrolled, an op's formula in every lane made the
+                                 * interpreter's instances a sixth larger, and no gradient sum
+                                 * of an op's term over shared weights is known. */
                                 for (r7 = 0; r7 < full; r7 += MGK_LANES) {
                                     MGK_UNROLL
                                     for (l = 0; l < MGK_LANES; l++) part[l] += MGK_TERM7(r7 + l);
@@ -487,6 +490,8 @@ MGK_HOT void mgk_point1(const mgk_nest *N, const mgk_run *R, const int term, con
                                 MGK_UNROLL
                                 for (l = 0; l < MGK_LANES; l++)
                                     if (l < m) part[l] += MGK_TERM7(full + l);
+                            } else if (split) {
+                                for (r7 = 0; r7 < n[7]; r7++) part[r7 % MGK_LANES] += MGK_TERM7(r7);
                             } else {
                                 for (r7 = 0; r7 < n[7]; r7++) acc += MGK_TERM7(r7);
                             }
@@ -541,8 +546,15 @@ MGK_HOT void mgk_block(const mgk_nest *N, const mgk_run *R, const int term, cons
     mgk_i64 r4, r5, r6, r7, sm;
     int l;
 #if MGK_VECTOR
-    /* sums of products (or of values) over unit-stride or broadcast lanes, as vectors */
-    if ((term == MGK_T_MUL || term == MGK_T_ONE) && MGK_BLOCK_VECTORS(N, term) &&
+    /* sums of products (or of values) over unit-stride or broadcast lanes, as vectors; in a whole
+     * block, also over stride-2 lanes (a stride-2 convolution's input along its output columns),
+     * each vector the even lanes of two (MGK_EVEN2: one element past the block's last lane is
+     * read, inside the same array and sample at worst in its padding, MGK_PAD, and unused) */
+#define MGK_LANES_S(s) ((s) == 0 || (s) == 1 || (MGK_STRIDE2 && (s) == 2 && nl == MGK_LANES))
+    if ((term == MGK_T_MUL || term == MGK_T_ONE) &&
+        (MGK_BLOCK_VECTORS(N, term) ||
+         (N->out.s[3] == 1 && MGK_LANES_S(s0) && (term == MGK_T_ONE || MGK_LANES_S(s1)) &&
+          (N->mode != MGK_SUMI || N->init.s[3] <= 1) && N->mode != MGK_SET && N->init.s[3] >= 0)) &&
         (!step || N->init.s[3] == 1) && (!pre || (nl == MGK_LANES && s0 == 1 && s1 == 0))) {
         mgk_vec v[MGK_NV], a = MGK_VSPLAT((mgk_real)0), b = a;
         const mgk_vec lr = MGK_VSPLAT((mgk_real)R->lr);
@@ -573,11 +585,17 @@ MGK_HOT void mgk_block(const mgk_nest *N, const mgk_run *R, const int term, cons
             }
             MGK_UNROLL
             for (k = 0; k < MGK_NV; k++) {
-                if (s0) MGK_VLOAD(a, y0 + k * MGK_VW);
+                if (s0 == 1) MGK_VLOAD(a, y0 + k * MGK_VW);
+#if MGK_STRIDE2
+                else if (s0 == 2) a = MGK_EVEN2(y0 + 2 * k * MGK_VW);
+#endif
                 if (term == MGK_T_ONE) {
                     v[k] += a;
                 } else {
-                    if (s1) MGK_VLOAD(b, y1 + k * MGK_VW);
+                    if (s1 == 1) MGK_VLOAD(b, y1 + k * MGK_VW);
+#if MGK_STRIDE2
+                    else if (s1 == 2) b = MGK_EVEN2(y1 + 2 * k * MGK_VW);
+#endif
                     v[k] += a * b;
                 }
             }
@@ -606,6 +624,7 @@ MGK_HOT void mgk_block(const mgk_nest *N, const mgk_run *R, const int term, cons
         }
         return;
     }
+#undef MGK_LANES_S
     /* the pre-stepped last block of a row when exactly MGK_QL lanes are valid (an MLP layer's 50
      * outputs: six blocks, then 2), as one quarter vector: the lane loops below, the same
      * operations in the same order, with nothing touched past the row (at batch 1 the MLP's

@@ -1923,18 +1923,29 @@ def assert_tape_bits(
 
 
 @needs_cc
-@pytest.mark.parametrize("name", ["cnn-s1", "gru", "attention", "attention-16", "mlp-tails"])
+@pytest.mark.parametrize(
+    "name", ["cnn-s1", "cnn-pad", "cnn-s2", "gru", "attention", "attention-16", "mlp-tails"]
+)
 def test_plain_lane_loops_compute_the_vector_paths_bits(name):
     """Generated code built with MGK_NO_VECTOR (what a compiler without GNU C vectors, tcc or
     MSVC, runs: every block, tile and split sum as plain lane loops) against the interpreter's
     vector paths, bit for bit: one order of additions per lane whatever holds the lanes (for
     numbers; which of two NaNs an addition keeps depends on how the C compiler ordered its
     operands). cnn-s1's kernel-weight gradients are split sums over 26 rows of 26 (3 blocks and 2
-    last terms each); mlp-tails' layers end their rows in quarter blocks (mgk_tile_q)."""
+    last terms each); cnn-pad's along the edge columns are split sums whose lanes are rows 28
+    elements apart (mgk_point1's lanes in registers), and so is cnn-s2's bias gradient (rows 25
+    apart); cnn-s2's stride-2 convolution sums products over its input's every other element
+    (mgk_block: whole blocks as the even lanes of two vectors, the last lane by lane);
+    mlp-tails' layers end their rows in quarter blocks (mgk_tile_q)."""
     case = zoo_case(name)
     tape = compile_case(case)
+    listing = tape.describe()
     if name == "cnn-s1":
-        assert "[split sums]" in tape.describe()
+        assert "[split sums]" in listing
+    if name in ("cnn-pad", "cnn-s2"):  # a split sum over strided lanes
+        assert re.search(r"\+(25|28)\*r3\]  \[split sums\]", listing), listing
+    if name == "cnn-s2":  # products over stride-2 lanes, in a whole block and a last one
+        assert re.search(r"\(2, 12, 12 \|.*x0\*x1.*\+2\*i3 .*\[blocks\]", listing), listing
     flags = [*compiler.default_flags(compiler.find_compiler()), "-DMGK_NO_VECTOR"]
     plain = compile_case(case, backend="c", flags=flags)
     assert_tape_bits(plain, tape, case, "plain-lane", batches=(1, 4), threads=1)
