@@ -22,8 +22,18 @@ from micrograd_c import compiler
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+# models.py pins BLAS and OpenMP to one thread when it is imported (for its own timings): that
+# setting must not outlive the import into the other tests of this process (torch reads it)
+_PINNED = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")
+_saved = {k: os.environ.get(k) for k in _PINNED}
 import models  # noqa: E402  (the benchmark itself: its HAND table and build_hand)
 import zoo  # noqa: E402
+
+for _k, _v in _saved.items():
+    if _v is None:
+        os.environ.pop(_k, None)
+    else:
+        os.environ[_k] = _v
 
 from conftest import needs_cc  # noqa: E402
 
