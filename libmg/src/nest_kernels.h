@@ -40,7 +40,9 @@
  * over every other reduction dim and the samples and combined once per output in a fixed order: the
  * same bits on every backend and thread count. MGK_F_SCATTER (gradients whose target moves along
  * more dims than a nest has outer dims) adds every term straight into its own output element,
- * out(i, r) += term(i, r), visiting the points in row-major order. MGK_F_BAND (an MGK_F_STEP
+ * out(i, r) += term(i, r), visiting the points in row-major order, except that a per-sample
+ * output's row of products (or values) runs over its reduction points, and along the row at each
+ * (mgk_scatter_row). MGK_F_BAND (an MGK_F_STEP
  * nest that reads only per-sample operands, schedule.c) runs the rows of dim 2 that the run names
  * (mgk_run::lo2, hi2): a batch whose samples are all in flight runs such a nest after its chunks,
  * in bands of rows, one per thread (drive.h). Each output's arithmetic does not depend on the band.
@@ -509,6 +511,81 @@ MGK_HOT void mgk_point1(const mgk_nest *N, const mgk_run *R, const int term, con
     } else {
         *MGK_ATS(R, &N->out, po, s0) = acc;
     }
+}
+
+/* A scattered nest's row of n[3] points of one sample (MGK_F_SCATTER with a per-sample output: a
+ * stride-2 convolution's input gradient, each input element receiving from several points): the
+ * terms added reduction point by reduction point, along the row at each, the order every build
+ * follows for such rows. The points in the order r7, r4, r5, r6: consecutive ones then write other
+ * rows of the output (a kernel's rows), where r7 (its columns) shifts the row by an element, and a
+ * vector loaded from the shifted stores of the point before could not be forwarded from them. The
+ * points of a row write distinct elements (out's stride along it is not 0) and a nest never reads
+ * what it writes, so at each reduction point the row runs as vectors where its output is
+ * unit-stride, or stride 2 in a block with another after it in the row (whole vectors of the row's
+ * span, the odd elements written back as they were), and its operands unit-stride or broadcast; the
+ * rest lane by lane. Per point (mgk_point1), each term was a load, an add and a store through one
+ * element after another (cnn2: 46% of a fit). Defining MGK_NO_SCATTER_ROWS leaves the vectors out
+ * (to compare: a test checks the bits). */
+#define MGK_SCATTER_ROW_OK(N, term)                                                                \
+    (((term) == MGK_T_MUL || (term) == MGK_T_ONE) && (N)->out.s[3] != 0 && !(N)->out.gather &&     \
+     !(N)->x[0].gather && ((term) == MGK_T_ONE || !(N)->x[1].gather))
+MGK_HOT void mgk_scatter_row(const mgk_nest *N, const mgk_run *R, const int term, const int small,
+                             const mgk_i64 po, const mgk_i64 p0, const mgk_i64 p1) {
+    MGK_SIZES(n, N->n, small);
+    const mgk_ref *O = &N->out, *X = N->x;
+    const mgk_i64 n3 = n[3], so = O->s[3], s0 = X[0].s[3];
+    const mgk_i64 s1 = term == MGK_T_ONE ? 0 : X[1].s[3];
+    mgk_real *const ob = R->a[O->arr] + po;
+    const mgk_real *const ab = R->a[X[0].arr] + p0;
+    const mgk_real *const bb = term == MGK_T_ONE ? ab : R->a[X[1].arr] + p1;
+    mgk_i64 r4, r5, r6, r7, i3;
+    for (r7 = 0; r7 < n[7]; r7++)
+        for (r4 = 0; r4 < n[4]; r4++)
+            for (r5 = 0; r5 < n[5]; r5++)
+                for (r6 = 0; r6 < n[6]; r6++) {
+                    mgk_real *const o = ob + MGK_RPOS(O, r4, r5, r6, r7);
+                    const mgk_real *const a = ab + MGK_RPOS(&X[0], r4, r5, r6, r7);
+                    const mgk_real *const b =
+                        term == MGK_T_ONE ? a : bb + MGK_RPOS(&X[1], r4, r5, r6, r7);
+                    i3 = 0;
+#if MGK_VECTOR && !defined(MGK_NO_SCATTER_ROWS)
+                    if ((so == 1 || (MGK_STRIDE2 && so == 2)) && (s0 == 0 || s0 == 1) &&
+                        (s1 == 0 || s1 == 1)) {
+                        /* whole blocks; stride 2: those with another point after them */
+                        for (; i3 + MGK_LANES < n3 + (so == 1); i3 += MGK_LANES) {
+                            int k;
+                            MGK_UNROLL
+                            for (k = 0; k < MGK_NV; k++) {
+                                const mgk_i64 j = i3 + k * MGK_VW;
+                                mgk_vec x, y, v;
+                                if (s0) MGK_VLOAD(x, a + j);
+                                else x = MGK_VSPLAT(a[0]);
+                                if (term == MGK_T_MUL) {
+                                    if (s1) MGK_VLOAD(y, b + j);
+                                    else y = MGK_VSPLAT(b[0]);
+                                    x = x * y;
+                                }
+                                if (so == 1) {
+                                    MGK_VLOAD(v, o + j);
+                                    MGK_VSTORE(o + j, v + x);
+                                }
+#if MGK_STRIDE2
+                                else {
+                                    mgk_vec lo, hi;
+                                    MGK_VLOAD(lo, o + 2 * j);
+                                    MGK_VLOAD(hi, o + 2 * j + MGK_VW);
+                                    v = MGK_EVEN(lo, hi) + x;
+                                    MGK_VSTORE(o + 2 * j, MGK_ZIP_LO(v, lo));
+                                    MGK_VSTORE(o + 2 * j + MGK_VW, MGK_ZIP_HI(v, hi));
+                                }
+#endif
+                            }
+                        }
+                    }
+#endif
+                    for (; i3 < n3; i3++)
+                        o[i3 * so] += term == MGK_T_ONE ? a[i3 * s0] : a[i3 * s0] * b[i3 * s1];
+                }
 }
 
 #if MGK_VECTOR
@@ -1496,6 +1573,11 @@ MGK_HOT void mgk_split_pts(const mgk_nest *N, const mgk_run *R, const int term, 
                         }                                                                          \
                     } else {                                                                       \
                         MGK_NP_POINT_ROWS                                                          \
+                        if ((N->flags & MGK_F_SCATTER) && ps && nbr == 1 && !step && !pre &&       \
+                            MGK_SCATTER_ROW_OK(N, term)) {                                         \
+                            mgk_scatter_row(N, Rb, term, small, po, q0, q1);                       \
+                            continue;                                                              \
+                        }                                                                          \
                         for (i3 = 0; i3 < n[3]; i3++) {                                            \
                             /* a gathered output whose entry here is a per-sample element is no    \
                              * sum over the batch: each sample's point runs on its own */          \
