@@ -354,9 +354,10 @@ MGK_HOT void mgk_point1(const mgk_nest *N, const mgk_run *R, const int term, con
         if ((term == MGK_T_ONE || term == MGK_T_MUL) && !N->out.gather && !X[0].gather &&
             (term == MGK_T_ONE || !X[1].gather)) {
             /* the same additions in the same order, the positions advanced along the innermost
-             * reduction dim instead of computed for each term from every dim and stride (a
-             * strided convolution's input gradient, cnn2's 10,368 terms per sample: tape 1.4x).
-             * Defining MGK_NO_SCATTER_ROWS leaves it out (to compare: a test checks the bits). */
+             * reduction dim instead of computed for each term from every dim and stride (a padded
+             * convolution's corner weights' gradients, shared, summed over a batch's samples; a
+             * per-sample output's rows run in mgk_scatter_row instead). Defining
+             * MGK_NO_SCATTER_ROWS leaves it out (to compare: a test checks the bits). */
             const mgk_i64 os = N->out.s[7], as = X[0].s[7], bs = X[1].s[7];
             for (sm = 0; sm < nbr; sm++) {
                 const mgk_i64 ss = s0 + sm * R->ss;

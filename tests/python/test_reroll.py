@@ -1989,12 +1989,14 @@ def test_unblocked_rows_of_single_terms_run_as_elementwise_rows_in_the_interpret
 
 
 @needs_cc
-def test_scattered_gradients_advance_along_rows_with_the_bits_of_each_term_on_its_own():
-    """A scattered nest (a stride-2 convolution's input gradient, per sample; a padded one's
-    corner weights' gradients, shared, summed over a batch's samples) adds its terms along the
-    innermost reduction dim with positions advanced by its strides (mgk_point1), in the order it
-    visits them one by one: generated code with and without that path (-DMGK_NO_SCATTER_ROWS)
-    and the tape, bit for bit, at batch sizes 1 and 4 on two threads."""
+def test_scattered_gradients_in_rows_keep_the_bits_of_their_scalar_order():
+    """A scattered nest adds its terms straight into their outputs in one fixed order, whatever
+    runs them: a padded convolution's corner weights' gradients (shared, summed over a batch's
+    samples) along the innermost reduction dim with positions advanced by its strides
+    (mgk_point1), a stride-2 convolution's input gradient (per sample) reduction point by
+    reduction point with its row as vectors at each (mgk_scatter_row). Generated code with and
+    without those paths (-DMGK_NO_SCATTER_ROWS: positions from every dim and stride, rows lane by
+    lane) and the tape, bit for bit, at batch sizes 1 and 4 on two threads."""
     flags = [*compiler.default_flags(compiler.find_compiler()), "-DMGK_NO_SCATTER_ROWS"]
     for name, output in (("cnn-s2", "out[sample_grad"), ("cnn-pad", "out[grad")):
         case = zoo_case(name)
