@@ -597,11 +597,14 @@ MGK_HOT void mgk_scatter_row(const mgk_nest *N, const mgk_run *R, const int term
  * instances only (a GRU's nests past the emitter's budget: its fit 1.05x). Generated code knows
  * the strides, and the C compiler, which could not drop the row's code from such nests before
  * their descriptor's fields were folded, spent up to a quarter more time on a CNN's file. */
-#define MGK_BLOCK_VECTORS(N, term)                                                                 \
-    ((N)->out.s[3] == 1 && ((N)->x[0].s[3] == 0 || (N)->x[0].s[3] == 1) &&                         \
-     ((term) == MGK_T_ONE || (N)->x[1].s[3] == 0 || (N)->x[1].s[3] == 1) &&                        \
+#define MGK_BLOCK_VECTORS(N, term) MGK_BLOCK_VECTORS_IF(N, term, MGK_LANES_01)
+/* ... with the operands' lane strides that `ok` admits (mgk_block also admits 2 in a whole
+ * block) */
+#define MGK_BLOCK_VECTORS_IF(N, term, ok)                                                          \
+    ((N)->out.s[3] == 1 && ok((N)->x[0].s[3]) && ((term) == MGK_T_ONE || ok((N)->x[1].s[3])) &&    \
      ((N)->mode != MGK_SUMI || (N)->init.s[3] <= 1) && (N)->mode != MGK_SET &&                     \
      (N)->init.s[3] >= 0)
+#define MGK_LANES_01(s) ((s) == 0 || (s) == 1)
 #endif
 
 /* MGK_LANES consecutive points along the vector dim (no gather refs), `nl` of them valid: lane l
@@ -628,11 +631,8 @@ MGK_HOT void mgk_block(const mgk_nest *N, const mgk_run *R, const int term, cons
      * block, also over stride-2 lanes (a stride-2 convolution's input along its output columns),
      * each vector the even lanes of two (MGK_EVEN2: one element past the block's last lane is
      * read, inside the same array and sample at worst in its padding, MGK_PAD, and unused) */
-#define MGK_LANES_S(s) ((s) == 0 || (s) == 1 || (MGK_STRIDE2 && (s) == 2 && nl == MGK_LANES))
-    if ((term == MGK_T_MUL || term == MGK_T_ONE) &&
-        (MGK_BLOCK_VECTORS(N, term) ||
-         (N->out.s[3] == 1 && MGK_LANES_S(s0) && (term == MGK_T_ONE || MGK_LANES_S(s1)) &&
-          (N->mode != MGK_SUMI || N->init.s[3] <= 1) && N->mode != MGK_SET && N->init.s[3] >= 0)) &&
+#define MGK_LANES_S(s) (MGK_LANES_01(s) || (MGK_STRIDE2 && (s) == 2 && nl == MGK_LANES))
+    if ((term == MGK_T_MUL || term == MGK_T_ONE) && MGK_BLOCK_VECTORS_IF(N, term, MGK_LANES_S) &&
         (!step || N->init.s[3] == 1) && (!pre || (nl == MGK_LANES && s0 == 1 && s1 == 0))) {
         mgk_vec v[MGK_NV], a = MGK_VSPLAT((mgk_real)0), b = a;
         const mgk_vec lr = MGK_VSPLAT((mgk_real)R->lr);
