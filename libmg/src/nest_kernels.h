@@ -164,6 +164,7 @@ typedef struct mgk_run {
 #endif
 #define MGK_VW (MGK_VBYTES / MGK_REAL_BYTES) /* lanes per native vector */
 #define MGK_NV (MGK_LANES / MGK_VW)          /* native vectors per block */
+#define MGK_VW_LOG2 (MGK_VW == 2 ? 1 : MGK_VW == 4 ? 2 : MGK_VW == 8 ? 3 : 4)
 typedef mgk_real mgk_vec __attribute__((vector_size(MGK_VBYTES)));
 /* the same, at any element's address, and allowed to alias the slot arrays */
 typedef mgk_real mgk_vec_u
@@ -233,7 +234,8 @@ typedef mgk_real mgk_vq_u __attribute__((vector_size(16), aligned(MGK_REAL_BYTES
         else (v) = MGK_VGATHER(p, 1, m);                                                           \
     } while (0)
 /* Stride-2 lanes (a 2x2 pool's columns) as shuffles of whole vectors, where the compiler has
- * __builtin_shufflevector (clang, gcc 12): MGK_EVEN(a, b) is the even lanes of a then b;
+ * __builtin_shufflevector (clang, gcc 12): MGK_EVEN(a, b) is the even lanes of a then b
+ * (MGK_ODD(a, b) the odd ones);
  * MGK_ZIP_LO(v, a) puts v's first half in a's even lanes and MGK_ZIP_HI(v, a) its second half,
  * a's odd lanes kept. (MGK_STRIDE2 0: lane by lane, as before gcc 12.) */
 #if (defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 12)) && !defined(MGK_NO_EVEN)
@@ -241,18 +243,22 @@ typedef mgk_real mgk_vq_u __attribute__((vector_size(16), aligned(MGK_REAL_BYTES
 #define MGK_SV __builtin_shufflevector
 #if MGK_VW == 2
 #define MGK_EVEN(a, b) MGK_SV(a, b, 0, 2)
+#define MGK_ODD(a, b) MGK_SV(a, b, 1, 3)
 #define MGK_ZIP_LO(v, a) MGK_SV(v, a, 0, 3)
 #define MGK_ZIP_HI(v, a) MGK_SV(v, a, 1, 3)
 #elif MGK_VW == 4
 #define MGK_EVEN(a, b) MGK_SV(a, b, 0, 2, 4, 6)
+#define MGK_ODD(a, b) MGK_SV(a, b, 1, 3, 5, 7)
 #define MGK_ZIP_LO(v, a) MGK_SV(v, a, 0, 5, 1, 7)
 #define MGK_ZIP_HI(v, a) MGK_SV(v, a, 2, 5, 3, 7)
 #elif MGK_VW == 8
 #define MGK_EVEN(a, b) MGK_SV(a, b, 0, 2, 4, 6, 8, 10, 12, 14)
+#define MGK_ODD(a, b) MGK_SV(a, b, 1, 3, 5, 7, 9, 11, 13, 15)
 #define MGK_ZIP_LO(v, a) MGK_SV(v, a, 0, 9, 1, 11, 2, 13, 3, 15)
 #define MGK_ZIP_HI(v, a) MGK_SV(v, a, 4, 9, 5, 11, 6, 13, 7, 15)
 #else
 #define MGK_EVEN(a, b) MGK_SV(a, b, 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30)
+#define MGK_ODD(a, b) MGK_SV(a, b, 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31)
 #define MGK_ZIP_LO(v, a) MGK_SV(v, a, 0, 17, 1, 19, 2, 21, 3, 23, 4, 25, 5, 27, 6, 29, 7, 31)
 #define MGK_ZIP_HI(v, a) MGK_SV(v, a, 8, 17, 9, 19, 10, 21, 11, 23, 12, 25, 13, 27, 14, 29, 15, 31)
 #endif
@@ -1181,12 +1187,60 @@ MGK_HOT void mgk_lanes(const mgk_nest *N, const mgk_run *R, const int small, con
 #define MGK_NP_SAMPLE_LANES
 #endif
 
+/* Lane trees of MGK_VW points at once (split points, split rows): `tr` gets, in lane j, the sum of
+ * the lanes of point j's vectors v[j][0..MGK_NV), added as MGK_TREE adds them. Each level adds the
+ * adjacent lanes of two vectors (the even lanes of both plus the odd ones, MGK_TREE's additions and
+ * operand order), halving the lanes a point holds and doubling the points a vector holds; then the
+ * native vectors' trees are added as MGK_TREE adds them: 14 shuffles and 7 additions for 8 points,
+ * where one point at a time its lanes were 8 extractions and 7 scalar additions. */
+#if MGK_VECTOR && MGK_STRIDE2
+#define MGK_VTREE_OK 1
+#if MGK_NV == 1
+#define MGK_VTREE_NV(lv) (lv)[0]
+#elif MGK_NV == 2
+#define MGK_VTREE_NV(lv) ((lv)[0] + (lv)[1])
+#else
+#define MGK_VTREE_NV(lv) (((lv)[0] + (lv)[1]) + ((lv)[2] + (lv)[3]))
+#endif
+#define MGK_VTREE(v, tr)                                                                           \
+    do {                                                                                           \
+        mgk_vec lv_[MGK_NV];                                                                       \
+        int k_, j_, lev_;                                                                          \
+        MGK_UNROLL                                                                                 \
+        for (k_ = 0; k_ < MGK_NV; k_++) {                                                          \
+            mgk_vec w_[MGK_VW];                                                                    \
+            MGK_UNROLL                                                                             \
+            for (j_ = 0; j_ < MGK_VW; j_++) w_[j_] = (v)[j_][k_];                                  \
+            /* levels counted by one: gcc unrolled no loop of h /= 2 */                            \
+            MGK_UNROLL                                                                             \
+            for (lev_ = 1; lev_ <= MGK_VW_LOG2; lev_++) {                                          \
+                MGK_UNROLL                                                                         \
+                for (j_ = 0; j_ < MGK_VW >> lev_; j_++)                                            \
+                    w_[j_] = MGK_EVEN(w_[2 * j_], w_[2 * j_ + 1]) +                                \
+                             MGK_ODD(w_[2 * j_], w_[2 * j_ + 1]);                                  \
+            }                                                                                      \
+            lv_[k_] = w_[0];                                                                       \
+        }                                                                                          \
+        (tr) = MGK_VTREE_NV(lv_);                                                                  \
+    } while (0)
+#else
+#define MGK_VTREE_OK 0
+#endif
+
+/* A stepping nest (MGK_F_STEP) whose terms read the array it steps runs one point at a time (not
+ * in split points or split rows): a point's sum could read a weight an earlier point stepped,
+ * which the points' sums all made before any step would not (no such nest is known: its gradient
+ * is never one nest). */
+#define MGK_PTS_STEP_OK(N, term, step)                                                             \
+    (!(step) ||                                                                                    \
+     ((N)->x[0].arr != (N)->init.arr && ((term) == MGK_T_ONE || (N)->x[1].arr != (N)->init.arr)))
+
 /* Split points: a split sum's output points (MGK_SPLIT_VEC) one at a time add each block of
  * terms into the same vectors, one chain of dependent additions per point (cnn48's kernel
  * gradient: 26 rows of 4 blocks per weight, each addition waiting for the last). Up to MGK_PT
  * points of a row of dims 2 and 3 run at once instead, each in its own vectors, in mgk_point1's
- * order, and their lanes added with MGK_TREE one point at a time: the same bits, with MGK_PT
- * chains in flight. MGK_PT keeps the points' vectors within the registers. Defining
+ * order, and their lanes added with MGK_VTREE (or MGK_TREE one point at a time): the same bits,
+ * with MGK_PT chains in flight. MGK_PT keeps the points' vectors within the registers. Defining
  * MGK_NO_SPLIT_PTS leaves it out (to compare: a test checks the bits). */
 #if MGK_VECTOR && !defined(MGK_NO_SPLIT_PTS)
 #define MGK_PT (MGK_NV >= 4 ? 2 : 8 / MGK_NV)
@@ -1270,14 +1324,20 @@ MGK_HOT void mgk_split_pts(const mgk_nest *N, const mgk_run *R, const int term, 
                     }
                 }
     }
+#if MGK_VTREE_OK && MGK_PT == MGK_VW
+    mgk_vec tr;
+    MGK_VTREE(v, tr);
+#define MGK_PT_TREE(j) tr[j]
+#else
+#define MGK_VLANE(l) v[j][(l) / MGK_VW][(l) % MGK_VW]
+#define MGK_PT_TREE(j) MGK_TREE(MGK_VLANE)
+#endif
     MGK_UNROLL
     for (j = 0; j < MGK_PT; j++) {
         mgk_real acc = MGK_ZS(N, R)          ? (mgk_real)0
                        : N->mode == MGK_SUMI ? *MGK_AT(R, &N->init, pi[j])
                                              : *MGK_AT(R, &N->out, po[j]);
-#define MGK_VLANE(l) v[j][(l) / MGK_VW][(l) % MGK_VW]
-        acc += MGK_TREE(MGK_VLANE);
-#undef MGK_VLANE
+        acc += MGK_PT_TREE(j);
         if (step) {
             mgk_real *w = MGK_AT(R, &N->init, pi[j]);
             const mgk_real *og = MGK_OG(N, R, po[j]);
@@ -1286,13 +1346,11 @@ MGK_HOT void mgk_split_pts(const mgk_nest *N, const mgk_run *R, const int term, 
             *MGK_AT(R, &N->out, po[j]) = acc;
         }
     }
+#undef MGK_PT_TREE
+#ifdef MGK_VLANE
+#undef MGK_VLANE
+#endif
 }
-/* A stepping nest (MGK_F_STEP) whose terms read the array it steps runs one point at a time: a
- * point's sum could read a weight an earlier point stepped, which the points' sums all made
- * before any step would not (no such nest is known: its gradient is never one nest). */
-#define MGK_PTS_STEP_OK(N, term, step)                                                             \
-    (!(step) ||                                                                                    \
-     ((N)->x[0].arr != (N)->init.arr && ((term) == MGK_T_ONE || (N)->x[1].arr != (N)->init.arr)))
 /* The points of rows [lo2, hi2) of dim 2 at (i0, i1), in row-major order: MGK_PT at a time, the
  * rest one by one, where a point's sum is at least 4 blocks long per sample (a dense layer's input
  * gradient, rows of 10 terms, one block and a rest, ran slower this way: most of a point's cost is
@@ -1327,6 +1385,128 @@ MGK_HOT void mgk_split_pts(const mgk_nest *N, const mgk_run *R, const int term, 
     }
 #else
 #define MGK_NP_SPLIT_PTS
+#endif
+
+#if MGK_VTREE_OK && (MGK_NV == 1 || MGK_LANES == 8) && !defined(MGK_NO_SPLIT_ROWS)
+/* Split rows: MGK_VW consecutive points of a row along dim 3 of a split sum too short for split
+ * points (a dense layer's input gradient: per input, 10 products with the output gradient, one
+ * block and a rest) at once, each in its own vectors, in mgk_point1's order, the operand that
+ * does not move along the row (the output gradient) loaded once for all, and their lanes added
+ * by MGK_VTREE: the same bits as one point at a time, whose positions and lane tree were most of
+ * a point's cost. Positions are those of the row's first point, strides along dim 3 so (out), si
+ * (init), s0, s1 (x0, x1); `nbr` samples. Defining MGK_NO_SPLIT_ROWS leaves it out (to compare:
+ * a test checks the bits). */
+MGK_HOT void mgk_split_row(const mgk_nest *N, const mgk_run *R, const int term, const int step,
+                           const int small, const mgk_i64 nbr, const mgk_i64 po, const mgk_i64 pi,
+                           const mgk_i64 p0, const mgk_i64 p1, const mgk_i64 so, const mgk_i64 si,
+                           const mgk_i64 s0, const mgk_i64 s1) {
+    MGK_SIZES(n, N->n, small);
+    const mgk_ref *X = N->x;
+    const mgk_i64 full = n[7] / MGK_LANES * MGK_LANES, s07 = X[0].s[7], s17 = X[1].s[7];
+    const int m = (int)(n[7] - full);
+    const int mul = term == MGK_T_MUL;
+    mgk_vec v[MGK_VW][MGK_NV], tr;
+    mgk_i64 r4, r5, r6, r7, sm;
+    int j, k;
+    MGK_UNROLL
+    for (j = 0; j < MGK_VW; j++) {
+        MGK_UNROLL
+        for (k = 0; k < MGK_NV; k++) v[j][k] = MGK_VSPLAT((mgk_real)0);
+    }
+    for (sm = 0; sm < nbr; sm++) {
+        const mgk_i64 ss = sm * R->ss;
+        for (r4 = 0; r4 < n[4]; r4++)
+            for (r5 = 0; r5 < n[5]; r5++)
+                for (r6 = 0; r6 < n[6]; r6++) {
+                    /* the row's first point's operands; point j's are j * s0 (s1) further */
+                    const mgk_real *y0 = MGK_ATS(R, &X[0], p0 + MGK_RPOS(&X[0], r4, r5, r6, 0), ss);
+                    const mgk_real *y1 =
+                        mul ? MGK_ATS(R, &X[1], p1 + MGK_RPOS(&X[1], r4, r5, r6, 0), ss) : y0;
+                    for (r7 = 0; r7 < full; r7 += MGK_LANES) {
+                        MGK_UNROLL
+                        for (k = 0; k < MGK_NV; k++) {
+                            const mgk_i64 off = r7 + k * MGK_VW;
+                            mgk_vec a0 = MGK_VSPLAT((mgk_real)0), b0 = a0;
+                            /* an operand fixed along the row, loaded once */
+                            if (!s0) {
+                                if (s07) MGK_VLOAD(a0, y0 + off);
+                                else a0 = MGK_VSPLAT(*y0);
+                            }
+                            if (mul && !s1) {
+                                if (s17) MGK_VLOAD(b0, y1 + off);
+                                else b0 = MGK_VSPLAT(*y1);
+                            }
+                            MGK_UNROLL
+                            for (j = 0; j < MGK_VW; j++) {
+                                mgk_vec aj = a0, bj = b0;
+                                if (s0) {
+                                    if (s07) MGK_VLOAD(aj, y0 + j * s0 + off);
+                                    else aj = MGK_VSPLAT(y0[j * s0]);
+                                }
+                                if (!mul) {
+                                    v[j][k] += aj;
+                                    continue;
+                                }
+                                if (s1) {
+                                    if (s17) MGK_VLOAD(bj, y1 + j * s1 + off);
+                                    else bj = MGK_VSPLAT(y1[j * s1]);
+                                }
+                                v[j][k] += aj * bj;
+                            }
+                        }
+                    }
+                    if (m) { /* the row's last terms, zeros in the lanes past them (mgk_point1) */
+                        MGK_UNROLL
+                        for (k = 0; k < MGK_NV; k++) {
+                            const int mk = m - k * MGK_VW;
+                            const mgk_i64 off = full + k * MGK_VW;
+                            const mgk_vec ta0 = MGK_VGATHER(y0 + s07 * off, s07, mk);
+                            const mgk_vec tb0 = mul ? MGK_VGATHER(y1 + s17 * off, s17, mk) : ta0;
+                            MGK_UNROLL
+                            for (j = 0; j < MGK_VW; j++) {
+                                const mgk_vec ta =
+                                    s0 ? MGK_VGATHER(y0 + j * s0 + s07 * off, s07, mk) : ta0;
+                                if (!mul) {
+                                    v[j][k] += ta;
+                                    continue;
+                                }
+                                v[j][k] +=
+                                    ta * (s1 ? MGK_VGATHER(y1 + j * s1 + s17 * off, s17, mk) : tb0);
+                            }
+                        }
+                    }
+                }
+    }
+    MGK_VTREE(v, tr);
+    MGK_UNROLL
+    for (j = 0; j < MGK_VW; j++) {
+        mgk_real acc = MGK_ZS(N, R)          ? (mgk_real)0
+                       : N->mode == MGK_SUMI ? *MGK_AT(R, &N->init, pi + j * si)
+                                             : *MGK_AT(R, &N->out, po + j * so);
+        acc += tr[j];
+        if (step) {
+            mgk_real *w = MGK_AT(R, &N->init, pi + j * si);
+            const mgk_real *og = MGK_OG(N, R, po + j * so);
+            *w -= (mgk_real)R->lr * (og ? *og + acc : acc);
+        } else {
+            *MGK_AT(R, &N->out, po + j * so) = acc;
+        }
+    }
+}
+#define MGK_NP_SPLIT_ROW                                                                           \
+    if (!pre && N->mode != MGK_SET && !(N->flags & MGK_F_SCATTER) && !O->gather && !I->gather &&   \
+        MGK_SPLIT_VEC(N, term) && n[3] >= MGK_VW && MGK_PTS_STEP_OK(N, term, step))                \
+        for (; i3 + MGK_VW <= n[3]; i3 += MGK_VW) {                                                \
+            mgk_split_row(N, Rb, term, step, small, nbr, po, pi, q0, q1, so, si, s0, s1);          \
+            po += MGK_VW * so;                                                                     \
+            pi += MGK_VW * si;                                                                     \
+            q0 += MGK_VW * s0;                                                                     \
+            q1 += MGK_VW * s1;                                                                     \
+            q2 += MGK_VW * s2;                                                                     \
+            q3 += MGK_VW * s3;                                                                     \
+        }
+#else
+#define MGK_NP_SPLIT_ROW
 #endif
 
 /* Whether a nest can run in register tiles along `axis`: 2 (outer dim 2) or 8 (the samples of a
@@ -1579,7 +1759,9 @@ MGK_HOT void mgk_split_pts(const mgk_nest *N, const mgk_run *R, const int term, 
                             mgk_scatter_row(N, Rb, term, small, po, q0, q1);                       \
                             continue;                                                              \
                         }                                                                          \
-                        for (i3 = 0; i3 < n[3]; i3++) {                                            \
+                        i3 = 0;                                                                    \
+                        MGK_NP_SPLIT_ROW                                                           \
+                        for (; i3 < n[3]; i3++) {                                                  \
                             /* a gathered output whose entry here is a per-sample element is no    \
                              * sum over the batch: each sample's point runs on its own */          \
                             const int each = O->gather && nbr > 1 &&                               \

@@ -2039,6 +2039,38 @@ def test_split_sums_of_several_points_at_once_keep_the_bits_of_one(float32):
         assert_tape_bits(prog, plain, case, what, batches=(1, 4, 6), threads=2)
 
 
+@needs_cc
+@pytest.mark.parametrize("float32", [False, True])
+def test_split_sums_of_a_row_at_once_keep_the_bits_of_one(float32):
+    """Where a split sum is too short for split points (a dense layer's input gradient: per input,
+    a row of one block of products with the output gradient and a rest), a native vector's width
+    of consecutive points runs at once, their lanes added by one tree of shuffles (nest_kernels.h's
+    mgk_split_row and MGK_VTREE), each in mgk_point1's order. So the same program built without it
+    (-DMGK_NO_SPLIT_ROWS, the same target flags) computes bitwise the same outputs, gradients and
+    fits, at batch sizes 1, 4 and 6 on two threads: mlp-tails' hidden layer of 17 (rows of 10
+    terms: whole groups of points, then the 17th alone), gru-16's and elman-16's recurrent
+    gradients (rows of 16 terms, added to what another nest summed). In float32 (16 lanes) the
+    rows of 10 are no split sum and the rows of 16 one block, 16 points at once."""
+    flags = [*compiler.default_flags(compiler.find_compiler()), "-DMGK_NO_SPLIT_ROWS"]
+    for name, nest in (
+        ("mlp-tails", "(17 | 10) sum out[sample_grad"),
+        ("gru-16", "(16 | 16) acc out[sample_grad"),
+        ("elman-16", "(16 | 16) acc out[sample_grad"),
+    ):
+        case = zoo_case(name)
+        prog = compile_case(case, backend="c", float32=float32)
+        listing = prog.describe()
+        assert any(nest in line and "[split sums]" in line for line in listing.splitlines()), (
+            listing
+        )
+        plain = compile_case(case, backend="c", float32=float32, flags=flags)
+        what = f"{name} float32 {float32}"
+        assert_tape_bits(prog, plain, case, what, batches=(1, 4, 6), threads=2)
+        if not float32:  # and the interpreter's own vector paths (fresh programs: fits train them)
+            prog = compile_case(case, backend="c")
+            assert_tape_bits(prog, compile_case(case), case, f"{what} tape", (1, 4), threads=2)
+
+
 def dense3_case(
     r: np.random.Generator, X: np.ndarray, x: list[Value], feats: list[Value], params: list[Value]
 ) -> Case:
