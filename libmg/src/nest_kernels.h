@@ -1215,9 +1215,10 @@ MGK_HOT void mgk_lanes(const mgk_nest *N, const mgk_run *R, const int small, con
             MGK_UNROLL                                                                             \
             for (lev_ = 1; lev_ <= MGK_VW_LOG2; lev_++) {                                          \
                 MGK_UNROLL                                                                         \
-                for (j_ = 0; j_ < MGK_VW >> lev_; j_++)                                            \
-                    w_[j_] = MGK_EVEN(w_[2 * j_], w_[2 * j_ + 1]) +                                \
-                             MGK_ODD(w_[2 * j_], w_[2 * j_ + 1]);                                  \
+                for (j_ = 0; j_ < MGK_VW / 2; j_++) /* (a constant count: -O0 warned) */           \
+                    if (j_ < MGK_VW >> lev_)                                                       \
+                        w_[j_] = MGK_EVEN(w_[2 * j_], w_[2 * j_ + 1]) +                            \
+                                 MGK_ODD(w_[2 * j_], w_[2 * j_ + 1]);                              \
             }                                                                                      \
             lv_[k_] = w_[0];                                                                       \
         }                                                                                          \
@@ -1226,6 +1227,24 @@ MGK_HOT void mgk_lanes(const mgk_nest *N, const mgk_run *R, const int small, con
 #else
 #define MGK_VTREE_OK 0
 #endif
+
+/* A split sum's point at positions po_ (out), pi_ (init) whose lanes added to `tree_` (split
+ * points, split rows): its sum, init (or 0, or out) + tree_, applied as SGD to init (`step`) or
+ * stored at out, as mgk_point1 ends. */
+#define MGK_PT_FINISH(N, R, step, po_, pi_, tree_)                                                 \
+    do {                                                                                           \
+        mgk_real acc_ = MGK_ZS(N, R)            ? (mgk_real)0                                      \
+                        : (N)->mode == MGK_SUMI ? *MGK_AT(R, &(N)->init, pi_)                      \
+                                                : *MGK_AT(R, &(N)->out, po_);                      \
+        acc_ += (tree_);                                                                           \
+        if (step) {                                                                                \
+            mgk_real *w_ = MGK_AT(R, &(N)->init, pi_);                                             \
+            const mgk_real *og_ = MGK_OG(N, R, po_);                                               \
+            *w_ -= (mgk_real)(R)->lr * (og_ ? *og_ + acc_ : acc_);                                 \
+        } else {                                                                                   \
+            *MGK_AT(R, &(N)->out, po_) = acc_;                                                     \
+        }                                                                                          \
+    } while (0)
 
 /* A stepping nest (MGK_F_STEP) whose terms read the array it steps runs one point at a time (not
  * in split points or split rows): a point's sum could read a weight an earlier point stepped,
@@ -1333,19 +1352,7 @@ MGK_HOT void mgk_split_pts(const mgk_nest *N, const mgk_run *R, const int term, 
 #define MGK_PT_TREE(j) MGK_TREE(MGK_VLANE)
 #endif
     MGK_UNROLL
-    for (j = 0; j < MGK_PT; j++) {
-        mgk_real acc = MGK_ZS(N, R)          ? (mgk_real)0
-                       : N->mode == MGK_SUMI ? *MGK_AT(R, &N->init, pi[j])
-                                             : *MGK_AT(R, &N->out, po[j]);
-        acc += MGK_PT_TREE(j);
-        if (step) {
-            mgk_real *w = MGK_AT(R, &N->init, pi[j]);
-            const mgk_real *og = MGK_OG(N, R, po[j]);
-            *w -= (mgk_real)R->lr * (og ? *og + acc : acc);
-        } else {
-            *MGK_AT(R, &N->out, po[j]) = acc;
-        }
-    }
+    for (j = 0; j < MGK_PT; j++) MGK_PT_FINISH(N, R, step, po[j], pi[j], MGK_PT_TREE(j));
 #undef MGK_PT_TREE
 #ifdef MGK_VLANE
 #undef MGK_VLANE
@@ -1394,8 +1401,9 @@ MGK_HOT void mgk_split_pts(const mgk_nest *N, const mgk_run *R, const int term, 
  * does not move along the row (the output gradient) loaded once for all, and their lanes added
  * by MGK_VTREE: the same bits as one point at a time, whose positions and lane tree were most of
  * a point's cost. Positions are those of the row's first point, strides along dim 3 so (out), si
- * (init), s0, s1 (x0, x1); `nbr` samples. Defining MGK_NO_SPLIT_ROWS leaves it out (to compare:
- * a test checks the bits). */
+ * (init), s0, s1 (x0, x1); `nbr` samples. Every sum is made before any is stored, so the points'
+ * outputs must be distinct (so != 0, checked where it is called). Defining MGK_NO_SPLIT_ROWS
+ * leaves it out (to compare: a test checks the bits). */
 MGK_HOT void mgk_split_row(const mgk_nest *N, const mgk_run *R, const int term, const int step,
                            const int small, const mgk_i64 nbr, const mgk_i64 po, const mgk_i64 pi,
                            const mgk_i64 p0, const mgk_i64 p1, const mgk_i64 so, const mgk_i64 si,
@@ -1479,23 +1487,11 @@ MGK_HOT void mgk_split_row(const mgk_nest *N, const mgk_run *R, const int term, 
     }
     MGK_VTREE(v, tr);
     MGK_UNROLL
-    for (j = 0; j < MGK_VW; j++) {
-        mgk_real acc = MGK_ZS(N, R)          ? (mgk_real)0
-                       : N->mode == MGK_SUMI ? *MGK_AT(R, &N->init, pi + j * si)
-                                             : *MGK_AT(R, &N->out, po + j * so);
-        acc += tr[j];
-        if (step) {
-            mgk_real *w = MGK_AT(R, &N->init, pi + j * si);
-            const mgk_real *og = MGK_OG(N, R, po + j * so);
-            *w -= (mgk_real)R->lr * (og ? *og + acc : acc);
-        } else {
-            *MGK_AT(R, &N->out, po + j * so) = acc;
-        }
-    }
+    for (j = 0; j < MGK_VW; j++) MGK_PT_FINISH(N, R, step, po + j * so, pi + j * si, tr[j]);
 }
 #define MGK_NP_SPLIT_ROW                                                                           \
     if (!pre && N->mode != MGK_SET && !(N->flags & MGK_F_SCATTER) && !O->gather && !I->gather &&   \
-        MGK_SPLIT_VEC(N, term) && n[3] >= MGK_VW && MGK_PTS_STEP_OK(N, term, step))                \
+        MGK_SPLIT_VEC(N, term) && n[3] >= MGK_VW && so != 0 && MGK_PTS_STEP_OK(N, term, step))     \
         for (; i3 + MGK_VW <= n[3]; i3 += MGK_VW) {                                                \
             mgk_split_row(N, Rb, term, step, small, nbr, po, pi, q0, q1, so, si, s0, s1);          \
             po += MGK_VW * so;                                                                     \
