@@ -1346,24 +1346,21 @@ MGK_HOT void mgk_split_pts(const mgk_nest *N, const mgk_run *R, const int term, 
 #if MGK_VTREE_OK && MGK_PT == MGK_VW
     mgk_vec tr;
     MGK_VTREE(v, tr);
-#define MGK_PT_TREE(j) tr[j]
+    MGK_UNROLL
+    for (j = 0; j < MGK_PT; j++) MGK_PT_FINISH(N, R, step, po[j], pi[j], tr[j]);
 #else
 #define MGK_VLANE(l) v[j][(l) / MGK_VW][(l) % MGK_VW]
-#define MGK_PT_TREE(j) MGK_TREE(MGK_VLANE)
-#endif
     MGK_UNROLL
-    for (j = 0; j < MGK_PT; j++) MGK_PT_FINISH(N, R, step, po[j], pi[j], MGK_PT_TREE(j));
-#undef MGK_PT_TREE
-#ifdef MGK_VLANE
+    for (j = 0; j < MGK_PT; j++) MGK_PT_FINISH(N, R, step, po[j], pi[j], MGK_TREE(MGK_VLANE));
 #undef MGK_VLANE
 #endif
 }
 /* The points of rows [lo2, hi2) of dim 2 at (i0, i1), in row-major order: MGK_PT at a time, the
  * rest one by one, where a point's sum is at least 4 blocks long per sample (a dense layer's input
  * gradient, rows of 10 terms, one block and a rest, ran slower this way: most of a point's cost is
- * then its positions and its lanes' tree, not a chain of additions). Per sample, so that in
- * generated code the sizes alone decide and gcc drops the path from every other nest (a bias
- * gradient of 8 points over 12 terms gave cnn5s2 a sixth more compile time). */
+ * then its positions and its lanes' tree, not a chain of additions; split rows take those). Per
+ * sample, so that in generated code the sizes alone decide and gcc drops the path from every other
+ * nest (a bias gradient of 8 points over 12 terms gave cnn5s2 a sixth more compile time). */
 #define MGK_NP_SPLIT_PTS                                                                           \
     if (!block && !pre && N->mode != MGK_SET && !(N->flags & MGK_F_SCATTER) && !O->gather &&       \
         !I->gather && MGK_SPLIT_VEC(N, term) && (hi2 - lo2) * n[3] >= MGK_PT &&                    \
