@@ -610,10 +610,9 @@ PYBIND11_MODULE(_core, m, py::mod_gil_used()) {
                                    out.size(),
                                    raise_loops ? 0 : 1};
                  auto tp = std::make_unique<Tape>();
-                 {
-                     py::gil_scoped_release nogil; // freezing a large graph takes a while
-                     tp->t.reset(mg_tape_freeze(graph(), &spec));
-                 }
+                 // with the GIL held: freezing walks (and marks) the process's graph, which
+                 // Values on other threads build and differentiate under the GIL
+                 tp->t.reset(mg_tape_freeze(graph(), &spec));
                  if (!tp->t) throw_graph_error("freeze");
                  return tp;
              }),

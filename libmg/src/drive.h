@@ -557,6 +557,16 @@ MG_DRV_LINK int MG_DRV(predict)(mg_tape *t, const double *X, size_t n, double *o
     t->err[0] = '\0';
     if (n && ((!X && t->ninputs) || (!out && t->noutputs)))
         return mg_tape__fail(t, MG_EINVAL, "predict: NULL inputs or outputs");
+    if (n && t->target_output < t->noutputs)
+        return mg_tape__fail(t, MG_EINVAL,
+                             "predict: output %zu is computed from the targets, which predict "
+                             "does not take (use mg_tape_forward() with them, or leave that "
+                             "output out)",
+                             t->target_output);
+    const size_t w = t->ninputs > t->noutputs ? t->ninputs : t->noutputs;
+    if (w && n > SIZE_MAX / w / sizeof(double))
+        return mg_tape__fail(t, MG_EINVAL,
+                             "predict: %zu rows of %zu values overflow the address space", n, w);
     pack_in(t);
     if (n > 1 && predict_rows(t, X, n, out)) return MG_OK;
     mg_exec E; /* one row at a time over the tape's own arrays (a row, or no memory for more) */

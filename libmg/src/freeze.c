@@ -276,6 +276,26 @@ static int build_fz(mg_tape *t, mg_value **order, size_t n, const vmap *index, c
     return MG_OK;
 }
 
+/* The first output computed from a target (t->target_output, SIZE_MAX for none): predict, which
+ * takes no targets, refuses such outputs rather than compute them from whatever targets the
+ * slots last held. */
+static int find_target_output(mg_tape *t, const mg_fz *f, const vmap *index,
+                              const mg_tape_spec *spec) {
+    t->target_output = SIZE_MAX;
+    if (!spec->ntargets || !spec->noutputs) return MG_OK;
+    uint8_t *reads = mg_tape__alloc(t, f->n ? f->n : 1, 1);
+    if (!reads) return MG_ENOMEM;
+    for (size_t k = 0; k < f->n; k++) { /* topological order: operands first */
+        uint8_t r = f->cls[k] == MG_C_TARGET;
+        for (uint32_t j = f->off[k]; j < f->off[k + 1] && !r; j++) r = reads[f->opnd[j]];
+        reads[k] = r;
+    }
+    for (size_t i = 0; i < spec->noutputs && t->target_output == SIZE_MAX; i++)
+        if (reads[vmap_get(index, spec->outputs[i])]) t->target_output = i;
+    t->alloc.free_fn(reads, t->alloc.ctx);
+    return MG_OK;
+}
+
 mg_tape *mg_tape_freeze(mg_graph *g, const mg_tape_spec *spec) {
     if (!g) return NULL;
     if (check_roots(g, spec) != MG_OK) return NULL;
@@ -335,6 +355,7 @@ mg_tape *mg_tape_freeze(mg_graph *g, const mg_tape_spec *spec) {
         goto done;
     }
     if ((st = build_fz(t, order, n, &index, &roles, spec, &f, &const_values)) != MG_OK) goto done;
+    if ((st = find_target_output(t, &f, &index, spec)) != MG_OK) goto done;
 
     /* the stages */
     if ((st = mg_reroll(t, &f, spec->no_raise != 0)) != MG_OK) goto done;

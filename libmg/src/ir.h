@@ -136,6 +136,7 @@ struct mg_tape {
     uint32_t loss;
     size_t loss_pw; /* the loss's position in pw when it is a packed parameter, else SIZE_MAX */
     mgk_idx *outputs;
+    size_t target_output; /* the first output computed from a target, or SIZE_MAX (predict) */
     double *data, *grad;
     /* the programs */
     mgk_nest *nests;

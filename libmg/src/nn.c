@@ -245,16 +245,19 @@ fail:
     return NULL;
 }
 
-/* The layer on `x`, its parameters known to be live. */
-static int layer_apply(mg_graph *g, const mg_layer *l, mg_value *const *x, mg_value **out) {
-    if (!x) return mg_graph__fail(g, MG_EINVAL, "mg_layer_call: NULL input array");
+/* The layer on `x` (checked here: an MLP's first layer gets the caller's) into `out`, its
+ * parameters known to be live; `who` names the public call in error messages. */
+static int layer_apply(mg_graph *g, const mg_layer *l, mg_value *const *x, mg_value **out,
+                       const char *who) {
+    if (!x) return mg_graph__fail(g, MG_EINVAL, "%s: NULL input array", who);
+    for (size_t i = 0; i < l->nin; i++)
+        if (!x[i]) return mg_graph__fail(g, MG_EINVAL, "%s: input %zu is NULL", who, i);
     mg_graph_checkpoint cp = mg_graph_save(g);
     for (size_t i = 0; i < l->nout; i++) {
         out[i] = neuron_apply(g, l->neurons[i], x);
         if (!out[i]) {
             mg_graph_restore(g, cp);
-            if (g->status == MG_OK)
-                return mg_graph__fail(g, MG_EINVAL, "mg_layer_call: NULL input");
+            if (g->status == MG_OK) return mg_graph__fail(g, MG_EINVAL, "%s: bad input", who);
             return g->status;
         }
     }
@@ -267,7 +270,7 @@ int mg_layer_call(mg_graph *g, const mg_layer *l, mg_value *const *x, mg_value *
     if (l->g != g)
         return mg_graph__fail(g, MG_EINVAL, "mg_layer_call: layer belongs to another graph");
     if (!layer_live(l)) return released(g, "mg_layer_call");
-    return layer_apply(g, l, x, out);
+    return layer_apply(g, l, x, out, "mg_layer_call");
 }
 
 size_t mg_layer_param_count(const mg_layer *l) { return l ? l->nout * (l->nin + 1) : 0; }
@@ -368,7 +371,7 @@ int mg_mlp_call(mg_graph *g, const mg_mlp *m, mg_value *const *x, mg_value **out
     int st = MG_OK;
     for (size_t i = 0; i < m->nlayers && st == MG_OK; i++) {
         mg_value **dst = i + 1 == m->nlayers ? out : buf + (i % 2) * m->max_width;
-        st = layer_apply(g, m->layers[i], in, dst);
+        st = layer_apply(g, m->layers[i], in, dst, "mg_mlp_call");
         in = dst;
     }
     mg_graph__free(g, buf);

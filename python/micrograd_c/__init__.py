@@ -61,7 +61,8 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY) | set(_SUBMODULES))
+    """The public names (not the helpers this module imports: ``Any``, ``importlib``...)."""
+    return sorted({*__all__, *_SUBMODULES, "__version__"})
 
 
 __all__ = [

@@ -188,17 +188,19 @@ def _read(path: str, fh: IO[bytes]) -> tuple[dict[str, Any], dict[str, np.ndarra
                 f"(missing {missing[:4]}, unexpected {[n[:40] for n in extra[:4]]})"
             )
         for name, want in expected.items():
-            shape, dtype, fortran, offset = _npy_header(zf, members[name])
+            shape, dtype, _, offset = _npy_header(zf, members[name])  # either order reads
             if shape != want:
                 raise bad(f"{name}: expected shape {want}, got {shape}")
-            if dtype.kind != "f" or dtype.itemsize not in (4, 8) or fortran:
-                raise bad(f"{name}: expected float64 data, got {dtype}")
+            if dtype.kind != "f" or dtype.itemsize not in (4, 8):
+                raise bad(f"{name}: expected float64 or float32 data, got {dtype}")
             if members[name].file_size != offset + int(np.prod(want)) * dtype.itemsize:
                 raise bad(f"{name}: the archive's size for it does not match its shape {want}")
         arrays = {}
         for name in expected:
             with zf.open(members[name]) as f:
-                arrays[name] = np.lib.format.read_array(f, allow_pickle=False).astype(np.float64)
+                arrays[name] = np.ascontiguousarray(
+                    np.lib.format.read_array(f, allow_pickle=False), dtype=np.float64
+                )
     return meta, arrays
 
 

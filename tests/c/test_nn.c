@@ -64,6 +64,11 @@ static void test_nn__param_counts_and_order(void) {
     mg_value *out[1];
     CHECK(mg_mlp_call(g, m, NULL, out) != MG_OK);
     CHECK(mg_graph_len(g) == 337);
+    /* a NULL input is named, not left to an earlier call's message (found by review) */
+    mg_value *half[2] = {mg_scalar(g, 1.0), NULL};
+    CHECK(mg_mlp_call(g, m, half, out) == MG_EINVAL);
+    CHECK(strstr(mg_graph_last_error(g), "mg_mlp_call: input 1 is NULL") != NULL);
+    CHECK(mg_graph_len(g) == 338);
     mg_mlp_free(m);
     mg_graph_free(g);
 }

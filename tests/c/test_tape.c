@@ -528,6 +528,37 @@ static void test_tape__last_error_and_status(void) {
     clf_free(&c);
 }
 
+/* predict takes no targets: an output computed from one is refused (it would be computed from
+ * whatever the target slots last held), and rows that overflow the address space are refused
+ * before anything is read (found by review). */
+static void test_tape__predict_refuses_outputs_of_targets_and_overflowing_rows(void) {
+    mg_graph *g = mg_graph_new();
+    mg_value *x = mg_scalar(g, 0), *y = mg_scalar(g, 0), *w = mg_scalar(g, 2.0);
+    mg_value *pred = mg_mul(g, x, w), *d = mg_sub(g, pred, y), *loss = mg_mul(g, d, d);
+    mg_value *both[2] = {pred, loss};
+    mg_tape_spec spec = {loss, &x, 1, &y, 1, &w, 1, both, 2, 0};
+    mg_tape *t = mg_tape_freeze(g, &spec);
+    CHECK(t != NULL);
+    static const double X[2] = {1, 2}, Y1 = 10;
+    double out[4] = {-1, -1, -1, -1};
+    CHECK(mg_tape_forward(t, &X[0], &Y1) == MG_OK); /* the slots now hold a target */
+    CHECK(mg_tape_predict(t, X, 2, out) == MG_EINVAL);
+    CHECK(strstr(mg_tape_last_error(t), "output 1 is computed from the targets") != NULL);
+    CHECK(out[0] == -1 && out[3] == -1);
+    CHECK(mg_tape_predict(t, X, 0, out) == MG_OK); /* no rows: nothing computed */
+    mg_tape_free(t);
+    /* the prediction alone: predicted */
+    mg_tape_spec one = {loss, &x, 1, &y, 1, &w, 1, both, 1, 0};
+    t = mg_tape_freeze(g, &one);
+    CHECK(t != NULL);
+    CHECK(mg_tape_predict(t, X, 2, out) == MG_OK && out[0] == 2.0 && out[1] == 4.0);
+    CHECK(mg_tape_predict(t, X, SIZE_MAX, out) == MG_EINVAL);
+    CHECK(strstr(mg_tape_last_error(t), "overflow the address space") != NULL);
+    CHECK(mg_tape_predict(t, X, SIZE_MAX / 4, out) == MG_EINVAL);
+    mg_tape_free(t);
+    mg_graph_free(g);
+}
+
 int main(void) {
     RUN(test_tape__every_op_matches_eager);
     RUN(test_tape__fit_matches_eager_sgd);
@@ -541,5 +572,6 @@ int main(void) {
     RUN(test_tape__fit_starts_from_zero_gradients);
     RUN(test_tape__attach_refuses_code_for_another_program);
     RUN(test_tape__last_error_and_status);
+    RUN(test_tape__predict_refuses_outputs_of_targets_and_overflowing_rows);
     TAP_DONE();
 }

@@ -195,6 +195,78 @@ def test_auto_falls_back_when_no_build_loads(monkeypatch):
     assert prog.backend == "tape" and works(model, prog)
 
 
+@needs_cc
+@posix_only
+@pytest.mark.parametrize("keep", [0.5, 0.9])
+def test_an_entry_cut_short_is_rebuilt_not_mapped(private_cache, tmp_path, keep):
+    """A cache entry cut short with its ELF headers intact (an interrupted copy, a full disk)
+    loads without complaint and kills the process with SIGBUS when its missing pages are touched:
+    it is refused before dlopen and rebuilt, in this process and every later one (found by
+    review). In a child process, so that a regression cannot take pytest down with it."""
+    script = tmp_path / "cut.py"
+    script.write_text(
+        textwrap.dedent(f"""
+        import os, random, sys
+        import micrograd_c as mc
+        from micrograd_c.nn import MLP
+        random.seed(0)
+        model = MLP(3, [4, 2])
+        x, y = mc.inputs(3), mc.inputs(1)
+        out = model(x)
+        loss = mc.cross_entropy(out, y[0])
+        prog = mc.compile(loss, inputs=x, targets=y, params=model.parameters(), outputs=out,
+                          backend="c", cache={str(private_cache)!r})
+        lib = prog.info["library"]
+        size = os.path.getsize(lib)
+        if sys.argv[1] == "cut":
+            os.truncate(lib, int(size * {keep}))
+        print(prog.info["cached"], list(prog.forward([0.1, 0.2, 0.3], [1])) ==
+              [o.data for o in model([0.1, 0.2, 0.3])], size)
+        """)
+    )
+
+    def run(arg: str) -> list[str]:
+        r = subprocess.run(
+            [sys.executable, str(script), arg], capture_output=True, text=True, timeout=300
+        )
+        assert r.returncode == 0, (r.returncode, r.stderr[-2000:])
+        return r.stdout.split()
+
+    first = run("cut")  # built, then cut short behind its back
+    assert first[:2] == ["False", "True"]
+    lib = next(p for p in private_cache.iterdir() if p.suffix == ".so")
+    assert lib.stat().st_size < int(first[2])
+    why = codecache._cut_short(lib.read_bytes())
+    assert why and "past its" in why
+    with pytest.raises(codecache.LibraryLoadError, match="truncated"):
+        codecache.load_verified(str(lib))
+    second = run("keep")  # refused, rebuilt, loaded
+    assert second == ["False", "True", first[2]]
+    assert run("keep") == ["True", "True", first[2]]
+    assert codecache._cut_short(lib.read_bytes()) is None
+
+
+def test_cut_short_reads_only_elf_and_checks_every_extent():
+    assert codecache._cut_short(b"not an ELF file at all") is None
+    assert codecache._cut_short(b"\x7fELF") == "an ELF header cut short"
+    with open(sys.executable, "rb") as f:
+        exe = f.read()
+    if exe[:4] == b"\x7fELF":
+        assert codecache._cut_short(exe) is None
+        assert codecache._cut_short(exe[: len(exe) // 2]) is not None
+        assert codecache._cut_short(exe[:200]) is not None
+
+
+@posix_only
+def test_a_lock_path_that_cannot_be_opened_is_a_compile_error(tmp_path):
+    """Something other than a lock file at an entry's lock path (a directory) is a CompileError,
+    which backend="auto" turns into the tape, not a bare OSError (found by review)."""
+    (tmp_path / "x.so.lock").mkdir()
+    with pytest.raises(mc.CompileError, match="could not lock the cache entry"):
+        with codecache._locked(str(tmp_path / "x.so.lock")):
+            pass
+
+
 # ---- item 7: a rebuilt entry is loaded again -------------------------------------------------
 
 

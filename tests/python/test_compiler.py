@@ -1172,3 +1172,54 @@ def test_a_loss_that_is_a_packed_parameter_trains(backend):
         # the mean over the samples of the value each saw: start, start - 0.5, ... per step
         seen = [start - 0.5 * (i // batch) for i in range(4)]
         assert losses[0] == pytest.approx(sum(seen) / 4, abs=1e-12)
+
+
+@pytest.mark.parametrize("backend", ["tape", pytest.param("c", marks=needs_cc)])
+def test_predict_refuses_an_output_computed_from_the_targets(backend):
+    """predict takes no targets: an output computed from one (a loss among the outputs) would be
+    computed from whatever targets the slots last held, a different answer for the same X after
+    each forward or fit (found by review). It is refused; the outputs of the inputs alone are
+    predicted, and forward(x, y) computes the rest."""
+    w = Value(2.0)
+    x, y = mc.inputs(1), mc.inputs(1)
+    pred = x[0] * w
+    loss = (pred - y[0]) ** 2
+    prog = mc.compile(loss, x, y, [w], outputs=[pred, loss], backend=backend)
+    assert list(prog.forward([3.0], [10.0])) == [6.0, 16.0]
+    with pytest.raises(ValueError, match="output 1 is computed from the targets"):
+        prog.predict([[1.0], [2.0]])
+    only = mc.compile(loss, x, y, [w], outputs=[pred], backend=backend)
+    only.forward([3.0], [10.0])
+    assert only.predict([[1.0], [2.0]]).tolist() == [[2.0], [4.0]]
+
+
+def test_successive_fits_repeat_or_go_on_as_they_are_told():
+    """Each epoch's order depends on the seed and the epoch's number (first_epoch + e): calls
+    with the same arguments repeat the same orders (a fit is reproducible), and first_epoch=
+    prog.epochs_trained goes on, so three fit(epochs=1) calls train as one fit(epochs=3)
+    (repeating the order silently was found by review: the docstring says how to go on)."""
+
+    def fresh() -> mc.Program:
+        random.seed(3)
+        model = MLP(2, [4, 1])
+        x, y = mc.inputs(2), mc.inputs(1)
+        return mc.compile(mc.mse([model(x)], y), x, y, model.parameters(), backend="tape")
+
+    rs = np.random.RandomState(0)
+    X, Y = rs.uniform(-1, 1, (16, 2)), rs.uniform(-1, 1, (16, 1))
+    once = fresh()
+    losses = once.fit(X, Y, epochs=3, lr=0.1, seed=5)
+    assert once.epochs_trained == 3
+    three = fresh()
+    each = [
+        three.fit(X, Y, epochs=1, lr=0.1, seed=5, first_epoch=three.epochs_trained)[0]
+        for _ in range(3)
+    ]
+    assert each == losses and three.epochs_trained == 3
+    assert np.array_equal(three.parameters, once.parameters)
+    again = fresh()
+    for _ in range(3):
+        again.fit(X, Y, epochs=1, lr=0.1, seed=5)  # epoch 0's order each time
+    assert not np.array_equal(again.parameters, once.parameters) and again.epochs_trained == 3
+    with pytest.raises(ValueError, match="first_epoch must be at least 0"):
+        again.fit(X, Y, first_epoch=-1)

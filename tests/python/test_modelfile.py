@@ -121,7 +121,7 @@ def _rewrite(src, dst, meta=None, arrays=None, drop=()):
         ),
         (
             {"arrays": {"layers.0.bias": np.zeros(5, dtype=np.int64)}},
-            "layers.0.bias: expected float64 data",
+            "layers.0.bias: expected float64 or float32 data, got int64",
         ),
         ({"arrays": {"layers.9.bias": np.zeros(5)}}, "unexpected ['layers.9.bias']"),
         ({"drop": ["layers.1.bias"]}, "missing ['layers.1.bias']"),
@@ -137,6 +137,26 @@ def test_malformed_files_are_refused_with_one_line(tmp_path, change, message):
     assert (
         str(e.value).startswith(f"{bad}: ") and message in str(e.value) and "\n" not in str(e.value)
     )
+
+
+def test_weights_in_either_array_order_or_float32_read_the_same(tmp_path):
+    """A weight saved in Fortran order (a transposed array, as numpy writes it) or as float32 is
+    valid .npz: it loads with the values it holds, not refused (found by review)."""
+    good = tmp_path / "good.npz"
+    model = _model()
+    model.save(good)
+    want = MLP.load(good).parameters()
+    with np.load(good) as z:
+        w0 = z["layers.0.weight"]
+    for name, arr in (("f.npz", np.asfortranarray(w0)), ("t.npz", np.ascontiguousarray(w0.T).T)):
+        assert arr.flags.f_contiguous and not arr.flags.c_contiguous
+        _rewrite(good, tmp_path / name, arrays={"layers.0.weight": arr})
+        got = MLP.load(tmp_path / name).parameters()
+        assert [p.data for p in got] == [p.data for p in want]
+    _rewrite(good, tmp_path / "h.npz", arrays={"layers.0.weight": w0.astype(np.float32)})
+    layer = MLP.load(tmp_path / "h.npz").layers[0]
+    got32 = [[w.data for w in n.w] for n in layer.neurons]
+    assert got32 == w0.astype(np.float32).astype(np.float64).tolist() != w0.tolist()
 
 
 def test_files_that_are_not_model_files(tmp_path):

@@ -7,6 +7,7 @@ the parameters they get when run one after the other.
 
 from __future__ import annotations
 
+import subprocess
 import sys
 import threading
 
@@ -130,3 +131,37 @@ def test_many_short_lived_threads_reuse_domains():
         t.start()
         t.join()
     assert out == [6.0] * 300
+
+
+def test_compile_while_another_thread_computes_with_values(tmp_path):
+    """Freezing walks and marks the process's one graph, which another thread's Values build and
+    differentiate under the GIL: compile holds the GIL while it freezes. (It released it, and a
+    thread doing arithmetic and backward meanwhile crashed the process in the first compiles;
+    found by review.) In a child process, so that a regression cannot take pytest down."""
+    script = tmp_path / "race.py"
+    script.write_text(
+        "import sys, threading\n"
+        "import micrograd_c as mc\n"
+        "from micrograd_c.engine import Value\n"
+        "sys.setswitchinterval(1e-6)\n"
+        "x = mc.inputs(1); w = Value(0.5); v = x[0]\n"
+        "for i in range(50000): v = v * w + x[0]\n"
+        "stop = False; steps = [0]\n"
+        "def worker():\n"
+        "    while not stop:\n"
+        "        with mc.checkpoint():\n"
+        "            a = Value(1.0)\n"
+        "            for _ in range(300): a = a * 1.0001 + 1.0\n"
+        "            a.backward()\n"
+        "        steps[0] += 1\n"
+        "t = threading.Thread(target=worker); t.start()\n"
+        "outs = []\n"
+        "for it in range(6):\n"
+        "    p = mc.compile(v, inputs=x, params=[w], outputs=[v], backend='tape')\n"
+        "    outs.append(float(p.predict([[1.0]])[0, 0]))\n"
+        "stop = True; t.join()\n"
+        "print(len(set(outs)), steps[0] > 0)\n"
+    )
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, (r.returncode, r.stderr[-2000:])
+    assert r.stdout.split() == ["1", "True"]

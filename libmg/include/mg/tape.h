@@ -239,12 +239,14 @@ MG_API int mg_tape_fit(mg_tape *t, const double *X, const double *Y, size_t n,
  * (several rows per register tile where a nest is a matrix product); each output is computed as
  * for one row, so the results are bitwise those of mg_tape_forward() row by row. (Where the
  * slots of several rows would not fit in the cache, or in memory, rows run one at a time over
- * the tape's own values.)
+ * the tape's own values.) Predict takes no targets: a tape with an output computed from a target
+ * (a loss among the outputs) is refused, not run on whatever targets its slots last held.
  * @param t the tape
  * @param X inputs, row-major: n rows of mg_tape_ninputs() values
  * @param n number of samples
  * @param[out] out n rows of mg_tape_noutputs() values
- * @return MG_OK, or MG_EINVAL for a NULL tape, or a NULL @p X or @p out where rows are needed.
+ * @return MG_OK, or MG_EINVAL for a NULL tape, a NULL @p X or @p out where rows are needed, an
+ *         output computed from a target, or rows that overflow the address space.
  */
 MG_API int mg_tape_predict(mg_tape *t, const double *X, size_t n, double *out);
 

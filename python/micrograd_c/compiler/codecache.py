@@ -25,6 +25,7 @@ import os
 import platform
 import shutil
 import stat
+import struct
 import subprocess
 import sys
 import tempfile
@@ -106,8 +107,13 @@ def _remove_fallback() -> None:
 
 @contextmanager
 def _locked(path: str) -> Iterator[None]:
-    """An exclusive lock on `path` (a lock file per cache key), across processes."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    """An exclusive lock on `path` (a lock file per cache key), across processes. A lock file
+    that cannot be opened (a directory or a dangling link in its place) is a :class:`CompileError`
+    (which ``backend="auto"`` turns into the tape), not a bare ``OSError``."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    except OSError as e:
+        raise CompileError(f"could not lock the cache entry {path}: {e.strerror or e}") from None
     try:
         try:
             import fcntl
@@ -322,6 +328,42 @@ def _read_trusted(path: str) -> bytes:
         os.close(fd)
 
 
+def _cut_short(data: bytes) -> str | None:
+    """Why the ELF file ``data`` is cut short, or None (whole, or not ELF: the loader judges it).
+
+    A library whose headers or loaded segments reach past its end (a copy interrupted, a disk
+    that filled) maps without complaint and then kills the process with ``SIGBUS`` when the
+    missing pages are touched, so it is refused before ``dlopen``."""
+    if data[:4] != b"\x7fELF":
+        return None
+    size = len(data)
+    if size < 52 or data[4] not in (1, 2) or data[5] not in (1, 2):
+        return "an ELF header cut short"
+    e = "<" if data[5] == 1 else ">"
+    wide = data[4] == 2  # 64-bit
+    if wide and size < 64:
+        return "an ELF header cut short"
+    if wide:
+        phoff, shoff = struct.unpack_from(e + "QQ", data, 0x20)
+        phsize, phnum, shsize, shnum = struct.unpack_from(e + "HHHH", data, 0x36)
+    else:
+        phoff, shoff = struct.unpack_from(e + "II", data, 0x1C)
+        phsize, phnum, shsize, shnum = struct.unpack_from(e + "HHHH", data, 0x2A)
+    if phnum and phsize < (56 if wide else 32):
+        return "its ELF program headers are too small"
+    if phoff + phnum * phsize > size or (shoff and shoff + shnum * shsize > size):
+        return f"its ELF headers reach past its {size} bytes"
+    for i in range(phnum):
+        at = phoff + i * phsize
+        if wide:
+            kind, _, offset, _, _, filesz = struct.unpack_from(e + "IIQQQQ", data, at)
+        else:
+            kind, offset, _, _, filesz = struct.unpack_from(e + "IIIII", data, at)
+        if kind == 1 and offset + filesz > size:  # PT_LOAD
+            return f"a segment of it reaches past its {size} bytes"
+    return None
+
+
 def _dlopen_copy(data: bytes, path: str, digest: str) -> ctypes.CDLL:
     """Loads ``data`` from a private copy under a name never used before in this process."""
     errors = []
@@ -348,13 +390,17 @@ def load_verified(path: str) -> ctypes.CDLL:
     """Load the shared library at ``path`` if this user alone can have written it.
 
     The directory and the file must be owned by the current user and not writable by group or
-    others, and the file must be a regular file (not a symbolic link); otherwise, or when the
-    library does not load, raises :class:`LibraryLoadError` and runs none of its code. The bytes
-    checked are loaded from a private copy under a name no earlier load in this process used, so
-    a library rebuilt at the same path is loaded anew (``dlopen`` would return the old one);
-    a library identical to one already loaded is that one.
+    others, and the file must be a regular file (not a symbolic link) and not cut short (its ELF
+    headers and segments within it); otherwise, or when the library does not load, raises
+    :class:`LibraryLoadError` and runs none of its code. The bytes checked are loaded from a
+    private copy under a name no earlier load in this process used, so a library rebuilt at the
+    same path is loaded anew (``dlopen`` would return the old one); a library identical to one
+    already loaded is that one.
     """
     data = _read_trusted(path)
+    why = _cut_short(data)
+    if why:
+        raise LibraryLoadError(f"{path}: not loaded: {why} (a truncated file)")
     digest = hashlib.sha256(data).hexdigest()
     lib = _loaded.get(digest)
     if lib is None:

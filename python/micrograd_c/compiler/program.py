@@ -77,6 +77,8 @@ class Program:
     backend: str
     info: dict[str, Any] = field(default_factory=dict)
     _lib: Any = None
+    #: Epochs :meth:`fit` has trained (``first_epoch=prog.epochs_trained`` goes on from them).
+    epochs_trained: int = 0
 
     @property
     def parameters(self) -> np.ndarray:
@@ -116,8 +118,16 @@ class Program:
         seed: int = 0,
         progress: bool = False,
         threads: int = 1,
+        first_epoch: int = 0,
     ) -> list[float]:
         """Train for ``epochs`` epochs, one C call per epoch; returns each epoch's mean loss.
+
+        With ``shuffle``, each epoch's order depends on ``seed`` and on the epoch's number,
+        ``first_epoch``, ``first_epoch + 1``, ...: a call is a function of its arguments and the
+        parameters, so calls with the same ``seed`` and ``first_epoch`` repeat the same orders.
+        To go on shuffling anew across calls (``fit(epochs=1)`` in a loop), pass
+        ``first_epoch=prog.epochs_trained`` (the epochs fit has trained): three such calls train
+        as one ``fit(epochs=3)``.
 
         ``X`` has shape (n, ninputs) and ``Y`` (n, ntargets) (or (n,) for one target);
         C-contiguous float64 arrays are used without copies, and so is a C-contiguous float32
@@ -137,6 +147,7 @@ class Program:
         batch_size = _count("batch_size", batch_size, 1)
         threads = _count("threads", threads, 1)
         seed = _count("seed", seed, 0)
+        first = _count("first_epoch", first_epoch, 0, _SIZE_MAX - epochs)
         lr = _real("lr", lr)
         shuffle = _flag("shuffle", shuffle)
         progress = _flag("progress", progress)
@@ -160,8 +171,11 @@ class Program:
         losses: list[float] = []
         for epoch in bar:
             losses.append(
-                self.tape.fit_epoch(X, Y, batch_size, lr, bool(shuffle), seed, epoch, threads)
+                self.tape.fit_epoch(
+                    X, Y, batch_size, lr, bool(shuffle), seed, first + epoch, threads
+                )
             )
+            self.epochs_trained += 1
             if progress and hasattr(bar, "set_postfix"):
                 bar.set_postfix(loss=f"{losses[-1]:.4g}")
         return losses
@@ -171,7 +185,8 @@ class Program:
 
         Rows run through the loop nests many at a time, as a batched :meth:`fit` runs them (an
         MLP's rows 1.9x faster than one at a time), with bitwise the outputs of :meth:`forward`
-        row by row."""
+        row by row. It takes no targets: a program with an output computed from a target (a loss
+        among its outputs) raises ``ValueError``; :meth:`forward` takes them."""
         return self.tape.predict(X)
 
     def write_back(self) -> int:
