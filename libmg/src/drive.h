@@ -557,7 +557,7 @@ MG_DRV_LINK int MG_DRV(predict)(mg_tape *t, const double *X, size_t n, double *o
     t->err[0] = '\0';
     if (n && ((!X && t->ninputs) || (!out && t->noutputs)))
         return mg_tape__fail(t, MG_EINVAL, "predict: NULL inputs or outputs");
-    if (n && t->target_output < t->noutputs)
+    if (t->target_output < t->noutputs)
         return mg_tape__fail(t, MG_EINVAL,
                              "predict: output %zu is computed from the targets, which predict "
                              "does not take (use mg_tape_forward() with them, or leave that "

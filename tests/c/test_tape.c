@@ -545,7 +545,7 @@ static void test_tape__predict_refuses_outputs_of_targets_and_overflowing_rows(v
     CHECK(mg_tape_predict(t, X, 2, out) == MG_EINVAL);
     CHECK(strstr(mg_tape_last_error(t), "output 1 is computed from the targets") != NULL);
     CHECK(out[0] == -1 && out[3] == -1);
-    CHECK(mg_tape_predict(t, X, 0, out) == MG_OK); /* no rows: nothing computed */
+    CHECK(mg_tape_predict(t, X, 0, out) == MG_EINVAL); /* refused whatever the rows */
     mg_tape_free(t);
     /* the prediction alone: predicted */
     mg_tape_spec one = {loss, &x, 1, &y, 1, &w, 1, both, 1, 0};

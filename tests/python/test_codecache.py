@@ -246,6 +246,56 @@ def test_an_entry_cut_short_is_rebuilt_not_mapped(private_cache, tmp_path, keep)
     assert codecache._cut_short(lib.read_bytes()) is None
 
 
+@needs_cc
+@posix_only
+@pytest.mark.parametrize("start", [1000, 4000])
+def test_an_entry_damaged_in_place_is_rebuilt_not_loaded(private_cache, tmp_path, start):
+    """An entry of full length whose bytes from `start` on are zeros (what a power loss can leave
+    of blocks never written) passes every header check and crashed dlopen, in this run and every
+    later one (found by review): its bytes no longer match the digest recorded when it was
+    built, so it is rebuilt, with a warning. An entry without a digest is rebuilt silently."""
+    script = tmp_path / "zeros.py"
+    script.write_text(
+        textwrap.dedent(f"""
+        import os, random, sys, warnings
+        import micrograd_c as mc
+        from micrograd_c.nn import MLP
+        random.seed(0)
+        model = MLP(3, [4, 2])
+        x, y = mc.inputs(3), mc.inputs(1)
+        out = model(x)
+        loss = mc.cross_entropy(out, y[0])
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            prog = mc.compile(loss, inputs=x, targets=y, params=model.parameters(),
+                              outputs=out, backend="c", cache={str(private_cache)!r})
+        ok = list(prog.forward([0.1, 0.2, 0.3], [1])) == [o.data for o in model([0.1, 0.2, 0.3])]
+        print(prog.info["cached"], ok, len([w for w in caught if "digest" in str(w.message)]))
+        """)
+    )
+
+    def run() -> list[str]:
+        r = subprocess.run(
+            [sys.executable, str(script)], capture_output=True, text=True, timeout=300
+        )
+        assert r.returncode == 0, (r.returncode, r.stderr[-2000:])
+        return r.stdout.split()
+
+    assert run() == ["False", "True", "0"]
+    lib = next(p for p in private_cache.iterdir() if p.suffix == ".so")
+    data = lib.read_bytes()
+    lib.write_bytes(data[:start] + bytes(len(data) - start))
+    assert codecache._cut_short(lib.read_bytes()) is None  # no header check sees it
+    assert run() == ["False", "True", "1"]
+    rebuilt = lib.read_bytes()  # rebuilt (not byte for byte the first: a temporary's name)
+    assert any(rebuilt[start:]) and codecache._recorded_digest(str(lib)) == codecache._file_digest(
+        str(lib)
+    )
+    assert run() == ["True", "True", "0"]
+    os.remove(str(lib) + ".sha256")  # an entry without its digest: rebuilt, quietly
+    assert run() == ["False", "True", "0"]
+
+
 def test_cut_short_reads_only_elf_and_checks_every_extent():
     assert codecache._cut_short(b"not an ELF file at all") is None
     assert codecache._cut_short(b"\x7fELF") == "an ELF header cut short"

@@ -1188,6 +1188,8 @@ def test_predict_refuses_an_output_computed_from_the_targets(backend):
     assert list(prog.forward([3.0], [10.0])) == [6.0, 16.0]
     with pytest.raises(ValueError, match="output 1 is computed from the targets"):
         prog.predict([[1.0], [2.0]])
+    with pytest.raises(ValueError, match="output 1 is computed from the targets"):
+        prog.predict(np.zeros((0, 1)))  # whatever the rows
     only = mc.compile(loss, x, y, [w], outputs=[pred], backend=backend)
     only.forward([3.0], [10.0])
     assert only.predict([[1.0], [2.0]]).tolist() == [[2.0], [4.0]]

@@ -4,7 +4,8 @@ In the spirit of TorchInductor's code cache: a library is stored under a hash of
 compiler (path, command, version), the flags, what machine-dependent flags resolve to on this
 machine (``-march=native``) and the emitter version; writes go to a temporary file renamed into
 place under a per-key ``flock``, so concurrent builds of one program both succeed and a loaded
-library is never rewritten.
+library is never rewritten. Each entry's digest is recorded beside it, and an entry whose bytes no
+longer match (damaged in place) is rebuilt rather than loaded.
 
 Loading a shared library runs its constructors before anything can be checked, so the cache
 trusts only what this user alone can have written: the cache directory (created 0700) and each
@@ -195,8 +196,18 @@ def build_library(
         if st is not None and stat.S_ISREG(st.st_mode) and st.st_size > 0:
             why = _untrusted(st, f"the cache entry {lib}")
             if why is None:
-                return {"path": lib, "cached": True, "compile_seconds": 0.0, "command": []}
-            warnings.warn(f"{why}: not loaded; rebuilding it", RuntimeWarning, stacklevel=3)
+                recorded = _recorded_digest(lib)
+                if recorded is not None and recorded == _file_digest(lib):
+                    return {"path": lib, "cached": True, "compile_seconds": 0.0, "command": []}
+                if recorded is not None:  # (none: built before digests, or its build cut off)
+                    warnings.warn(
+                        f"the cache entry {lib} is not what was built there (its bytes do not "
+                        f"match the digest recorded with it): not loaded; rebuilding it",
+                        RuntimeWarning,
+                        stacklevel=3,
+                    )
+            else:
+                warnings.warn(f"{why}: not loaded; rebuilding it", RuntimeWarning, stacklevel=3)
         try:
             fd, tmp_src = tempfile.mkstemp(prefix=f"mg_{key}.", suffix=".c", dir=root)
             with os.fdopen(fd, "w") as f:
@@ -234,6 +245,7 @@ def build_library(
         try:
             # whatever the umask: nobody else may write what this user will load
             os.chmod(tmp_lib, stat.S_IMODE(os.stat(tmp_lib).st_mode) & ~0o022)
+            _record_digest(tmp_lib, lib)
             os.replace(tmp_lib, lib)
         except OSError as e:
             _remove(tmp_lib)
@@ -241,6 +253,42 @@ def build_library(
                 f"could not store the compiled library in {root}: {e}", cmd
             ) from None
         return {"path": lib, "cached": False, "compile_seconds": seconds, "command": cmd}
+
+
+# A library's digest is recorded beside it (``<entry>.sha256``) when it is built, and a cached
+# entry is used only when its bytes still match: a file damaged in place (zeros where a power
+# loss left unwritten blocks, which no header check sees) would crash the process in ``dlopen``,
+# and every later run with it. Both files reach the disk (fsync) before the library is renamed
+# into place, so an entry is either whole and matching or rebuilt.
+
+
+def _file_digest(path: str) -> str | None:
+    try:
+        with open(path, "rb") as f:
+            return hashlib.sha256(f.read()).hexdigest()
+    except OSError:
+        return None
+
+
+def _recorded_digest(lib: str) -> str | None:
+    try:
+        with open(lib + ".sha256", encoding="ascii") as f:
+            return f.read(100).strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def _record_digest(tmp_lib: str, lib: str) -> None:
+    """Flushes the built library ``tmp_lib`` to disk and records its digest for ``lib``."""
+    with open(tmp_lib, "rb") as f:
+        digest = hashlib.sha256(f.read()).hexdigest()
+        os.fsync(f.fileno())
+    tmp = tmp_lib + ".sha256"
+    with open(tmp, "w", encoding="ascii") as f:
+        f.write(digest + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, lib + ".sha256")
 
 
 def _parts(source: str, tc: Toolchain) -> int:
