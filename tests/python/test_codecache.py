@@ -16,6 +16,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -195,68 +196,13 @@ def test_auto_falls_back_when_no_build_loads(monkeypatch):
     assert prog.backend == "tape" and works(model, prog)
 
 
-@needs_cc
-@posix_only
-@pytest.mark.parametrize("keep", [0.5, 0.9])
-def test_an_entry_cut_short_is_rebuilt_not_mapped(private_cache, tmp_path, keep):
-    """A cache entry cut short with its ELF headers intact (an interrupted copy, a full disk)
-    loads without complaint and kills the process with SIGBUS when its missing pages are touched:
-    it is refused before dlopen and rebuilt, in this process and every later one (found by
-    review). In a child process, so that a regression cannot take pytest down with it."""
-    script = tmp_path / "cut.py"
-    script.write_text(
-        textwrap.dedent(f"""
-        import os, random, sys
-        import micrograd_c as mc
-        from micrograd_c.nn import MLP
-        random.seed(0)
-        model = MLP(3, [4, 2])
-        x, y = mc.inputs(3), mc.inputs(1)
-        out = model(x)
-        loss = mc.cross_entropy(out, y[0])
-        prog = mc.compile(loss, inputs=x, targets=y, params=model.parameters(), outputs=out,
-                          backend="c", cache={str(private_cache)!r})
-        lib = prog.info["library"]
-        size = os.path.getsize(lib)
-        if sys.argv[1] == "cut":
-            os.truncate(lib, int(size * {keep}))
-        print(prog.info["cached"], list(prog.forward([0.1, 0.2, 0.3], [1])) ==
-              [o.data for o in model([0.1, 0.2, 0.3])], size)
-        """)
-    )
-
-    def run(arg: str) -> list[str]:
-        r = subprocess.run(
-            [sys.executable, str(script), arg], capture_output=True, text=True, timeout=300
-        )
-        assert r.returncode == 0, (r.returncode, r.stderr[-2000:])
-        return r.stdout.split()
-
-    first = run("cut")  # built, then cut short behind its back
-    assert first[:2] == ["False", "True"]
-    lib = next(p for p in private_cache.iterdir() if p.suffix == ".so")
-    assert lib.stat().st_size < int(first[2])
-    why = codecache._cut_short(lib.read_bytes())
-    assert why and "past its" in why
-    with pytest.raises(codecache.LibraryLoadError, match="truncated"):
-        codecache.load_verified(str(lib))
-    second = run("keep")  # refused, rebuilt, loaded
-    assert second == ["False", "True", first[2]]
-    assert run("keep") == ["True", "True", first[2]]
-    assert codecache._cut_short(lib.read_bytes()) is None
-
-
-@needs_cc
-@posix_only
-@pytest.mark.parametrize("start", [1000, 4000])
-def test_an_entry_damaged_in_place_is_rebuilt_not_loaded(private_cache, tmp_path, start):
-    """An entry of full length whose bytes from `start` on are zeros (what a power loss can leave
-    of blocks never written) passes every header check and crashed dlopen, in this run and every
-    later one (found by review): its bytes no longer match the digest recorded when it was
-    built, so it is rebuilt, with a warning. An entry without a digest is rebuilt silently."""
-    script = tmp_path / "zeros.py"
-    script.write_text(
-        textwrap.dedent(f"""
+def compile_in_child(cache, tmp_path, after: str) -> Callable[..., list[str]]:
+    """A child process that compiles :func:`program`'s model into ``cache`` (its warnings in
+    ``caught``; ``ok``: it computes what the model does), then runs ``after``, which prints; the
+    function returned runs it with arguments and returns the words printed. A child, so that a
+    crash of the loader cannot take pytest down with it."""
+    script = tmp_path / "child.py"
+    head = f"""
         import os, random, sys, warnings
         import micrograd_c as mc
         from micrograd_c.nn import MLP
@@ -268,19 +214,70 @@ def test_an_entry_damaged_in_place_is_rebuilt_not_loaded(private_cache, tmp_path
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             prog = mc.compile(loss, inputs=x, targets=y, params=model.parameters(),
-                              outputs=out, backend="c", cache={str(private_cache)!r})
+                              outputs=out, backend="c", cache={str(cache)!r})
         ok = list(prog.forward([0.1, 0.2, 0.3], [1])) == [o.data for o in model([0.1, 0.2, 0.3])]
-        print(prog.info["cached"], ok, len([w for w in caught if "digest" in str(w.message)]))
-        """)
-    )
+    """
+    script.write_text(textwrap.dedent(head) + textwrap.dedent(after))
 
-    def run() -> list[str]:
+    def run(*args: str) -> list[str]:
         r = subprocess.run(
-            [sys.executable, str(script)], capture_output=True, text=True, timeout=300
+            [sys.executable, str(script), *args], capture_output=True, text=True, timeout=300
         )
         assert r.returncode == 0, (r.returncode, r.stderr[-2000:])
         return r.stdout.split()
 
+    return run
+
+
+@needs_cc
+@posix_only
+@pytest.mark.parametrize("keep", [0.5, 0.9])
+def test_an_entry_cut_short_is_rebuilt_not_mapped(private_cache, tmp_path, keep):
+    """A cache entry cut short with its ELF headers intact (an interrupted copy, a full disk)
+    loads without complaint and kills the process with SIGBUS when its missing pages are touched:
+    it is refused before dlopen (even where no digest was recorded) and rebuilt, in this process
+    and every later one (found by review)."""
+    run = compile_in_child(
+        private_cache,
+        tmp_path,
+        f"""
+        lib = prog.info["library"]
+        size = os.path.getsize(lib)
+        if sys.argv[1:] == ["cut"]:
+            os.truncate(lib, int(size * {keep}))
+            os.remove(lib + ".sha256")  # the header check alone
+        print(prog.info["cached"], ok, size)
+        """,
+    )
+    first = run("cut")  # built, then cut short behind its back
+    assert first[:2] == ["False", "True"]
+    lib = next(p for p in private_cache.iterdir() if p.suffix == ".so")
+    assert lib.stat().st_size < int(first[2])
+    why = codecache._cut_short(lib.read_bytes())
+    assert why and "past its" in why
+    with pytest.raises(codecache.LibraryLoadError, match="truncated"):
+        codecache.load_verified(str(lib))
+    second = run()  # refused, rebuilt, loaded
+    assert second == ["False", "True", first[2]]
+    assert run() == ["True", "True", first[2]]
+    assert codecache._cut_short(lib.read_bytes()) is None
+
+
+@needs_cc
+@posix_only
+@pytest.mark.parametrize("start", [1000, 4000])
+def test_an_entry_damaged_in_place_is_rebuilt_not_loaded(private_cache, tmp_path, start):
+    """An entry of full length whose bytes from `start` on are zeros (what a power loss can leave
+    of blocks never written) passes every header check and crashed dlopen, in this run and every
+    later one (found by review): its bytes no longer match the digest recorded when it was
+    built, so it is rebuilt, with a warning. An entry without a digest is rebuilt silently."""
+    run = compile_in_child(
+        private_cache,
+        tmp_path,
+        """
+        print(prog.info["cached"], ok, len([w for w in caught if "digest" in str(w.message)]))
+        """,
+    )
     assert run() == ["False", "True", "0"]
     lib = next(p for p in private_cache.iterdir() if p.suffix == ".so")
     data = lib.read_bytes()
