@@ -140,7 +140,7 @@ def test_compile_while_another_thread_computes_with_values(tmp_path):
     found by review.) In a child process, so that a regression cannot take pytest down."""
     script = tmp_path / "race.py"
     script.write_text(
-        "import sys, threading\n"
+        "import sys, threading, time\n"
         "import micrograd_c as mc\n"
         "from micrograd_c.engine import Value\n"
         "sys.setswitchinterval(1e-6)\n"
@@ -155,6 +155,7 @@ def test_compile_while_another_thread_computes_with_values(tmp_path):
         "            a.backward()\n"
         "        steps[0] += 1\n"
         "t = threading.Thread(target=worker); t.start()\n"
+        "while steps[0] == 0: time.sleep(0.001)  # the worker is computing\n"
         "outs = []\n"
         "for it in range(6):\n"
         "    p = mc.compile(v, inputs=x, params=[w], outputs=[v], backend='tape')\n"
