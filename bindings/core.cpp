@@ -280,6 +280,16 @@ struct Tape {
     py::object kernels_owner; // keeps a loaded compiled library alive
 };
 
+// The tape's run lock for a call that keeps the GIL (it writes Values, or builds Python objects
+// from tape state): waited for without the GIL, since a fit holds the lock for a whole epoch
+// without it. So write_back copies the parameters between epochs, never in the middle of one.
+std::unique_lock<std::mutex> lock_run(Tape &tp) {
+    std::unique_lock<std::mutex> lock(tp.run, std::defer_lock);
+    py::gil_scoped_release nogil;
+    lock.lock();
+    return lock;
+}
+
 // Whether X is an array of 4-byte floats (any such dtype: an unpickled array's dtype is equal to
 // float32's, not it), which fit reads as floats and predict widens a block at a time.
 bool float32_rows(py::handle X) {
@@ -789,6 +799,7 @@ PYBIND11_MODULE(_core, m, py::mod_gil_used()) {
                 mg_emit_options o{prefix.c_str(), inference_only ? 1 : 0, float32 ? 1 : 0,
                                   max_kernels};
                 size_t len = 0;
+                auto lock = lock_run(tp); // inference-only code inlines the parameters
                 char *src = mg_tape_emit_c(tp.t.get(), &o, &len);
                 if (!src) {
                     int st = mg_tape_last_status(tp.t.get()); // MG_EINVAL: prefix; MG_ENOMEM
@@ -804,6 +815,7 @@ PYBIND11_MODULE(_core, m, py::mod_gil_used()) {
             "describe",
             [](Tape &tp) {
                 size_t len = 0;
+                auto lock = lock_run(tp);
                 char *text = mg_tape_describe(tp.t.get(), &len);
                 if (!text) throw std::bad_alloc();
                 py::str out(text, len);
@@ -830,7 +842,11 @@ PYBIND11_MODULE(_core, m, py::mod_gil_used()) {
             "<prefix>program); "
             "0 goes back to the interpreter.")
         .def(
-            "write_back", [](const Tape &tp) { return mg_tape_write_back(tp.t.get(), graph()); },
+            "write_back",
+            [](Tape &tp) {
+                auto lock = lock_run(tp);
+                return mg_tape_write_back(tp.t.get(), graph());
+            },
             "Copies the parameters into the Values they were frozen from; returns how many.");
     m.attr("EMITTER_VERSION") = mg_tape_emitter_version();
     m.def(

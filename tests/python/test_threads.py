@@ -166,3 +166,43 @@ def test_compile_while_another_thread_computes_with_values(tmp_path):
     r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, (r.returncode, r.stderr[-2000:])
     assert r.stdout.split() == ["1", "True"]
+
+
+def test_write_back_during_a_fit_copies_the_parameters_of_whole_epochs():
+    """write_back, describe and c_source wait for the tape's run lock (without the GIL): called
+    while another thread's fit runs, write_back copies the parameters as they stand between two
+    epochs, never a mixture of before and after a step (it did not take the lock: found by
+    review)."""
+    rs = np.random.RandomState(0)
+    X, Y = rs.uniform(-1, 1, (3000, 20)), rs.randint(0, 4, 3000).astype(float)
+
+    def program() -> tuple[MLP, mc.Program]:
+        model = MLP(20, [32, 4])
+        model.load_state_dict(initial_state(5, [20, 32, 4]))
+        x, y = mc.inputs(20), mc.inputs(1)
+        loss = mc.cross_entropy(model(x), y[0])
+        return model, mc.compile(loss, x, y, model.parameters(), backend="tape")
+
+    _, ref = program()
+    states = [ref.parameters.copy()]
+    for _ in range(3):
+        ref.fit(X, Y, epochs=1, lr=0.05, shuffle=False)
+        states.append(ref.parameters.copy())
+    model, prog = program()
+    done = threading.Event()
+    t = threading.Thread(
+        target=lambda: (prog.fit(X, Y, epochs=3, lr=0.05, shuffle=False), done.set())
+    )
+    t.start()
+    seen = set()
+    while not done.is_set():
+        assert prog.write_back() == len(states[0])
+        now = np.array([p.data for p in model.parameters()])
+        match = [k for k, s in enumerate(states) if np.array_equal(now, s)]
+        assert match, "write_back copied parameters from the middle of an epoch"
+        seen.add(match[0])
+        assert prog.describe() and prog.c_source(inference_only=True)
+    t.join()
+    prog.write_back()
+    assert np.array_equal([p.data for p in model.parameters()], states[3])
+    assert seen <= {0, 1, 2, 3}
