@@ -189,20 +189,14 @@ def test_write_back_during_a_fit_copies_the_parameters_of_whole_epochs():
         ref.fit(X, Y, epochs=1, lr=0.05, shuffle=False)
         states.append(ref.parameters.copy())
     model, prog = program()
-    done = threading.Event()
-    t = threading.Thread(
-        target=lambda: (prog.fit(X, Y, epochs=3, lr=0.05, shuffle=False), done.set())
-    )
+    t = threading.Thread(target=lambda: prog.fit(X, Y, epochs=3, lr=0.05, shuffle=False))
     t.start()
-    seen = set()
-    while not done.is_set():
+    while t.is_alive():  # (a fit that raised ends the loop too: the last check then fails)
         assert prog.write_back() == len(states[0])
         now = np.array([p.data for p in model.parameters()])
         match = [k for k, s in enumerate(states) if np.array_equal(now, s)]
         assert match, "write_back copied parameters from the middle of an epoch"
-        seen.add(match[0])
         assert prog.describe() and prog.c_source(inference_only=True)
     t.join()
     prog.write_back()
     assert np.array_equal([p.data for p in model.parameters()], states[3])
-    assert seen <= {0, 1, 2, 3}
