@@ -398,6 +398,8 @@ PYBIND11_MODULE(_core, m, py::mod_gil_used()) {
     m.def(
         "graph_bytes", [] { return mg_graph_bytes(graph()); },
         "Bytes the process graph uses (value blocks, operand arrays, working memory).");
+    m.def("_label_count", mgpy::label_count,
+          "Entries of the label table (labels of released Values included until its next sweep).");
     m.def(
         "checkpoint_save", [] { return mg_graph_save(graph()).serial; },
         "Marks the process graph's current point; returns a token for checkpoint_restore.");

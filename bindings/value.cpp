@@ -7,7 +7,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <new>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 namespace mgpy {
@@ -103,6 +105,68 @@ void forget_handle(ValueObject *h) {
     size_t i = mg_ptrmap_find(&handles, h->v);
     if (i != MG_PTRMAP_NONE && handles.slots[i].val == reinterpret_cast<uintptr_t>(h))
         mg_ptrmap_erase_at(&handles, i);
+}
+
+// node -> its label (the lecture notebook's `Value(2.0, label='a')` and `v.label = 'a'`), kept
+// beside the nodes so that no Value grows by a byte. An entry records its node's serial: a label
+// belongs to one node, and a released node's slot, reused, has none. Entries of released nodes
+// are dropped in a sweep whenever the table has doubled since the last one.
+struct Label {
+    uint64_t serial;
+    PyObject *text; // a str, owned
+};
+std::unordered_map<const mg_value *, Label> labels;
+size_t labels_after_sweep = 0;
+
+void sweep_labels() {
+    for (auto it = labels.begin(); it != labels.end();) {
+        if (mg_value_is_live(it->first, it->second.serial)) {
+            ++it;
+            continue;
+        }
+        Py_DECREF(it->second.text);
+        it = labels.erase(it);
+    }
+    labels_after_sweep = labels.size();
+}
+
+// The label of (v, serial), borrowed; nullptr when it has none.
+PyObject *label_of(const mg_value *v, uint64_t serial) {
+    auto it = labels.find(v);
+    return it != labels.end() && it->second.serial == serial ? it->second.text : nullptr;
+}
+
+// Sets (text: a str) or removes (text: nullptr or '') the label of a live node. -1: exception.
+int put_label(const mg_value *v, uint64_t serial, PyObject *text) {
+    if (text && PyUnicode_GET_LENGTH(text) == 0) text = nullptr;
+    auto it = labels.find(v);
+    if (it != labels.end()) {
+        PyObject *old = it->second.text;
+        if (text) {
+            Py_INCREF(text);
+            it->second = Label{serial, text};
+        } else {
+            labels.erase(it);
+        }
+        Py_DECREF(old); // a str: frees without running Python code
+        return 0;
+    }
+    if (!text) return 0;
+    try {
+        if (labels.size() >= 2 * labels_after_sweep + 1024) sweep_labels();
+        labels.emplace(v, Label{serial, text});
+    } catch (const std::bad_alloc &) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    Py_INCREF(text);
+    return 0;
+}
+
+bool check_label(PyObject *o) {
+    if (PyUnicode_Check(o)) return true;
+    PyErr_Format(PyExc_TypeError, "Value.label must be a str, not %.200s", Py_TYPE(o)->tp_name);
+    return false;
 }
 
 inline bool read_number(PyObject *o, double *out) {
@@ -218,11 +282,12 @@ void value_dealloc(PyObject *self) {
 }
 
 PyObject *value_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
-    static const char *kwlist[] = {"data", "_children", "_op", nullptr};
-    PyObject *data = nullptr, *children = nullptr, *op = nullptr;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|OO:Value", const_cast<char **>(kwlist), &data,
-                                     &children, &op))
+    static const char *kwlist[] = {"data", "_children", "_op", "label", nullptr};
+    PyObject *data = nullptr, *children = nullptr, *op = nullptr, *label = nullptr;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|OOO:Value", const_cast<char **>(kwlist), &data,
+                                     &children, &op, &label))
         return nullptr;
+    if (label && !check_label(label)) return nullptr;
     if (children) {
         Py_ssize_t n = PyObject_Length(children);
         if (n < 0) return nullptr;
@@ -249,7 +314,9 @@ PyObject *value_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
         Py_DECREF(h);
         return raise_graph_error("Value");
     }
-    return attach(h, v);
+    PyObject *r = attach(h, v);
+    if (r && label && put_label(v, mg_value_serial(v), label) < 0) Py_CLEAR(r);
+    return r;
 }
 
 // Frees a node made for a failed op (a constant, or the divisor's reciprocal): it has no other
@@ -411,6 +478,29 @@ PyObject *m_backward(PyObject *self, PyObject *) {
     Py_RETURN_NONE;
 }
 
+PyObject *m_backward_step(PyObject *self, PyObject *) {
+    mg_value *v = live(reinterpret_cast<ValueObject *>(self));
+    if (!v) return nullptr;
+    if (mg_value_backward_step(graph(), v) != MG_OK) return raise_graph_error("_backward");
+    Py_RETURN_NONE;
+}
+
+PyObject *get_label(PyObject *self, void *) {
+    ValueObject *h = reinterpret_cast<ValueObject *>(self);
+    if (!live(h)) return nullptr;
+    PyObject *text = label_of(h->v, h->serial);
+    if (!text) return PyUnicode_FromString("");
+    Py_INCREF(text);
+    return text;
+}
+
+int set_label(PyObject *self, PyObject *o, void *) {
+    if (o && !check_label(o)) return -1;
+    ValueObject *h = reinterpret_cast<ValueObject *>(self);
+    if (!live(h)) return -1;
+    return put_label(h->v, h->serial, o);
+}
+
 PyObject *get_data(PyObject *self, void *) {
     mg_value *v = live(reinterpret_cast<ValueObject *>(self));
     return v ? PyFloat_FromDouble(mg_value_data(v)) : nullptr;
@@ -519,12 +609,28 @@ PyObject *value_reduce(PyObject *self, PyObject *) {
             "only leaf Values can be pickled; pickle the model (its parameters) instead");
         return nullptr;
     }
-    // Value(data) with the gradient restored through __setstate__
+    // Value(data) with the gradient (and the label, if any) restored through __setstate__
+    ValueObject *h = reinterpret_cast<ValueObject *>(self);
+    PyObject *label = label_of(h->v, h->serial);
+    if (label)
+        return Py_BuildValue("(O(d)(dO))", reinterpret_cast<PyObject *>(&ValueType),
+                             mg_value_data(v), mg_value_grad(v), label);
     return Py_BuildValue("(O(d)d)", reinterpret_cast<PyObject *>(&ValueType), mg_value_data(v),
                          mg_value_grad(v));
 }
 
+// state: the gradient, or (gradient, label)
 PyObject *value_setstate(PyObject *self, PyObject *state) {
+    if (PyTuple_Check(state)) {
+        if (PyTuple_GET_SIZE(state) != 2) {
+            PyErr_SetString(PyExc_TypeError, "Value state must be grad or (grad, label)");
+            return nullptr;
+        }
+        if (set_grad(self, PyTuple_GET_ITEM(state, 0), nullptr) < 0 ||
+            set_label(self, PyTuple_GET_ITEM(state, 1), nullptr) < 0)
+            return nullptr;
+        Py_RETURN_NONE;
+    }
     if (set_grad(self, state, nullptr) < 0) return nullptr;
     Py_RETURN_NONE;
 }
@@ -550,6 +656,9 @@ PyMethodDef value_methods[] = {
     {"backward", m_backward, METH_NOARGS,
      "Seeds this Value's gradient with 1 and accumulates gradients into the leaves it depends on "
      "(intermediate gradients are recomputed from zero)."},
+    {"_backward", m_backward_step, METH_NOARGS,
+     "One step of the chain rule, as micrograd's _backward(): adds this Value's gradient times "
+     "each local derivative into its operands' gradients (a leaf has none)."},
     // clang-format on
     {"__reduce__", value_reduce, METH_NOARGS, "Pickle support for leaf Values."},
     {"__setstate__", value_setstate, METH_O, "Pickle support: restores the gradient."},
@@ -563,6 +672,8 @@ PyGetSetDef value_getset[] = {
     {"_prev", get_prev, nullptr, "The operands, as a set of Values (micrograd's _prev).", nullptr},
     {"_op", get_op, nullptr, "The producing op's symbol ('' for leaves).", nullptr},
     {"_id", get_id, nullptr, "A number unique to this node within the process graph.", nullptr},
+    {"label", get_label, set_label,
+     "A name for drawing (a str, '' when unset; the lecture notebook's label).", nullptr},
     {"_alive", get_alive, nullptr, "False once a checkpoint restore released the value.", nullptr},
     {nullptr, nullptr, nullptr, nullptr, nullptr}};
 
@@ -577,7 +688,7 @@ PyTypeObject ValueType = [] {
     t.tp_repr = value_repr;
     t.tp_as_number = &value_as_number;
     t.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE;
-    t.tp_doc = "Value(data, _children=(), _op='')\n--\n\n"
+    t.tp_doc = "Value(data, _children=(), _op='', label='')\n--\n\n"
                "A scalar with a gradient: a node of the process-wide libmg graph.\n"
                "Arithmetic with Values and real numbers builds the graph; backward() fills .grad.";
     t.tp_methods = value_methods;
@@ -585,6 +696,8 @@ PyTypeObject ValueType = [] {
     t.tp_new = value_new;
     return t;
 }();
+
+size_t label_count() { return labels.size(); }
 
 int init_value_type(PyObject *m) {
     if (!graph()) {

@@ -34,6 +34,9 @@ mg_graph *graph();
 // Registers the Value type and the exception in module `m`; returns 0 or -1 with an exception.
 int init_value_type(PyObject *m);
 
+// Entries in the table of Value labels (for tests: it is swept as it grows).
+size_t label_count();
+
 inline bool is_value(PyObject *o) { return PyObject_TypeCheck(o, &ValueType); }
 
 // The live value behind a handle, or nullptr with StaleValueError set.

@@ -576,6 +576,30 @@ void mg_graph__clear_marks(mg_graph *g, size_t n) {
     for (size_t i = 0; i < n; i++) g->order[i]->flags &= (uint8_t)~MG_FLAG_VISITED;
 }
 
+/* One step of the chain rule at v: adds v's gradient times each local derivative (the op
+ * table's) into its operands' gradients. Leaves have none. g's scratch holds v's operands. */
+static void propagate(mg_graph *g, mg_value *v) {
+    double gr = v->grad;
+    int ar = mg_op__arity[v->op];
+    if (ar > 0) {
+        double dA, dB;
+        mg_value *a = v->a.v, *b = ar == 2 ? v->b.v : NULL;
+        mg_op__derivs(v->op, a->data, b ? b->data : 0.0, b ? 0.0 : v->b.k, v->data, &dA, &dB);
+        a->grad += dA * gr;
+        if (b) b->grad += dB * gr;
+    } else if (ar < 0) {
+        /* gather, run the shared kernel on slots 0..len-1, add back in operand order */
+        const mg_args *args = v->a.args;
+        for (uint32_t j = 0; j < args->len; j++) {
+            g->sd[j] = args->v[j]->data;
+            g->sg[j] = 0.0;
+        }
+        mg_op__nary_bwd(v->op, v->flags & MG_FLAG_BIAS, g->sd, g->sg, g->six, args->len, args->n,
+                        gr);
+        for (uint32_t j = 0; j < args->len; j++) args->v[j]->grad += g->sg[j];
+    }
+}
+
 int mg_backward(mg_graph *g, mg_value *out) {
     if (!g) return MG_EINVAL;
     if (!mg_graph__owns(g, out))
@@ -601,27 +625,18 @@ int mg_backward(mg_graph *g, mg_value *out) {
         if (v->op != MG_OP_LEAF) v->grad = 0.0; /* intermediates: afresh; leaves accumulate */
     }
     out->grad += 1.0;
-    for (size_t i = n; i-- > 0;) {
-        mg_value *v = order[i];
-        double gr = v->grad;
-        int ar = mg_op__arity[v->op];
-        if (ar > 0) {
-            double dA, dB;
-            mg_value *a = v->a.v, *b = ar == 2 ? v->b.v : NULL;
-            mg_op__derivs(v->op, a->data, b ? b->data : 0.0, b ? 0.0 : v->b.k, v->data, &dA, &dB);
-            a->grad += dA * gr;
-            if (b) b->grad += dB * gr;
-        } else if (ar < 0) {
-            /* gather, run the shared kernel on slots 0..len-1, add back in operand order */
-            const mg_args *args = v->a.args;
-            for (uint32_t j = 0; j < args->len; j++) {
-                g->sd[j] = args->v[j]->data;
-                g->sg[j] = 0.0;
-            }
-            mg_op__nary_bwd(v->op, v->flags & MG_FLAG_BIAS, g->sd, g->sg, g->six, args->len,
-                            args->n, gr);
-            for (uint32_t j = 0; j < args->len; j++) args->v[j]->grad += g->sg[j];
-        }
-    }
+    for (size_t i = n; i-- > 0;) propagate(g, order[i]);
+    return MG_OK;
+}
+
+int mg_value_backward_step(mg_graph *g, mg_value *v) {
+    if (!g) return MG_EINVAL;
+    if (!mg_graph__owns(g, v))
+        return mg_graph__fail(g, MG_EINVAL, "mg_value_backward_step: %s",
+                              !v          ? "NULL value"
+                              : v->serial ? "value of another graph"
+                                          : "released value");
+    if (mg_op__arity[v->op] < 0 && !mg_graph__scratch(g, v->a.args->len)) return MG_ENOMEM;
+    propagate(g, v);
     return MG_OK;
 }

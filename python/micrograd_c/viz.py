@@ -23,13 +23,23 @@ def trace(root: Value) -> tuple[set[Value], set[tuple[Value, Value]]]:
     return nodes, edges
 
 
+def _record_text(text: str) -> str:
+    """``text`` escaped for a field of a DOT record label (braces, bars, angles, quotes)."""
+    out = text.replace("\\", "\\\\")
+    for ch in '{}|<>"':
+        out = out.replace(ch, "\\" + ch)
+    return out.replace("\n", " ")
+
+
 def _dot_source(root: Value, rankdir: str) -> str:
     nodes, edges = trace(root)
     lines = ["digraph {", f"  rankdir={rankdir};"]
     for n in sorted(nodes, key=lambda v: v._id):
         uid = f"n{n._id}"
+        name = _record_text(n.label)
+        head = f"{name} | " if name else ""
         lines.append(
-            f'  {uid} [shape=record, label="{{ data {n.data:.4f} | grad {n.grad:.4f} }}"];'
+            f'  {uid} [shape=record, label="{{ {head}data {n.data:.4f} | grad {n.grad:.4f} }}"];'
         )
         if n._op:
             lines.append(f'  {uid}op [label="{n._op}"];')

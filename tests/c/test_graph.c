@@ -359,11 +359,64 @@ static void test_graph__checkpoint_domains_release_only_their_values(void) {
     teardown();
 }
 
+static void test_graph__backward_step_is_one_chain_rule_step(void) {
+    setup();
+    /* the worked example by hand, as micrograd's lecture does it: seed, then one step per value
+     * in reverse topological order, equals mg_backward */
+    mg_value *a = mg_scalar(g, 2.0), *b = mg_scalar(g, -3.0), *c = mg_scalar(g, 10.0);
+    mg_value *f = mg_scalar(g, -2.0);
+    mg_value *e = mg_mul(g, a, b), *d = mg_add(g, e, c), *L = mg_mul(g, d, f);
+    mg_value_set_grad(L, 1.0);
+    CHECK(mg_value_backward_step(g, L) == MG_OK);
+    CHECK(mg_value_grad(d) == -2.0 && mg_value_grad(f) == 4.0 && mg_value_grad(a) == 0.0);
+    CHECK(mg_value_backward_step(g, d) == MG_OK);
+    CHECK(mg_value_backward_step(g, e) == MG_OK);
+    CHECK(mg_value_backward_step(g, a) == MG_OK); /* a leaf: nothing */
+    CHECK(mg_value_grad(a) == 6.0 && mg_value_grad(b) == -4.0 && mg_value_grad(c) == -2.0);
+    /* a second step adds again, as micrograd's _backward does */
+    CHECK(mg_value_backward_step(g, e) == MG_OK);
+    CHECK(mg_value_grad(a) == 12.0 && mg_value_grad(b) == -8.0);
+    /* every op of the table, on leaves: one step from gradient 1 equals mg_backward */
+    for (int op = 0; op < MG_OP_COUNT; op++) {
+        int ar = mg_op_arity(op);
+        if (ar <= 0) continue;
+        mg_value *x = mg_scalar(g, 0.75), *y = mg_scalar(g, 1.5);
+        mg_value *v = mg_apply(g, op, x, ar == 2 ? y : NULL, 3.0);
+        CHECK(v != NULL);
+        if (!v) continue;
+        CHECK(mg_backward(g, v) == MG_OK);
+        double gx = mg_value_grad(x), gy = mg_value_grad(y);
+        mg_value_set_grad(x, 0.0);
+        mg_value_set_grad(y, 0.0);
+        mg_value_set_grad(v, 1.0);
+        CHECK(mg_value_backward_step(g, v) == MG_OK);
+        CHECK(mg_value_grad(x) == gx && mg_value_grad(y) == gy);
+        CHECK(gx != 0.0 || gy != 0.0); /* max passes its gradient to y */
+    }
+    mg_value *xs[3] = {a, b, c};
+    mg_value *s = mg_sum(g, xs, 3);
+    mg_graph_zero_grad(g);
+    mg_value_set_grad(s, 2.0);
+    CHECK(mg_value_backward_step(g, s) == MG_OK);
+    CHECK(mg_value_grad(a) == 2.0 && mg_value_grad(b) == 2.0 && mg_value_grad(c) == 2.0);
+    /* bad arguments are refused with a message */
+    CHECK(mg_value_backward_step(NULL, s) == MG_EINVAL);
+    CHECK(mg_value_backward_step(g, NULL) == MG_EINVAL);
+    CHECK(strstr(mg_graph_last_error(g), "NULL value") != NULL);
+    mg_graph_checkpoint cp = mg_graph_save(g);
+    mg_value *later = mg_mul(g, s, s);
+    mg_graph_restore(g, cp);
+    CHECK(mg_value_backward_step(g, later) == MG_EINVAL);
+    CHECK(strstr(mg_graph_last_error(g), "released value") != NULL);
+    teardown();
+}
+
 int main(void) {
     RUN(test_graph__worked_example);
     RUN(test_graph__reused_node_and_second_backward);
     RUN(test_graph__backward_touches_only_reachable_values);
     RUN(test_graph__checkpoint_restore);
+    RUN(test_graph__backward_step_is_one_chain_rule_step);
     RUN(test_graph__null_propagates_and_errors_are_recorded);
     RUN(test_graph__value_costs_at_most_64_bytes);
     RUN(test_graph__autofree_reclaims_iteratively);

@@ -143,10 +143,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                     if (!mg_value_is_live(pool[i], serial[i])) held[i] = 0;
             }
             break;
-        case 5: /* backward from anything */
+        case 5: /* backward (or one step of it) from anything */
             if (np) {
-                size_t i = byte(&in) % np;
-                int st = mg_backward(g, pool[i]);
+                unsigned k = byte(&in); /* bit 7: one chain-rule step instead */
+                size_t i = k % np;
+                int st = k & 0x80 ? mg_value_backward_step(g, pool[i]) : mg_backward(g, pool[i]);
                 CHECK(st == MG_OK || st == MG_EINVAL || st == MG_ENOMEM);
                 if (st == MG_EINVAL) CHECK(!mg_value_is_live(pool[i], serial[i]));
             }

@@ -482,3 +482,121 @@ def test_op_methods_raise_on_wrong_types(method):
         assert "\n" not in str(e.value) and method in str(e.value)
     good = getattr(v, method)(3.0 if method == "pow" else Value(3.0))
     assert isinstance(good, Value)
+
+
+# ---- the lecture notebook: labels and _backward() by hand -------------------------------------
+
+
+def _topo(root: Any) -> list[Any]:
+    """Values reachable from root, operands first (iteratively, as the notebook's build_topo)."""
+    order: list[Any] = []
+    seen: set[int] = set()
+    stack: list[tuple[Any, bool]] = [(root, False)]
+    while stack:
+        v, expanded = stack.pop()
+        if expanded:
+            order.append(v)
+            continue
+        if id(v) in seen:
+            continue
+        seen.add(id(v))
+        stack.append((v, True))
+        stack.extend((c, False) for c in v._prev if id(c) not in seen)
+    return order
+
+
+def test_lecture_worked_example_by_hand_steps():
+    # the notebook's first graph: L = (a*b + c) * f, then o.grad = 1 and _backward() in reverse
+    a, b = Value(2.0, label="a"), Value(-3.0, label="b")
+    c, f = Value(10.0, label="c"), Value(-2.0, label="f")
+    e = a * b
+    e.label = "e"
+    d = e + c
+    d.label = "d"
+    L = d * f
+    L.label = "L"
+    L.grad = 1.0
+    for v in (L, d, e, a):  # a leaf's step does nothing
+        v._backward()
+    assert (a.grad, b.grad, c.grad, d.grad, e.grad, f.grad) == (6.0, -4.0, -2.0, -2.0, -2.0, 4.0)
+    e._backward()  # a second step adds again, as micrograd's does
+    assert (a.grad, b.grad) == (12.0, -8.0)
+
+
+@settings(max_examples=150, deadline=None, derandomize=True, database=None)
+@given(
+    leaves=st.lists(
+        st.floats(-3, 3, allow_nan=False).filter(lambda x: abs(x) > 1e-3), min_size=1, max_size=4
+    ),
+    prog=st.lists(
+        st.tuples(
+            st.sampled_from(OPS),
+            st.integers(0, 50),
+            st.integers(0, 50),
+            st.floats(-2, 2, allow_nan=False),
+        ),
+        min_size=1,
+        max_size=12,
+    ),
+)
+def test_backward_by_hand_steps_matches_micrograd(leaves, prog):
+    ours_leaves, ours = build(Value, leaves, prog)
+    ref_leaves, ref = build(RefValue, leaves, prog)
+    for root in (ours, ref):
+        root.grad = 1.0
+        for v in reversed(_topo(root)):
+            v._backward()
+    scale = max([1.0] + [abs(float(r.grad)) for r in ref_leaves])
+    for o, r in zip(ours_leaves, ref_leaves):
+        assert close(o.grad, float(r.grad), 1e-12, scale), (o.grad, r.grad)
+
+
+def test_labels_belong_to_nodes_and_are_drawn():
+    a = Value(2.0, label="a")
+    b = Value(3.0)
+    assert a.label == "a" and b.label == ""
+    c = a * b
+    c.label = "c{1}|<x>"
+    d = c + 1
+    del c  # the handle dies; the node lives on in d, and keeps its label
+    (c2,) = [v for v in d._prev if v._op == "*"]
+    assert c2.label == "c{1}|<x>"
+    src = mc.viz._dot_source(d, "LR")
+    assert "{ a | data 2.0000" in src and "c\\{1\\}\\|\\<x\\>" in src
+    c2.label = ""  # '' removes it, as does del
+    assert c2.label == ""
+    a.label = "a2"
+    del a.label
+    assert a.label == ""
+    with pytest.raises(TypeError, match="label must be a str"):
+        b.label = 3  # type: ignore[assignment]
+    with pytest.raises(TypeError, match="label must be a str"):
+        Value(1.0, label=b"x")  # type: ignore[arg-type]
+    w = Value(1.5, label="w")
+    w.grad = 0.5
+    w2 = pickle.loads(pickle.dumps(w))
+    assert (w2.data, w2.grad, w2.label) == (1.5, 0.5, "w") and w2 is not w
+    with mc.checkpoint():
+        t = Value(1.0) * 2
+        t.label = "temp"
+    with pytest.raises(mc.StaleValueError):
+        _ = t.label
+    with pytest.raises(mc.StaleValueError):
+        t.label = "again"
+    with pytest.raises(mc.StaleValueError):
+        t._backward()
+
+
+def test_labels_of_released_values_do_not_leak_or_reappear():
+    keep = Value(0.5, label="kept")
+    before = mc.graph_len()
+    for i in range(20_000):  # labelled temporaries: freed at once, their slots reused
+        v = keep * float(i)
+        v.label = f"t{i}"
+        del v
+    assert mc.graph_len() == before
+    fresh = [keep * 2.0 for _ in range(64)]  # nodes in reused slots carry no old label
+    assert all(v.label == "" for v in fresh)
+    assert keep.label == "kept"
+    # the table is swept as it grows: at most twice its live entries plus a constant, not 20,000
+    assert mc.engine._core._label_count() < 2100

@@ -148,6 +148,19 @@ MG_API void mg_graph_zero_grad(mg_graph *g);
 MG_API int mg_backward(mg_graph *g, mg_value *out);
 
 /**
+ * @brief One step of the chain rule at @p v, as micrograd's `v._backward()`.
+ *
+ * Adds @p v's gradient times each local derivative (the op table's) into the gradients of
+ * @p v's operands, once; nothing else changes, and a leaf has no operands. mg_backward() is this
+ * step for every value reachable from its output, in reverse topological order, after seeding.
+ * @param g the graph owning @p v
+ * @param v the value
+ * @return MG_OK, MG_EINVAL for a NULL argument, a released value or a value of another graph,
+ *         MG_ENOMEM when the working memory cannot grow (no gradient is changed then).
+ */
+MG_API int mg_value_backward_step(mg_graph *g, mg_value *v);
+
+/**
  * @brief Message describing the last error recorded on the graph.
  * @param g the graph
  * @return a string owned by the graph, valid until the next failing call; `""` when none,
