@@ -155,7 +155,9 @@ def build_library(
 ) -> dict[str, Any]:
     """Compile `source` into a shared library in the cache, unless it is there already.
 
-    Returns ``{"path", "cached", "compile_seconds", "command"}``. Writes go to a temporary file
+    Returns ``{"path", "cached", "compile_seconds", "command", "digest"}``: ``digest`` is the
+    SHA-256 recorded when the library was built, for :func:`load_library` to check its bytes
+    against. Writes go to a temporary file
     that is renamed into place, under a per-key lock, so concurrent builds of the same source
     both succeed. A cache directory that is not usable, or not private (owned by this user, not
     writable by group or others), is replaced by a private directory for this process, with a
@@ -196,16 +198,17 @@ def build_library(
         if st is not None and stat.S_ISREG(st.st_mode) and st.st_size > 0:
             why = _untrusted(st, f"the cache entry {lib}")
             if why is None:
+                # its bytes are checked against the digest as they are loaded (load_verified);
+                # no digest (built before digests, or its build cut off): rebuilt, quietly
                 recorded = _recorded_digest(lib)
-                if recorded is not None and recorded == _file_digest(lib):
-                    return {"path": lib, "cached": True, "compile_seconds": 0.0, "command": []}
-                if recorded is not None:  # (none: built before digests, or its build cut off)
-                    warnings.warn(
-                        f"the cache entry {lib} is not what was built there (its bytes do not "
-                        f"match the digest recorded with it): not loaded; rebuilding it",
-                        RuntimeWarning,
-                        stacklevel=3,
-                    )
+                if recorded is not None:
+                    return {
+                        "path": lib,
+                        "cached": True,
+                        "compile_seconds": 0.0,
+                        "command": [],
+                        "digest": recorded,
+                    }
             else:
                 warnings.warn(f"{why}: not loaded; rebuilding it", RuntimeWarning, stacklevel=3)
         try:
@@ -245,29 +248,28 @@ def build_library(
         try:
             # whatever the umask: nobody else may write what this user will load
             os.chmod(tmp_lib, stat.S_IMODE(os.stat(tmp_lib).st_mode) & ~0o022)
-            _record_digest(tmp_lib, lib)
+            digest = _record_digest(tmp_lib, lib)
             os.replace(tmp_lib, lib)
         except OSError as e:
             _remove(tmp_lib)
             raise CompileError(
                 f"could not store the compiled library in {root}: {e}", cmd
             ) from None
-        return {"path": lib, "cached": False, "compile_seconds": seconds, "command": cmd}
+        return {
+            "path": lib,
+            "cached": False,
+            "compile_seconds": seconds,
+            "command": cmd,
+            "digest": digest,
+        }
 
 
 # A library's digest is recorded beside it (``<entry>.sha256``) when it is built, and a cached
-# entry is used only when its bytes still match: a file damaged in place (zeros where a power
-# loss left unwritten blocks, which no header check sees) would crash the process in ``dlopen``,
-# and every later run with it. Both files reach the disk (fsync) before the library is renamed
-# into place, so an entry is either whole and matching or rebuilt.
-
-
-def _file_digest(path: str) -> str | None:
-    try:
-        with open(path, "rb") as f:
-            return hashlib.sha256(f.read()).hexdigest()
-    except OSError:
-        return None
+# entry is loaded only when the bytes read to be loaded still match it (``load_verified``, which
+# hashes them anyway: one read and one hash per load): a file damaged in place (zeros where a
+# power loss left unwritten blocks, which no header check sees) would crash the process in
+# ``dlopen``, and every later run with it. Both files reach the disk (fsync) before the library
+# is renamed into place, so an entry is either whole and matching or rebuilt.
 
 
 def _recorded_digest(lib: str) -> str | None:
@@ -278,8 +280,9 @@ def _recorded_digest(lib: str) -> str | None:
         return None
 
 
-def _record_digest(tmp_lib: str, lib: str) -> None:
-    """Flushes the built library ``tmp_lib`` to disk and records its digest for ``lib``."""
+def _record_digest(tmp_lib: str, lib: str) -> str:
+    """Flushes the built library ``tmp_lib`` to disk, records its digest for ``lib`` and
+    returns it."""
     with open(tmp_lib, "rb") as f:
         digest = hashlib.sha256(f.read()).hexdigest()
         os.fsync(f.fileno())
@@ -289,6 +292,7 @@ def _record_digest(tmp_lib: str, lib: str) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, lib + ".sha256")
+    return digest
 
 
 def _parts(source: str, tc: Toolchain) -> int:
@@ -434,7 +438,7 @@ def _dlopen_copy(data: bytes, path: str, digest: str) -> ctypes.CDLL:
     raise LibraryLoadError(f"{path}: does not load: {'; '.join(errors)}")
 
 
-def load_verified(path: str) -> ctypes.CDLL:
+def load_verified(path: str, digest: str | None = None) -> ctypes.CDLL:
     """Load the shared library at ``path`` if this user alone can have written it.
 
     The directory and the file must be owned by the current user and not writable by group or
@@ -443,16 +447,22 @@ def load_verified(path: str) -> ctypes.CDLL:
     :class:`LibraryLoadError` and runs none of its code. The bytes checked are loaded from a
     private copy under a name no earlier load in this process used, so a library rebuilt at the
     same path is loaded anew (``dlopen`` would return the old one); a library identical to one
-    already loaded is that one.
+    already loaded is that one. With ``digest`` (a SHA-256 in hex), those bytes must also have
+    that digest: a cache entry must be what was built there.
     """
     data = _read_trusted(path)
     why = _cut_short(data)
     if why:
         raise LibraryLoadError(f"{path}: not loaded: {why} (a truncated file)")
-    digest = hashlib.sha256(data).hexdigest()
-    lib = _loaded.get(digest)
+    actual = hashlib.sha256(data).hexdigest()
+    if digest is not None and actual != digest:
+        raise LibraryLoadError(
+            f"{path}: not loaded: it is not what was built there (its bytes do not match the "
+            f"digest recorded with it)"
+        )
+    lib = _loaded.get(actual)
     if lib is None:
-        lib = _loaded[digest] = _dlopen_copy(data, path, digest)
+        lib = _loaded[actual] = _dlopen_copy(data, path, actual)
     return lib
 
 
@@ -473,15 +483,23 @@ class CompiledProgram(ctypes.Structure):
 SYMBOLS = ("program", "emitter_version")
 
 
-def load_library(path: str, tape: Any, prefix: str, *, float32: bool | None = None) -> ctypes.CDLL:
-    """Load a compiled library (see :func:`load_verified`) and check that it is the tape's.
+def load_library(
+    path: str,
+    tape: Any,
+    prefix: str,
+    *,
+    float32: bool | None = None,
+    digest: str | None = None,
+) -> ctypes.CDLL:
+    """Load a compiled library (see :func:`load_verified`, which checks ``digest``) and check
+    that it is the tape's.
 
     Every symbol of :data:`SYMBOLS` must exist, the program must have been emitted for ``tape``
     (its fingerprint) by this emitter version, and, when ``float32`` is given, for that storage
     type. Raises :class:`LibraryLoadError` (an :class:`OSError`) otherwise, never a bare
     ``ValueError`` or ``AttributeError``; libmg checks the fingerprint again when it attaches.
     """
-    lib = load_verified(path)
+    lib = load_verified(path, digest)
     try:
         version = ctypes.c_int.in_dll(lib, prefix + "emitter_version").value
         program = CompiledProgram.in_dll(lib, prefix + "program")

@@ -328,14 +328,15 @@ def _compile_c(
         built = build_library(source, tc, fl, cache=cache, timeout=timeout)
         try:
             t1 = time.perf_counter()
-            lib = load_library(built["path"], tape, prefix, float32=float32)
+            lib = load_library(built["path"], tape, prefix, float32=float32, digest=built["digest"])
             info["load_seconds"] = time.perf_counter() - t1
             break
         except OSError as err:
-            if attempt:  # a library we just built does not load: report, do not loop
+            if attempt or not built["cached"]:  # one we just built does not load: report it
                 raise CompileError(
                     f"the compiled library {built['path']} does not load", built["command"]
                 ) from err
+            warnings.warn(f"{err}; rebuilding it", RuntimeWarning, stacklevel=3)
             _remove(built["path"])  # a corrupt or foreign cache entry: rebuild it once
     info.update(
         compiler=tc.name,
