@@ -383,6 +383,17 @@ def available_engines(quick: bool = False) -> tuple[list[EngineSpec], list[str]]
     return engines, skipped
 
 
+def _rate(r: float) -> str:
+    """A rate with the digits that mean something: thousands separated, no decimals from 100 on
+    (a decimal of 150,000 samples/s is noise), three significant figures below."""
+    return f"{r:,.0f}" if r >= 100 else f"{r:.3g}"
+
+
+def _ratio(r: float) -> str:
+    """A ratio, to one decimal below 10x."""
+    return f"{r:.1f}x" if r < 10 else f"{r:,.0f}x"
+
+
 def run(repeat: int = 5, quick: bool = False, out: Callable[[str], None] = print) -> int:
     """Print the benchmark table (through ``out``); returns 0."""
     sys.setrecursionlimit(max(sys.getrecursionlimit(), 100_000))
@@ -400,7 +411,7 @@ def run(repeat: int = 5, quick: bool = False, out: Callable[[str], None] = print
             reps = max(1, repeat if not ename.startswith("micrograd 0") else min(repeat, 3))
             results[(ename, wname)] = _measure(engine, X, y, reps)
             print(
-                f"  {ename:34s} {wname:24s} {results[(ename, wname)]:12,.1f} samples/s",
+                f"  {ename:34s} {wname:24s} {_rate(results[(ename, wname)]):>12s} samples/s",
                 file=sys.stderr,
             )
 
@@ -415,8 +426,8 @@ def run(repeat: int = 5, quick: bool = False, out: Callable[[str], None] = print
         for wname, *_ in workloads:
             r = results[(ename, wname)]
             ref = results.get((base, wname))
-            ratio = f"{r / ref:7.0f}x" if ref else "       -"
-            row += f" {r:20,.1f}/s  {ratio}"
+            ratio = _ratio(r / ref) if ref else "-"
+            row += f" {_rate(r):>22s}/s {ratio:>8s}"
         out(row)
     out(
         f"samples/s of per-sample SGD training, float64, one thread; medians of {repeat} runs "
