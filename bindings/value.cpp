@@ -124,8 +124,9 @@ void sweep_labels() {
             ++it;
             continue;
         }
-        Py_DECREF(it->second.text);
+        PyObject *text = it->second.text;
         it = labels.erase(it);
+        Py_DECREF(text); // an exact str (put_label): freeing it runs no Python code
     }
     labels_after_sweep = labels.size();
 }
@@ -136,19 +137,22 @@ PyObject *label_of(const mg_value *v, uint64_t serial) {
     return it != labels.end() && it->second.serial == serial ? it->second.text : nullptr;
 }
 
-// Sets (text: a str) or removes (text: nullptr or '') the label of a live node. -1: exception.
-int put_label(const mg_value *v, uint64_t serial, PyObject *text) {
-    if (text && PyUnicode_GET_LENGTH(text) == 0) text = nullptr;
+// Sets (label: a str) or removes (label: nullptr or '') the label of a live node. -1: exception.
+// The table keeps an exact str (a subclass is copied): freeing one runs no Python code, so no
+// __del__ re-enters the table while it changes, and a label can hold no reference to a Value
+// (no cycle the collector cannot see).
+int put_label(const mg_value *v, uint64_t serial, PyObject *label) {
+    PyObject *text = nullptr;
+    if (label && PyUnicode_GET_LENGTH(label) > 0) {
+        text = PyUnicode_FromObject(label); // a new reference: the same object for an exact str
+        if (!text) return -1;
+    }
     auto it = labels.find(v);
     if (it != labels.end()) {
         PyObject *old = it->second.text;
-        if (text) {
-            Py_INCREF(text);
-            it->second = Label{serial, text};
-        } else {
-            labels.erase(it);
-        }
-        Py_DECREF(old); // a str: frees without running Python code
+        if (text) it->second = Label{serial, text};
+        else labels.erase(it);
+        Py_DECREF(old);
         return 0;
     }
     if (!text) return 0;
@@ -156,10 +160,10 @@ int put_label(const mg_value *v, uint64_t serial, PyObject *text) {
         if (labels.size() >= 2 * labels_after_sweep + 1024) sweep_labels();
         labels.emplace(v, Label{serial, text});
     } catch (const std::bad_alloc &) {
+        Py_DECREF(text);
         PyErr_NoMemory();
         return -1;
     }
-    Py_INCREF(text);
     return 0;
 }
 
@@ -619,14 +623,23 @@ PyObject *value_reduce(PyObject *self, PyObject *) {
                          mg_value_grad(v));
 }
 
-// state: the gradient, or (gradient, label)
+// state: the gradient, or (gradient, label); nothing changes when either is refused
 PyObject *value_setstate(PyObject *self, PyObject *state) {
     if (PyTuple_Check(state)) {
         if (PyTuple_GET_SIZE(state) != 2) {
             PyErr_SetString(PyExc_TypeError, "Value state must be grad or (grad, label)");
             return nullptr;
         }
-        if (set_grad(self, PyTuple_GET_ITEM(state, 0), nullptr) < 0 ||
+        double x;
+        PyObject *grad = PyTuple_GET_ITEM(state, 0);
+        if (!check_label(PyTuple_GET_ITEM(state, 1))) return nullptr;
+        if (is_value(grad) || !read_number(grad, &x)) {
+            if (!PyErr_Occurred())
+                PyErr_Format(PyExc_TypeError, "Value.grad must be a real number, not %.200s",
+                             Py_TYPE(grad)->tp_name);
+            return nullptr;
+        }
+        if (set_grad(self, grad, nullptr) < 0 ||
             set_label(self, PyTuple_GET_ITEM(state, 1), nullptr) < 0)
             return nullptr;
         Py_RETURN_NONE;
@@ -661,7 +674,8 @@ PyMethodDef value_methods[] = {
      "each local derivative into its operands' gradients (a leaf has none)."},
     // clang-format on
     {"__reduce__", value_reduce, METH_NOARGS, "Pickle support for leaf Values."},
-    {"__setstate__", value_setstate, METH_O, "Pickle support: restores the gradient."},
+    {"__setstate__", value_setstate, METH_O,
+     "Pickle support: restores the gradient, or the gradient and the label."},
     {nullptr, nullptr, 0, nullptr}};
 #undef MG__DEF_S
 #undef MG__DEF_N

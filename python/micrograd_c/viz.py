@@ -24,11 +24,13 @@ def trace(root: Value) -> tuple[set[Value], set[tuple[Value, Value]]]:
 
 
 def _record_text(text: str) -> str:
-    """``text`` escaped for a field of a DOT record label (braces, bars, angles, quotes)."""
+    """``text`` escaped for a field of a DOT record label (braces, bars, angles, quotes, control
+    characters)."""
     out = text.replace("\\", "\\\\")
     for ch in '{}|<>"':
         out = out.replace(ch, "\\" + ch)
-    return out.replace("\n", " ")
+    # control characters (newlines, NUL: a syntax error to dot) become spaces
+    return "".join(" " if ord(c) < 32 or ord(c) == 127 else c for c in out)
 
 
 def _dot_source(root: Value, rankdir: str) -> str:

@@ -297,6 +297,62 @@ def test_an_entry_damaged_in_place_is_rebuilt_not_loaded(private_cache, tmp_path
     assert run() == ["False", "True", "0"]
 
 
+@needs_cc
+@posix_only
+def test_the_public_api_never_loads_an_entry_damaged_in_place(tmp_path):
+    """build_library and load_library are public: a caller who loads a cached entry without
+    passing its digest still gets the one recorded beside it checked on the bytes loaded (found
+    by review: the check lived only in compile(), and this crashed the process)."""
+    code = f"""
+        import warnings
+        from micrograd_c import compiler
+        from micrograd_c.compiler import codecache
+        tc = compiler.find_compiler()
+        fl = compiler.default_flags(tc)
+        src, cache = "int mg_answer(void) {{ return 7; }}\\n", {str(tmp_path / "c")!r}
+        p = compiler.build_library(src, tc, fl, cache=cache)["path"]
+        d = open(p, "rb").read()
+        open(p, "wb").write(d[:1000] + bytes(len(d) - 1000))  # zeros, same length
+        try:
+            codecache.load_verified(p)
+        except codecache.LibraryLoadError as e:
+            print("refused", "digest" in str(e))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            b = compiler.build_library(src, tc, fl, cache=cache)
+        print(b["cached"], len(caught), codecache.load_verified(b["path"]).mg_answer())
+    """
+    r = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=120
+    )
+    assert r.returncode == 0, (r.returncode, r.stderr[-2000:])
+    assert r.stdout.split() == ["refused", "True", "False", "1", "7"]
+
+
+@needs_cc
+@posix_only
+@pytest.mark.parametrize("kind", ["directory", "fifo"])
+def test_a_digest_path_that_is_not_a_file_neither_blocks_nor_breaks_the_entry(tmp_path, kind):
+    """A FIFO where the digest belongs blocked compile() forever under the entry's lock, and a
+    directory there made every build of the entry fail, each leaving a temporary file (review)."""
+    tc = compiler.find_compiler()
+    fl = compiler.default_flags(tc)
+    cache = tmp_path / "cache"
+    src = "int mg_answer(void) { return 7; }\n"
+    lib = compiler.build_library(src, tc, fl, cache=str(cache))["path"]
+    os.remove(lib + ".sha256")
+    if kind == "fifo":
+        os.mkfifo(lib + ".sha256")
+    else:
+        os.mkdir(lib + ".sha256")
+    before = set(os.listdir(cache))
+    built = compiler.build_library(src, tc, fl, cache=str(cache))  # rebuilt, as without one
+    assert not built["cached"] and os.path.isfile(lib + ".sha256")
+    assert set(os.listdir(cache)) == before  # the same names: no temporary left behind
+    assert codecache.load_verified(built["path"]).mg_answer() == 7
+    assert compiler.build_library(src, tc, fl, cache=str(cache))["cached"]
+
+
 def test_cut_short_reads_only_elf_and_checks_every_extent():
     assert codecache._cut_short(b"not an ELF file at all") is None
     assert codecache._cut_short(b"\x7fELF") == "an ELF header cut short"

@@ -563,6 +563,7 @@ def test_labels_belong_to_nodes_and_are_drawn():
     assert c2.label == "c{1}|<x>"
     src = mc.viz._dot_source(d, "LR")
     assert "{ a | data 2.0000" in src and "c\\{1\\}\\|\\<x\\>" in src
+    assert mc.viz._record_text("a\x00b\r\nc") == "a b  c"  # dot refuses NUL
     c2.label = ""  # '' removes it, as does del
     assert c2.label == ""
     a.label = "a2"
@@ -585,6 +586,32 @@ def test_labels_belong_to_nodes_and_are_drawn():
         t.label = "again"
     with pytest.raises(mc.StaleValueError):
         t._backward()
+
+
+def test_a_str_subclass_label_is_kept_as_a_plain_str():
+    """A str subclass with __del__ freed inside the table's sweep, re-entered it and freed twice
+    (found by review): the table keeps exact strs, so the user's object is the user's alone."""
+    deaths = []
+
+    class S(str):
+        def __del__(self) -> None:
+            deaths.append(1)
+            for i in range(300):
+                Value(1.0, label=f"d{i}")
+
+    held = [Value(1.0) * 2.0 for _ in range(10)]
+    for v in held:
+        v.label = S("s")
+    assert all(type(v.label) is str and v.label == "s" for v in held)
+    assert len(deaths) == 10  # each S died once, when it was assigned: the table copied it
+    del held
+    for i in range(3000):  # past the sweep threshold
+        Value(1.0, label=f"m{i}")
+    assert len(deaths) == 10
+    w = Value(1.0)
+    with pytest.raises(TypeError, match="label must be a str"):
+        w.__setstate__((2.0, 5))
+    assert w.grad == 0.0  # refused as a whole
 
 
 def test_labels_of_released_values_do_not_leak_or_reappear():

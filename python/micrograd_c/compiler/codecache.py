@@ -198,10 +198,11 @@ def build_library(
         if st is not None and stat.S_ISREG(st.st_mode) and st.st_size > 0:
             why = _untrusted(st, f"the cache entry {lib}")
             if why is None:
-                # its bytes are checked against the digest as they are loaded (load_verified);
-                # no digest (built before digests, or its build cut off): rebuilt, quietly
+                # checked here, so that a damaged entry is rebuilt, and again by load_verified on
+                # the bytes it loads; no digest (built before digests, or its build cut off):
+                # rebuilt, quietly
                 recorded = _recorded_digest(lib)
-                if recorded is not None:
+                if recorded is not None and recorded == _file_digest(lib):
                     return {
                         "path": lib,
                         "cached": True,
@@ -209,6 +210,13 @@ def build_library(
                         "command": [],
                         "digest": recorded,
                     }
+                if recorded is not None:
+                    warnings.warn(
+                        f"the cache entry {lib} is not what was built there (its bytes do not "
+                        f"match the digest recorded with it): not loaded; rebuilding it",
+                        RuntimeWarning,
+                        stacklevel=3,
+                    )
             else:
                 warnings.warn(f"{why}: not loaded; rebuilding it", RuntimeWarning, stacklevel=3)
         try:
@@ -264,20 +272,39 @@ def build_library(
         }
 
 
-# A library's digest is recorded beside it (``<entry>.sha256``) when it is built, and a cached
-# entry is loaded only when the bytes read to be loaded still match it (``load_verified``, which
-# hashes them anyway: one read and one hash per load): a file damaged in place (zeros where a
-# power loss left unwritten blocks, which no header check sees) would crash the process in
-# ``dlopen``, and every later run with it. Both files reach the disk (fsync) before the library
-# is renamed into place, so an entry is either whole and matching or rebuilt.
+# A library's digest is recorded beside it (``<entry>.sha256``) when it is built. A cached entry
+# whose bytes no longer match is rebuilt (``build_library``), and a library with a recorded
+# digest is loaded only when the very bytes read to be loaded match it (``load_verified``): a
+# file damaged in place (zeros where a power loss left unwritten blocks, which no header check
+# sees) would crash the process in ``dlopen``, and every later run with it. Both files reach the
+# disk (fsync) before the library is renamed into place, so an entry is either whole and
+# matching or rebuilt.
+
+
+def _file_digest(path: str) -> str | None:
+    try:
+        with open(path, "rb") as f:
+            return hashlib.sha256(f.read()).hexdigest()
+    except OSError:
+        return None
 
 
 def _recorded_digest(lib: str) -> str | None:
+    """The digest recorded beside ``lib``, or None: none, or not a regular file (a FIFO there
+    must not block the compile, nor a directory break it)."""
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOFOLLOW", 0)
     try:
-        with open(lib + ".sha256", encoding="ascii") as f:
-            return f.read(100).strip()
+        fd = os.open(lib + ".sha256", flags)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        return os.read(fd, 100).decode("ascii").strip()
     except (OSError, UnicodeDecodeError):
         return None
+    finally:
+        os.close(fd)
 
 
 def _record_digest(tmp_lib: str, lib: str) -> str:
@@ -286,12 +313,18 @@ def _record_digest(tmp_lib: str, lib: str) -> str:
     with open(tmp_lib, "rb") as f:
         digest = hashlib.sha256(f.read()).hexdigest()
         os.fsync(f.fileno())
-    tmp = tmp_lib + ".sha256"
-    with open(tmp, "w", encoding="ascii") as f:
-        f.write(digest + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, lib + ".sha256")
+    tmp, dst = tmp_lib + ".sha256", lib + ".sha256"
+    try:
+        with open(tmp, "w", encoding="ascii") as f:
+            f.write(digest + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        if os.path.isdir(dst) and not os.path.islink(dst):
+            os.rmdir(dst)  # not ours to write over; an empty one is removed, else the error says
+        os.replace(tmp, dst)
+    except OSError:
+        _remove(tmp)
+        raise
     return digest
 
 
@@ -447,10 +480,13 @@ def load_verified(path: str, digest: str | None = None) -> ctypes.CDLL:
     :class:`LibraryLoadError` and runs none of its code. The bytes checked are loaded from a
     private copy under a name no earlier load in this process used, so a library rebuilt at the
     same path is loaded anew (``dlopen`` would return the old one); a library identical to one
-    already loaded is that one. With ``digest`` (a SHA-256 in hex), those bytes must also have
-    that digest: a cache entry must be what was built there.
+    already loaded is that one. Those bytes must also have the SHA-256 ``digest`` (hex) or, when
+    it is None, the digest recorded beside the file (``<path>.sha256``) if there is one: a cache
+    entry must be what was built there.
     """
     data = _read_trusted(path)
+    if digest is None:
+        digest = _recorded_digest(path)
     why = _cut_short(data)
     if why:
         raise LibraryLoadError(f"{path}: not loaded: {why} (a truncated file)")
