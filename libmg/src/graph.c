@@ -600,13 +600,19 @@ static void propagate(mg_graph *g, mg_value *v) {
     }
 }
 
-int mg_backward(mg_graph *g, mg_value *out) {
+/* MG_OK where g is a graph and v a live value of it; else MG_EINVAL, with `who`'s message. */
+static int check_value(mg_graph *g, const mg_value *v, const char *who) {
     if (!g) return MG_EINVAL;
-    if (!mg_graph__owns(g, out))
-        return mg_graph__fail(g, MG_EINVAL, "mg_backward: %s",
-                              !out          ? "NULL value"
-                              : out->serial ? "value of another graph"
-                                            : "released value");
+    if (mg_graph__owns(g, v)) return MG_OK;
+    return mg_graph__fail(g, MG_EINVAL, "%s: %s", who,
+                          !v          ? "NULL value"
+                          : v->serial ? "value of another graph"
+                                      : "released value");
+}
+
+int mg_backward(mg_graph *g, mg_value *out) {
+    int st = check_value(g, out, "mg_backward");
+    if (st != MG_OK) return st;
     size_t n = mg_graph__topo(g, &out, 1);
     if (n == (size_t)-1) return MG_ENOMEM;
     mg_value **order = g->order;
@@ -630,12 +636,8 @@ int mg_backward(mg_graph *g, mg_value *out) {
 }
 
 int mg_value_backward_step(mg_graph *g, mg_value *v) {
-    if (!g) return MG_EINVAL;
-    if (!mg_graph__owns(g, v))
-        return mg_graph__fail(g, MG_EINVAL, "mg_value_backward_step: %s",
-                              !v          ? "NULL value"
-                              : v->serial ? "value of another graph"
-                                          : "released value");
+    int st = check_value(g, v, "mg_value_backward_step");
+    if (st != MG_OK) return st;
     if (mg_op__arity[v->op] < 0 && !mg_graph__scratch(g, v->a.args->len)) return MG_ENOMEM;
     propagate(g, v);
     return MG_OK;

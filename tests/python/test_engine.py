@@ -246,8 +246,8 @@ def build(
     return leaf_nodes, out
 
 
-@settings(max_examples=300, deadline=None, derandomize=True, database=None)
-@given(
+#: hypothesis strategies for build(): leaf values and a program of ops over them
+RANDOM_GRAPHS = dict(
     leaves=st.lists(
         st.floats(-3, 3, allow_nan=False).filter(lambda x: abs(x) > 1e-3), min_size=1, max_size=4
     ),
@@ -262,6 +262,10 @@ def build(
         max_size=12,
     ),
 )
+
+
+@settings(max_examples=300, deadline=None, derandomize=True, database=None)
+@given(**RANDOM_GRAPHS)
 def test_random_graphs_match_micrograd(leaves, prog):
     ours_leaves, ours = build(Value, leaves, prog)
     ref_leaves, ref = build(RefValue, leaves, prog)
@@ -524,21 +528,7 @@ def test_lecture_worked_example_by_hand_steps():
 
 
 @settings(max_examples=150, deadline=None, derandomize=True, database=None)
-@given(
-    leaves=st.lists(
-        st.floats(-3, 3, allow_nan=False).filter(lambda x: abs(x) > 1e-3), min_size=1, max_size=4
-    ),
-    prog=st.lists(
-        st.tuples(
-            st.sampled_from(OPS),
-            st.integers(0, 50),
-            st.integers(0, 50),
-            st.floats(-2, 2, allow_nan=False),
-        ),
-        min_size=1,
-        max_size=12,
-    ),
-)
+@given(**RANDOM_GRAPHS)
 def test_backward_by_hand_steps_matches_micrograd(leaves, prog):
     ours_leaves, ours = build(Value, leaves, prog)
     ref_leaves, ref = build(RefValue, leaves, prog)
