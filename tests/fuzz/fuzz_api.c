@@ -153,7 +153,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                 if (k & 0x80) {
                     st = mg_value_backward_step(g, pool[i]);
                     CHECK(st == MG_OK || st == MG_EINVAL || st == MG_ENOMEM);
-                    CHECK((st == MG_EINVAL) == !mg_value_is_live(pool[i], serial[i]));
+                    /* (a released pool entry's slot may hold a newer value: stepped, as
+                     * mg_backward does) */
+                    if (st == MG_EINVAL) CHECK(!mg_value_is_live(pool[i], serial[i]));
                 }
             }
             break;
