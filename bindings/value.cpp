@@ -7,9 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
-#include <new>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 namespace mgpy {
@@ -108,62 +106,78 @@ void forget_handle(ValueObject *h) {
 }
 
 // node -> its label (the lecture notebook's `Value(2.0, label='a')` and `v.label = 'a'`), kept
-// beside the nodes so that no Value grows by a byte. An entry records its node's serial: a label
-// belongs to one node, and a released node's slot, reused, has none. Entries of released nodes
-// are dropped in a sweep whenever the table has doubled since the last one.
+// beside the nodes so that no Value grows by a byte: the project's pointer map again, each value
+// a Label. An entry records its node's serial: a label belongs to one node, and a released
+// node's slot, reused, has none. Entries of released nodes are dropped in a sweep whenever the
+// map has doubled since the last one.
 struct Label {
     uint64_t serial;
-    PyObject *text; // a str, owned
+    PyObject *text; // an exact str, owned: freeing it runs no Python code
 };
-std::unordered_map<const mg_value *, Label> labels;
+mg_ptrmap labels = MG_PTRMAP_INIT;
 size_t labels_after_sweep = 0;
 
+Label *label_at(size_t i) { return reinterpret_cast<Label *>(labels.slots[i].val); }
+
+// Frees the entry at index i (its label and record) and erases it.
+void drop_label(size_t i) {
+    Label *l = label_at(i);
+    mg_ptrmap_erase_at(&labels, i);
+    Py_DECREF(l->text);
+    PyMem_Free(l);
+}
+
 void sweep_labels() {
-    for (auto it = labels.begin(); it != labels.end();) {
-        if (mg_value_is_live(it->first, it->second.serial)) {
-            ++it;
-            continue;
-        }
-        PyObject *text = it->second.text;
-        it = labels.erase(it);
-        Py_DECREF(text); // an exact str (put_label): freeing it runs no Python code
+    // an erase moves later entries back into the hole, so index i is looked at again; an entry
+    // that wraps around from the front may be looked at twice, which is harmless
+    for (size_t i = 0; i < labels.cap;) {
+        const mg_value *v = static_cast<const mg_value *>(labels.slots[i].key);
+        if (v && !mg_value_is_live(v, label_at(i)->serial)) drop_label(i);
+        else i++;
     }
-    labels_after_sweep = labels.size();
+    labels_after_sweep = labels.len;
 }
 
 // The label of (v, serial), borrowed; nullptr when it has none.
 PyObject *label_of(const mg_value *v, uint64_t serial) {
-    auto it = labels.find(v);
-    return it != labels.end() && it->second.serial == serial ? it->second.text : nullptr;
+    size_t i = mg_ptrmap_find(&labels, v);
+    return i != MG_PTRMAP_NONE && label_at(i)->serial == serial ? label_at(i)->text : nullptr;
 }
 
 // Sets (label: a str) or removes (label: nullptr or '') the label of a live node. -1: exception.
-// The table keeps an exact str (a subclass is copied): freeing one runs no Python code, so no
-// __del__ re-enters the table while it changes, and a label can hold no reference to a Value
-// (no cycle the collector cannot see).
+// The map keeps an exact str (a subclass is copied): freeing one runs no Python code, so no
+// __del__ re-enters the map while it changes, and a label can hold no reference to a Value (no
+// cycle the collector cannot see).
 int put_label(const mg_value *v, uint64_t serial, PyObject *label) {
     PyObject *text = nullptr;
     if (label && PyUnicode_GET_LENGTH(label) > 0) {
         text = PyUnicode_FromObject(label); // a new reference: the same object for an exact str
         if (!text) return -1;
     }
-    auto it = labels.find(v);
-    if (it != labels.end()) {
-        PyObject *old = it->second.text;
-        if (text) it->second = Label{serial, text};
-        else labels.erase(it);
+    size_t i = mg_ptrmap_find(&labels, v);
+    if (i != MG_PTRMAP_NONE) {
+        if (!text) {
+            drop_label(i);
+            return 0;
+        }
+        Label *l = label_at(i);
+        PyObject *old = l->text;
+        *l = Label{serial, text};
         Py_DECREF(old);
         return 0;
     }
     if (!text) return 0;
-    try {
-        if (labels.size() >= 2 * labels_after_sweep + 1024) sweep_labels();
-        labels.emplace(v, Label{serial, text});
-    } catch (const std::bad_alloc &) {
+    if (labels.len >= 2 * labels_after_sweep + 1024) sweep_labels();
+    Label *l = static_cast<Label *>(PyMem_Malloc(sizeof(Label)));
+    uintptr_t *entry = l ? mg_ptrmap_put(&labels, v, mg_default_allocator(), nullptr) : nullptr;
+    if (!entry) {
+        PyMem_Free(l);
         Py_DECREF(text);
         PyErr_NoMemory();
         return -1;
     }
+    *l = Label{serial, text};
+    *entry = reinterpret_cast<uintptr_t>(l);
     return 0;
 }
 
@@ -513,6 +527,14 @@ PyObject *get_grad(PyObject *self, void *) {
     mg_value *v = live(reinterpret_cast<ValueObject *>(self));
     return v ? PyFloat_FromDouble(mg_value_grad(v)) : nullptr;
 }
+// The real number `o` assigned to Value.`what`, or false with a TypeError.
+bool setter_number(PyObject *o, const char *what, double *x) {
+    if (!is_value(o) && read_number(o, x)) return true;
+    if (!PyErr_Occurred())
+        PyErr_Format(PyExc_TypeError, "Value.%s must be a real number, not %.200s", what,
+                     Py_TYPE(o)->tp_name);
+    return false;
+}
 int set_number(PyObject *self, PyObject *o, void (*set)(mg_value *, double), const char *what) {
     if (!o) {
         PyErr_Format(PyExc_AttributeError, "cannot delete %s", what);
@@ -520,12 +542,7 @@ int set_number(PyObject *self, PyObject *o, void (*set)(mg_value *, double), con
     }
     // the number first: its __float__ may run Python code that releases this Value
     double x;
-    if (is_value(o) || !read_number(o, &x)) {
-        if (!PyErr_Occurred())
-            PyErr_Format(PyExc_TypeError, "Value.%s must be a real number, not %.200s", what,
-                         Py_TYPE(o)->tp_name);
-        return -1;
-    }
+    if (!setter_number(o, what, &x)) return -1;
     mg_value *v = live(reinterpret_cast<ValueObject *>(self));
     if (!v) return -1;
     set(v, x);
@@ -632,16 +649,11 @@ PyObject *value_setstate(PyObject *self, PyObject *state) {
         }
         double x;
         PyObject *grad = PyTuple_GET_ITEM(state, 0);
-        if (!check_label(PyTuple_GET_ITEM(state, 1))) return nullptr;
-        if (is_value(grad) || !read_number(grad, &x)) {
-            if (!PyErr_Occurred())
-                PyErr_Format(PyExc_TypeError, "Value.grad must be a real number, not %.200s",
-                             Py_TYPE(grad)->tp_name);
+        if (!check_label(PyTuple_GET_ITEM(state, 1)) || !setter_number(grad, "grad", &x))
             return nullptr;
-        }
-        if (set_grad(self, grad, nullptr) < 0 ||
-            set_label(self, PyTuple_GET_ITEM(state, 1), nullptr) < 0)
-            return nullptr;
+        ValueObject *h = reinterpret_cast<ValueObject *>(self);
+        if (!live(h) || put_label(h->v, h->serial, PyTuple_GET_ITEM(state, 1)) < 0) return nullptr;
+        mg_value_set_grad(h->v, x);
         Py_RETURN_NONE;
     }
     if (set_grad(self, state, nullptr) < 0) return nullptr;
@@ -711,7 +723,7 @@ PyTypeObject ValueType = [] {
     return t;
 }();
 
-size_t label_count() { return labels.size(); }
+size_t label_count() { return labels.len; }
 
 int init_value_type(PyObject *m) {
     if (!graph()) {

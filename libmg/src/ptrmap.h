@@ -6,7 +6,8 @@
  * reported and the map left as it was. Keys are compared by address and never dereferenced;
  * NULL is not a key. The bindings' node -> handle map (bindings/value.cpp) is this map rather
  * than a std container: it is erased from in every handle's deallocation, where nothing may throw,
- * and sees as many erases as inserts. freeze.c's slot maps are this map too, sized in advance.
+ * and sees as many erases as inserts; so is their node -> label map. freeze.c's slot maps are this
+ * map too, sized in advance.
  *
  *     mg_ptrmap m = MG_PTRMAP_INIT;
  *     int added;
