@@ -187,7 +187,7 @@ def test_load_library_raises_a_documented_error(tmp_path):
 
 @needs_cc
 def test_auto_falls_back_when_no_build_loads(monkeypatch):
-    def refuse(path, digest=None):
+    def refuse(path):
         raise codecache.LibraryLoadError(f"{path}: refused for the test")
 
     monkeypatch.setattr(codecache, "load_verified", refuse)
@@ -300,9 +300,9 @@ def test_an_entry_damaged_in_place_is_rebuilt_not_loaded(private_cache, tmp_path
 @needs_cc
 @posix_only
 def test_the_public_api_never_loads_an_entry_damaged_in_place(tmp_path):
-    """build_library and load_library are public: a caller who loads a cached entry without
-    passing its digest still gets the one recorded beside it checked on the bytes loaded (found
-    by review: the check lived only in compile(), and this crashed the process)."""
+    """build_library and load_verified are public: a caller who loads a cached entry gets the
+    digest recorded beside it checked on the bytes loaded (found by review: the check lived only
+    in compile(), and this crashed the process)."""
     code = f"""
         import warnings
         from micrograd_c import compiler

@@ -155,9 +155,7 @@ def build_library(
 ) -> dict[str, Any]:
     """Compile `source` into a shared library in the cache, unless it is there already.
 
-    Returns ``{"path", "cached", "compile_seconds", "command", "digest"}``: ``digest`` is the
-    SHA-256 recorded when the library was built, for :func:`load_library` to check its bytes
-    against. Writes go to a temporary file
+    Returns ``{"path", "cached", "compile_seconds", "command"}``. Writes go to a temporary file
     that is renamed into place, under a per-key lock, so concurrent builds of the same source
     both succeed. A cache directory that is not usable, or not private (owned by this user, not
     writable by group or others), is replaced by a private directory for this process, with a
@@ -203,13 +201,7 @@ def build_library(
                 # rebuilt, quietly
                 recorded = _recorded_digest(lib)
                 if recorded is not None and recorded == _file_digest(lib):
-                    return {
-                        "path": lib,
-                        "cached": True,
-                        "compile_seconds": 0.0,
-                        "command": [],
-                        "digest": recorded,
-                    }
+                    return {"path": lib, "cached": True, "compile_seconds": 0.0, "command": []}
                 if recorded is not None:
                     warnings.warn(
                         f"the cache entry {lib} is not what was built there (its bytes do not "
@@ -256,20 +248,14 @@ def build_library(
         try:
             # whatever the umask: nobody else may write what this user will load
             os.chmod(tmp_lib, stat.S_IMODE(os.stat(tmp_lib).st_mode) & ~0o022)
-            digest = _record_digest(tmp_lib, lib)
+            _record_digest(tmp_lib, lib)
             os.replace(tmp_lib, lib)
         except OSError as e:
             _remove(tmp_lib)
             raise CompileError(
                 f"could not store the compiled library in {root}: {e}", cmd
             ) from None
-        return {
-            "path": lib,
-            "cached": False,
-            "compile_seconds": seconds,
-            "command": cmd,
-            "digest": digest,
-        }
+        return {"path": lib, "cached": False, "compile_seconds": seconds, "command": cmd}
 
 
 # A library's digest is recorded beside it (``<entry>.sha256``) when it is built. A cached entry
@@ -307,9 +293,8 @@ def _recorded_digest(lib: str) -> str | None:
         os.close(fd)
 
 
-def _record_digest(tmp_lib: str, lib: str) -> str:
-    """Flushes the built library ``tmp_lib`` to disk, records its digest for ``lib`` and
-    returns it."""
+def _record_digest(tmp_lib: str, lib: str) -> None:
+    """Flushes the built library ``tmp_lib`` to disk and records its digest for ``lib``."""
     with open(tmp_lib, "rb") as f:
         digest = hashlib.sha256(f.read()).hexdigest()
         os.fsync(f.fileno())
@@ -325,7 +310,6 @@ def _record_digest(tmp_lib: str, lib: str) -> str:
     except OSError:
         _remove(tmp)
         raise
-    return digest
 
 
 def _parts(source: str, tc: Toolchain) -> int:
@@ -471,7 +455,7 @@ def _dlopen_copy(data: bytes, path: str, digest: str) -> ctypes.CDLL:
     raise LibraryLoadError(f"{path}: does not load: {'; '.join(errors)}")
 
 
-def load_verified(path: str, digest: str | None = None) -> ctypes.CDLL:
+def load_verified(path: str) -> ctypes.CDLL:
     """Load the shared library at ``path`` if this user alone can have written it.
 
     The directory and the file must be owned by the current user and not writable by group or
@@ -480,13 +464,11 @@ def load_verified(path: str, digest: str | None = None) -> ctypes.CDLL:
     :class:`LibraryLoadError` and runs none of its code. The bytes checked are loaded from a
     private copy under a name no earlier load in this process used, so a library rebuilt at the
     same path is loaded anew (``dlopen`` would return the old one); a library identical to one
-    already loaded is that one. Those bytes must also have the SHA-256 ``digest`` (hex) or, when
-    it is None, the digest recorded beside the file (``<path>.sha256``) if there is one: a cache
-    entry must be what was built there.
+    already loaded is that one. Where a digest is recorded beside the file (``<path>.sha256``:
+    a cache entry), those bytes must also have it: an entry must be what was built there.
     """
     data = _read_trusted(path)
-    if digest is None:
-        digest = _recorded_digest(path)
+    digest = _recorded_digest(path)
     why = _cut_short(data)
     if why:
         raise LibraryLoadError(f"{path}: not loaded: {why} (a truncated file)")
@@ -519,23 +501,15 @@ class CompiledProgram(ctypes.Structure):
 SYMBOLS = ("program", "emitter_version")
 
 
-def load_library(
-    path: str,
-    tape: Any,
-    prefix: str,
-    *,
-    float32: bool | None = None,
-    digest: str | None = None,
-) -> ctypes.CDLL:
-    """Load a compiled library (see :func:`load_verified`, which checks ``digest``) and check
-    that it is the tape's.
+def load_library(path: str, tape: Any, prefix: str, *, float32: bool | None = None) -> ctypes.CDLL:
+    """Load a compiled library (see :func:`load_verified`) and check that it is the tape's.
 
     Every symbol of :data:`SYMBOLS` must exist, the program must have been emitted for ``tape``
     (its fingerprint) by this emitter version, and, when ``float32`` is given, for that storage
     type. Raises :class:`LibraryLoadError` (an :class:`OSError`) otherwise, never a bare
     ``ValueError`` or ``AttributeError``; libmg checks the fingerprint again when it attaches.
     """
-    lib = load_verified(path, digest)
+    lib = load_verified(path)
     try:
         version = ctypes.c_int.in_dll(lib, prefix + "emitter_version").value
         program = CompiledProgram.in_dll(lib, prefix + "program")

@@ -328,7 +328,7 @@ def _compile_c(
         built = build_library(source, tc, fl, cache=cache, timeout=timeout)
         try:
             t1 = time.perf_counter()
-            lib = load_library(built["path"], tape, prefix, float32=float32, digest=built["digest"])
+            lib = load_library(built["path"], tape, prefix, float32=float32)
             info["load_seconds"] = time.perf_counter() - t1
             break
         except OSError as err:
