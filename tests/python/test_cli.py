@@ -10,8 +10,9 @@ import textwrap
 import numpy as np
 import pytest
 
-from micrograd_c import compiler
+from micrograd_c import compiler, modelfile
 from micrograd_c.app import commands
+from micrograd_c.app.data import Data, held_out_leak
 from micrograd_c.nn import MLP
 
 from conftest import HAVE_CC
@@ -134,6 +135,82 @@ def test_digits_or_a_clear_message(tmp_path):
         return
     assert r.returncode == 0, r.stderr
     assert float(r.stdout.split("accuracy ")[1].split()[0]) > 0.8
+
+
+def _accuracy(stdout: str) -> float:
+    return float(stdout.split("accuracy ")[1].split()[0])
+
+
+def test_eval_uses_the_seed_and_limit_the_model_was_trained_with(tmp_path):
+    """train records its seed and limit in the model file; eval without --seed / --limit
+    evaluates on the same samples (the moons of seed 3: train's own figure), and says so."""
+    path = tmp_path / "m.npz"
+    r = run(
+        "train", "--seed", "3", "--limit", "80", "--epochs", "20", "--no-plot", "--quiet",
+        "--save", str(path), cwd=tmp_path,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    _, meta = modelfile.load(path)
+    assert (meta["seed"], meta["limit"]) == (3, 80) and "train_samples" not in meta
+    e = run("eval", str(path), cwd=tmp_path)
+    assert e.returncode == 0, e.stderr
+    assert f"{path}: the split it was trained with (seed 3, limit 80)" in e.stderr
+    assert _accuracy(e.stdout) == _accuracy(r.stdout) and "on 80 samples" in e.stdout
+    # moons' split does not depend on the seed: another seed is other data, not a leak
+    e = run("eval", str(path), "--seed", "4", "--limit", "100", "--quiet", cwd=tmp_path)
+    assert e.returncode == 0 and "on 100 samples" in e.stdout and not e.stderr, e.stderr
+
+
+def test_held_out_leak_names_samples_the_model_trained_on():
+    """digits is shuffled with the seed, then cut 80/20: eval refuses a seed or a smaller limit
+    whose held-out samples are ones the model trained on (before: a model trained with --seed 7
+    and evaluated with the default seed 0 scored 0.958 instead of its held-out 0.936)."""
+    x = np.zeros((2, 64))
+    y = np.zeros(2)
+
+    def split(seed, cut):
+        return Data("digits", x, y, x, y, 10, (seed, cut))
+
+    assert held_out_leak(split(7, 1437), (7, 1437)) is None
+    assert held_out_leak(split(7, 1500), (7, 1437)) is None  # held out after training's cut
+    assert held_out_leak(Data("moons", x, y, x, y, 0), (7, 1437)) is None
+    assert held_out_leak(split(0, 1437), None) is None  # a file that does not record its split
+    assert held_out_leak(split(0, 1437), (7, 1437)) == (
+        "digits is shuffled with the seed before it is split, and the model trained on the first "
+        "1437 samples of seed 7's order: most of what seed 0 holds out is among them"
+    )
+    assert held_out_leak(split(7, 800), (7, 1437)) == (
+        "digits's held-out samples would start at sample 800 of the shuffled order, among the "
+        "first 1437 that the model trained on"
+    )
+
+
+def test_eval_refuses_a_split_that_leaks_and_bad_recorded_values(tmp_path):
+    try:
+        import sklearn
+    except ImportError:
+        sklearn = None
+    model = MLP(2, [4, 1])
+    path = tmp_path / "bad.npz"
+    for key, value in (("seed", "7"), ("seed", -1), ("limit", 0), ("seed", True)):
+        model.save(path, {"dataset": "moons", key: value})
+        r = run("eval", str(path), cwd=tmp_path)
+        assert r.returncode == 2, r.stderr
+        assert f"error: {path}: the model file's {key!r} is {value!r}, not an integer" in r.stderr
+    if sklearn is None:
+        return
+    path = tmp_path / "d.npz"
+    r = run(
+        "train", "--dataset", "digits", "--seed", "7", "--epochs", "3", "--no-plot", "--quiet",
+        "--save", str(path), cwd=tmp_path,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert modelfile.load(path)[1]["train_samples"] == 1437
+    e = run("eval", str(path), "--quiet", cwd=tmp_path)
+    assert e.returncode == 0 and _accuracy(e.stdout) == _accuracy(r.stdout), e.stderr
+    for opts in (["--seed", "0"], ["--limit", "1000"]):
+        e = run("eval", str(path), *opts, cwd=tmp_path)
+        assert e.returncode == 2 and "would not be on held-out samples" in e.stderr, e.stderr
 
 
 def test_mnist_train_eval_export(tmp_path, mnist_dir):

@@ -29,7 +29,7 @@ import numpy as np
 from .. import modelfile
 from .._fs import atomic_write
 from ..nn import MLP
-from .data import DATASETS, DEFAULTS, Data, load_data
+from .data import DATASETS, DEFAULTS, Data, held_out_leak, load_data
 from .parser import PROG, UsageError, check_param_count, make_parser, parse_hidden
 from .plots import plot
 from .trainer import TrainConfig, Trainer, accuracy, check_loss
@@ -232,7 +232,13 @@ def cmd_train(args: argparse.Namespace) -> int:
         + f"; backend {trainer.backend} (ready in {trainer.build_seconds:.2f} s)"
     )
 
-    meta = {"dataset": data.name, "loss": cfg.loss}
+    # what eval needs to hold out the same samples: the seed, the limit, and where the split
+    # depends on the seed, how many shuffled samples trained
+    meta: dict[str, Any] = {"dataset": data.name, "loss": cfg.loss, "seed": args.seed}
+    if args.limit is not None:
+        meta["limit"] = args.limit
+    if data.split is not None:
+        meta["train_samples"] = data.split[1]
     progress = _Progress(args, cfg.epochs, cfg.l2)
     try:
         result = trainer.fit(progress)
@@ -290,6 +296,19 @@ def _inference_program(model: MLP) -> Any:
     )
 
 
+def _recorded(path: str, meta: dict[str, Any], key: str, lo: int, hi: int) -> int | None:
+    """The integer ``meta[key]`` that train recorded (None where the file has none); anything
+    but an integer in [lo, hi] is a :class:`UsageError` (model files are untrusted input)."""
+    v = meta.get(key)
+    if v is None:
+        return None
+    if type(v) is not int or not lo <= v <= hi:
+        raise UsageError(
+            f"{path}: the model file's {key!r} is {v!r}, not an integer in [{lo}, {hi}]"
+        )
+    return v
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
     model, meta = load_model(args.model)
     dataset = args.dataset or meta.get("dataset")
@@ -297,15 +316,32 @@ def cmd_eval(args: argparse.Namespace) -> int:
         raise UsageError(
             f"{args.model}: the model file does not name a known dataset: pass --dataset"
         )
-    data: Data = load_data(
-        dataset,
-        args.seed,
-        args.data_dir,
-        args.download,
-        args.limit,
-        _logger(args.quiet),
-        purpose="eval",
-    )
+    # the split train evaluated on: its seed and limit unless given (files of older versions
+    # record neither: seed 0 and no limit, as before)
+    same = dataset == meta.get("dataset")
+    seed_t = _recorded(args.model, meta, "seed", 0, 2**31 - 1) if same else None
+    limit_t = _recorded(args.model, meta, "limit", 1, 10**9) if same else None
+    cut_t = _recorded(args.model, meta, "train_samples", 1, 10**9) if same else None
+    seed = args.seed if args.seed is not None else seed_t or 0
+    limit = args.limit if args.limit is not None else limit_t
+    log = _logger(args.quiet)
+    kept = [
+        f"{o} {v}"
+        for o, v, a in (("seed", seed_t, args.seed), ("limit", limit_t, args.limit))
+        if v is not None and a is None
+    ]
+    if kept:
+        log(f"{args.model}: the split it was trained with ({', '.join(kept)})")
+    data: Data = load_data(dataset, seed, args.data_dir, args.download, limit, log, purpose="eval")
+    leak = held_out_leak(data, (seed_t, cut_t) if seed_t is not None and cut_t else None)
+    if leak:
+        given = " ".join(
+            f"{o} {v}" for o, v in (("--seed", args.seed), ("--limit", args.limit)) if v is not None
+        )
+        raise UsageError(
+            f"{given}: {leak}, so the accuracy would not be on held-out samples (without "
+            "these options eval uses the split the model was trained with)"
+        )
     if data.nin != model.sizes[0]:
         raise UsageError(
             f"{args.model}: the model takes {model.sizes[0]} inputs, "

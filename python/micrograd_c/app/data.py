@@ -43,6 +43,9 @@ class Data:
     Xte: np.ndarray
     yte: np.ndarray
     classes: int
+    #: for a split that depends on the seed (digits, shuffled): the seed and how many of the
+    #: shuffled samples train (the first ``cut``; the held-out ones follow them); else None
+    split: tuple[int, int] | None = None
 
     @property
     def nin(self) -> int:
@@ -97,6 +100,28 @@ def locate_mnist(data_dir: str | None, download: bool, log: Callable[[str], None
     return d
 
 
+def held_out_leak(data: Data, trained: tuple[int, int] | None) -> str | None:
+    """Why ``data``'s held-out samples would include samples of ``trained`` (a training split's
+    seed and training-sample count, as :attr:`Data.split`), or None when they cannot: the two
+    splits shuffle with different seeds, or ``data`` holds out samples before the training
+    split's cut (a smaller ``limit``)."""
+    if data.split is None or trained is None:
+        return None
+    (seed, cut), (tseed, tcut) = data.split, trained
+    if seed != tseed:
+        return (
+            f"{data.name} is shuffled with the seed before it is split, and the model trained on "
+            f"the first {tcut} samples of seed {tseed}'s order: most of what seed {seed} holds "
+            "out is among them"
+        )
+    if cut < tcut:
+        return (
+            f"{data.name}'s held-out samples would start at sample {cut} of the shuffled order, "
+            f"among the first {tcut} that the model trained on"
+        )
+    return None
+
+
 def load_data(
     name: str,
     seed: int = 0,
@@ -136,7 +161,7 @@ def load_data(
         if limit:
             X, y = X[:limit], y[:limit]
         cut = max(1, int(len(X) * 0.8))
-        return Data(name, X[:cut], y[:cut], X[cut:], y[cut:], 10)
+        return Data(name, X[:cut], y[:cut], X[cut:], y[cut:], 10, (seed, cut))
     if name == "mnist":
         d = locate_mnist(data_dir, download, log)
         Xte, yte = ds.load_mnist(d, "test", dtype)

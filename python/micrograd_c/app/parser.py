@@ -119,9 +119,17 @@ def make_parser() -> argparse.ArgumentParser:
             "--limit",
             type=_int_in(1, 10**9),
             metavar="N",
-            help="use at most N training samples (and N/4 held-out ones for mnist); default: all",
+            help="use at most N training samples (and N/4 held-out ones for mnist); default: all"
+            + ("" if train else " (or the limit the model was trained with)"),
         )
-        q.add_argument("--seed", type=_int_in(0, 2**31 - 1), default=0, help="default: 0")
+        q.add_argument(
+            "--seed",
+            type=_int_in(0, 2**31 - 1),
+            default=0 if train else None,
+            help="default: 0"
+            if train
+            else "default: the seed the model was trained with (0 if its file does not say)",
+        )
         q.add_argument("--quiet", action="store_true", help="only the results")
         q.add_argument("--debug", action="store_true", help="show tracebacks")
 
