@@ -74,7 +74,6 @@ import importlib.util
 import math
 import os
 import pickle
-import platform
 import random
 import shutil
 import statistics
@@ -303,34 +302,6 @@ class JaxClient:
 
 
 # ---- the machine -------------------------------------------------------------------------------
-
-AMD_FAMILIES = {23: "Zen/Zen+/Zen 2", 25: "Zen 3/Zen 4", 26: "Zen 5"}
-
-
-def cpu_info() -> tuple[str, list[str]]:
-    """The CPU's model name from /proc/cpuinfo, with its family/model numbers (a virtual machine
-    may say only "AMD EPYC"; AMD's family then names the core generation), and its flags."""
-    fields: dict[str, str] = {}
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if ":" in line:
-                    key, value = (x.strip() for x in line.split(":", 1))
-                    fields.setdefault(key, value)
-    except OSError:
-        pass
-    model = fields.get("model name") or platform.processor() or platform.machine()
-    flags = (fields.get("flags") or fields.get("Features") or "").split()
-    if "cpu family" in fields and "model" in fields:
-        fam = fields["cpu family"]
-        model += f" (family {fam}, model {fields['model']}, stepping {fields.get('stepping', '?')}"
-        gen = AMD_FAMILIES.get(int(fam)) if fam.isdigit() and "AMD" in model else None
-        if gen == "Zen 3/Zen 4":
-            gen = "Zen 4" if "avx512f" in flags else "Zen 3"
-        model += f": {gen})" if gen else ")"
-    if fields.get("cpu MHz"):
-        model += f", {float(fields['cpu MHz']):.0f} MHz"
-    return model, flags
 
 
 def isa_summary(flags: list[str]) -> str:
@@ -611,6 +582,7 @@ def main() -> None:
 
     import micrograd_c as mc
     from micrograd_c import compiler
+    from micrograd_c.app.bench import cpu_info
     from micrograd_c.nn import MLP
 
     allowed = sorted(os.sched_getaffinity(0))

@@ -360,6 +360,33 @@ def test_generated_code_built_in_any_number_of_parts(nparts, monkeypatch):
 
 
 @needs_cc
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
+def test_threads_benchmark_compares_two_threads_with_two_processes(tmp_path):
+    """benchmarks/threads.py runs one thread, two threads and two one-thread processes at once
+    round by round, and prints each row's images/s and its ratio to one thread (1.00x for one
+    thread itself); the processes' fits run from the same parameters as this process's."""
+    import re
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    r = subprocess.run(
+        [sys.executable, os.path.join(root, "benchmarks", "threads.py")]
+        + ["--samples", "256", "--repeat", "2", "--data-dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert r.returncode == 0, r.stderr[-4000:]
+    assert "CPU: " in r.stdout and "256 images (random images)" in r.stdout, r.stdout
+    rows = dict(
+        re.findall(r"^(1 thread|2 threads|2 processes)\s+[\d,]+\s+(\d+\.\d\d)x", r.stdout, re.M)
+    )
+    assert set(rows) == {"1 thread", "2 threads", "2 processes"}, r.stdout
+    assert rows["1 thread"] == "1.00"
+
+
+@needs_cc
 def test_compile_costs_fits_every_nest_function_and_reports_the_split():
     """benchmarks/compile_costs.py, which kernel_cost's weights come from, runs on the MLP: a
     line per nest function (all of them, each in one of the two parts) and the parts' loads."""

@@ -287,16 +287,43 @@ def _measure(engine: Engine, X: np.ndarray, y: np.ndarray, repeat: int) -> float
     return statistics.median(rates)
 
 
-def cpu_model() -> str:
-    """The CPU's model name (from /proc/cpuinfo on Linux), for the table's caption."""
+#: AMD's CPU families by core generation (a virtual machine may name only "AMD EPYC").
+AMD_FAMILIES = {23: "Zen/Zen+/Zen 2", 25: "Zen 3/Zen 4", 26: "Zen 5"}
+
+
+def cpu_info() -> tuple[str, list[str]]:
+    """The CPU's model name from /proc/cpuinfo, with its family/model numbers (a virtual machine
+    may say only "AMD EPYC"; AMD's family then names the core generation) and clock, and its
+    flags; elsewhere the platform's processor name and no flags."""
+    fields: dict[str, str] = {}
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
+                if ":" in line:
+                    key, value = (x.strip() for x in line.split(":", 1))
+                    fields.setdefault(key, value)
     except OSError:
         pass
-    return platform.processor() or platform.machine()
+    model = fields.get("model name") or platform.processor() or platform.machine()
+    flags = (fields.get("flags") or fields.get("Features") or "").split()
+    if "cpu family" in fields and "model" in fields:
+        fam = fields["cpu family"]
+        model += f" (family {fam}, model {fields['model']}, stepping {fields.get('stepping', '?')}"
+        gen = AMD_FAMILIES.get(int(fam)) if fam.isdigit() and "AMD" in model else None
+        if gen == "Zen 3/Zen 4":
+            gen = "Zen 4" if "avx512f" in flags else "Zen 3"
+        model += f": {gen})" if gen else ")"
+    if fields.get("cpu MHz"):
+        try:
+            model += f", {float(fields['cpu MHz']):.0f} MHz"
+        except ValueError:
+            pass
+    return model, flags
+
+
+def cpu_model() -> str:
+    """The CPU's description (:func:`cpu_info`), for a table's caption."""
+    return cpu_info()[0]
 
 
 EngineSpec = tuple[str, Callable[[int, list[int]], Engine], Callable[[str, int], int]]
