@@ -12,7 +12,7 @@ import pytest
 
 from micrograd_c import compiler, modelfile
 from micrograd_c.app import commands
-from micrograd_c.app.data import Data, held_out_leak
+from micrograd_c.app.data import Data, digits_split, held_out_leak
 from micrograd_c.nn import MLP
 
 from conftest import HAVE_CC
@@ -154,63 +154,137 @@ def test_eval_uses_the_seed_and_limit_the_model_was_trained_with(tmp_path):
     assert (meta["seed"], meta["limit"]) == (3, 80) and "train_samples" not in meta
     e = run("eval", str(path), cwd=tmp_path)
     assert e.returncode == 0, e.stderr
-    assert f"{path}: the split it was trained with (seed 3, limit 80)" in e.stderr
-    assert _accuracy(e.stdout) == _accuracy(r.stdout) and "on 80 samples" in e.stdout
+    assert f"{path}: seed 3 and limit 80, as in training" in e.stderr
+    assert _accuracy(e.stdout) == _accuracy(r.stdout)
+    assert "on its 80 training samples (as train measures it)" in e.stdout
     # moons' split does not depend on the seed: another seed is other data, not a leak
     e = run("eval", str(path), "--seed", "4", "--limit", "100", "--quiet", cwd=tmp_path)
-    assert e.returncode == 0 and "on 100 samples" in e.stdout and not e.stderr, e.stderr
+    assert e.returncode == 0 and "on its 100 training" in e.stdout and not e.stderr, e.stderr
 
 
-def test_held_out_leak_names_samples_the_model_trained_on():
-    """digits is shuffled with the seed, then cut 80/20: eval refuses a seed or a smaller limit
-    whose held-out samples are ones the model trained on (before: a model trained with --seed 7
-    and evaluated with the default seed 0 scored 0.958 instead of its held-out 0.936)."""
+def _digits_sets(seed: int, limit: int | None, n: int = 1797) -> tuple[set[int], set[int]]:
+    """digits' training and held-out samples, as load_data's digits split was written before
+    digits_split (the oracle): shuffle with the seed, keep the first limit, cut at 80%."""
+    idx = list(np.random.RandomState(seed).permutation(n))[: limit or n]
+    cut = max(1, int(len(idx) * 0.8))
+    return set(idx[:cut]), set(idx[cut:])
+
+
+@pytest.mark.parametrize(
+    "trained, asked",
+    [
+        ((7, None), (7, None)),  # the model's own split
+        ((7, 501), (7, 500)),  # a smaller limit with the same cut (400): nothing overlaps
+        ((7, 500), (7, 499)),  # one fewer: held out from 399 on
+        ((7, 500), (7, 10_000)),  # a larger limit holds out after the cut
+        ((7, None), (0, None)),  # another seed: most of it
+        ((7, 500), (0, 500)),
+        ((7, 5), (8, 5)),  # another seed whose one held-out sample the model did not see
+        ((7, 5), (0, 5)),
+    ],
+)
+def test_held_out_leak_counts_the_samples_the_model_trained_on(trained, asked):
+    """digits is shuffled with the seed, then cut 80/20: held_out_leak counts the held-out
+    samples of the asked split that the trained split trained on, which eval refuses when not
+    zero (before: a model trained with --seed 7 and evaluated with the default seed 0 scored
+    0.958 instead of its held-out 0.936)."""
     x = np.zeros((2, 64))
     y = np.zeros(2)
-
-    def split(seed, cut):
-        return Data("digits", x, y, x, y, 10, (seed, cut))
-
-    assert held_out_leak(split(7, 1437), (7, 1437)) is None
-    assert held_out_leak(split(7, 1500), (7, 1437)) is None  # held out after training's cut
-    assert held_out_leak(Data("moons", x, y, x, y, 0), (7, 1437)) is None
-    assert held_out_leak(split(0, 1437), None) is None  # a file that does not record its split
-    assert held_out_leak(split(0, 1437), (7, 1437)) == (
-        "digits is shuffled with the seed before it is split, and the model trained on the first "
-        "1437 samples of seed 7's order: most of what seed 0 holds out is among them"
-    )
-    assert held_out_leak(split(7, 800), (7, 1437)) == (
-        "digits's held-out samples would start at sample 800 of the shuffled order, among the "
-        "first 1437 that the model trained on"
-    )
+    tr, _ = _digits_sets(*trained)
+    _, ho = _digits_sets(*asked)
+    data = Data("digits", x, y, x, y, 10, (*asked, 1797))
+    assert held_out_leak(data, trained) == (len(tr & ho), len(ho), len(tr))
+    assert held_out_leak(Data("moons", x, y, x, y, 0), trained) == (0, 0, 0)
+    assert [set(a.tolist()) for a in digits_split(1797, *asked)] == list(_digits_sets(*asked))
 
 
-def test_eval_refuses_a_split_that_leaks_and_bad_recorded_values(tmp_path):
-    try:
-        import sklearn
-    except ImportError:
-        sklearn = None
+def test_eval_refuses_bad_recorded_values_unless_overridden(tmp_path):
+    """Model files are untrusted: a recorded seed, limit or MNIST training file that is not what
+    train writes is a one-line error naming the file, the key, the value (cut short) and the
+    option that overrides it; given that option, eval does not read the key."""
     model = MLP(2, [4, 1])
     path = tmp_path / "bad.npz"
-    for key, value in (("seed", "7"), ("seed", -1), ("limit", 0), ("seed", True)):
+    for key, value, opt in (
+        ("seed", "7", "--seed"),
+        ("seed", -1, "--seed"),
+        ("seed", True, "--seed"),
+        ("seed", 10**4000, "--seed"),
+        ("limit", 0, "--limit"),
+    ):
         model.save(path, {"dataset": "moons", key: value})
         r = run("eval", str(path), cwd=tmp_path)
         assert r.returncode == 2, r.stderr
-        assert f"error: {path}: the model file's {key!r} is {value!r}, not an integer" in r.stderr
-    if sklearn is None:
-        return
+        line = r.stderr.strip()
+        assert line.startswith(f"micrograd-c: error: {path}: the model file's {key!r} is ")
+        assert line.endswith(
+            f"not an integer in [{0 if key == 'seed' else 1}, "
+            f"{2**31 - 1 if key == 'seed' else 10**9}]: pass {opt}"
+        )
+        assert len(line) < 200 + len(str(path)), line
+        r = run("eval", str(path), opt, "1", "--quiet", cwd=tmp_path)
+        assert r.returncode == 0 and not r.stderr, r.stderr
+    model = MLP(784, [4, 10])
+    model.save(path, {"dataset": "mnist", "mnist_training": "both"})
+    r = run("eval", str(path), cwd=tmp_path)
+    assert r.returncode == 2 and "'mnist_training' is 'both', not 'train' or 'test'" in r.stderr
+
+
+def test_eval_refuses_a_digits_split_that_leaks(tmp_path):
+    pytest.importorskip("sklearn")
     path = tmp_path / "d.npz"
     r = run(
-        "train", "--dataset", "digits", "--seed", "7", "--epochs", "3", "--no-plot", "--quiet",
-        "--save", str(path), cwd=tmp_path,
+        "train", "--dataset", "digits", "--seed", "7", "--limit", "500", "--epochs", "3",
+        "--no-plot", "--quiet", "--save", str(path), cwd=tmp_path,
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
-    assert modelfile.load(path)[1]["train_samples"] == 1437
+    assert modelfile.load(path)[1]["train_samples"] == 400
     e = run("eval", str(path), "--quiet", cwd=tmp_path)
     assert e.returncode == 0 and _accuracy(e.stdout) == _accuracy(r.stdout), e.stderr
-    for opts in (["--seed", "0"], ["--limit", "1000"]):
+    assert "on 100 held-out samples" in e.stdout
+    for opts, msg in (
+        (["--seed", "0"], "--seed 0: 18 of the 100 samples this split holds out are among the 400"),
+        (["--seed", "7", "--limit", "499"], "--limit 499: 1 of the 100 samples"),
+    ):
         e = run("eval", str(path), *opts, cwd=tmp_path)
-        assert e.returncode == 2 and "would not be on held-out samples" in e.stderr, e.stderr
+        assert e.returncode == 2 and msg in e.stderr, e.stderr
+        assert "so the accuracy would not be a held-out one; without it eval uses" in e.stderr
+    for opts in (["--limit", "501"], ["--limit", "10000"]):  # held out after the cut
+        assert run("eval", str(path), *opts, "--quiet", cwd=tmp_path).returncode == 0
+    # a file whose training-sample count its seed and limit do not give
+    model, meta = modelfile.load(path)
+    model.save(
+        tmp_path / "odd.npz",
+        {**{k: meta[k] for k in ("dataset", "seed", "limit")}, "train_samples": 450},
+    )
+    e = run("eval", str(tmp_path / "odd.npz"), cwd=tmp_path)
+    assert e.returncode == 2, e.stderr
+    assert "'train_samples' is 450, but its seed and limit make 400 of digits' 1797" in e.stderr
+    # a file of an older version records no seed: a warning, seed 0's split
+    model.save(tmp_path / "old.npz", {"dataset": "digits"})
+    e = run("eval", str(tmp_path / "old.npz"), "--quiet", cwd=tmp_path)
+    assert e.returncode == 0 and "does not record the seed it was trained with" in e.stderr
+
+
+def test_eval_of_a_model_trained_on_mnists_test_set_keeps_that_split(tmp_path, mnist_dir):
+    """A model trained where only MNIST's test set was (its first 80%) is evaluated on that
+    split's held-out images even where training files have appeared since (before: on the test
+    set's first images, which it trained on)."""
+    path = tmp_path / "m.npz"
+    r = run(
+        "train", "--dataset", "mnist", "--data-dir", mnist_dir, "--limit", "400", "--epochs",
+        "1", "--no-plot", "--quiet", "--save", str(path), cwd=tmp_path,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert modelfile.load(path)[1]["mnist_training"] == "test"
+    full = tmp_path / "full"
+    full.mkdir()
+    for name in os.listdir(mnist_dir):  # the test files, and the same files as training files
+        os.symlink(os.path.join(mnist_dir, name), full / name)
+        os.symlink(os.path.join(mnist_dir, name), full / name.replace("t10k", "train"))
+    e = run("eval", str(path), "--data-dir", str(full), cwd=tmp_path)
+    assert e.returncode == 0, e.stderr
+    assert _accuracy(e.stdout) == _accuracy(r.stdout) and "on 100 held-out samples" in e.stdout
+    assert "the model trained on the test set; evaluating on the first 100 of the last" in e.stderr
 
 
 def test_mnist_train_eval_export(tmp_path, mnist_dir):

@@ -29,7 +29,7 @@ import numpy as np
 from .. import modelfile
 from .._fs import atomic_write
 from ..nn import MLP
-from .data import DATASETS, DEFAULTS, Data, held_out_leak, load_data
+from .data import DATASETS, DEFAULTS, Data, digits_split, held_out_leak, load_data
 from .parser import PROG, UsageError, check_param_count, make_parser, parse_hidden
 from .plots import plot
 from .trainer import TrainConfig, Trainer, accuracy, check_loss
@@ -238,7 +238,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.limit is not None:
         meta["limit"] = args.limit
     if data.split is not None:
-        meta["train_samples"] = data.split[1]
+        meta["train_samples"] = len(data.ytr)
+    if data.trained_from:
+        meta["mnist_training"] = data.trained_from
     progress = _Progress(args, cfg.epochs, cfg.l2)
     try:
         result = trainer.fit(progress)
@@ -296,17 +298,23 @@ def _inference_program(model: MLP) -> Any:
     )
 
 
-def _recorded(path: str, meta: dict[str, Any], key: str, lo: int, hi: int) -> int | None:
+def _recorded(path: str, meta: dict[str, Any], key: str, lo: int, hi: int, opt: str) -> int | None:
     """The integer ``meta[key]`` that train recorded (None where the file has none); anything
-    but an integer in [lo, hi] is a :class:`UsageError` (model files are untrusted input)."""
+    but an integer in [lo, hi] is a :class:`UsageError` that says to pass ``opt`` instead (model
+    files are untrusted input)."""
     v = meta.get(key)
     if v is None:
         return None
     if type(v) is not int or not lo <= v <= hi:
         raise UsageError(
-            f"{path}: the model file's {key!r} is {v!r}, not an integer in [{lo}, {hi}]"
+            f"{path}: the model file's {key!r} is {repr(v)[:40]}, not an integer in "
+            f"[{lo}, {hi}]: {opt}"
         )
     return v
+
+
+#: The datasets whose samples depend on the seed (generated, or shuffled before the split).
+SEEDED = ("moons", "xor", "digits")
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
@@ -316,32 +324,71 @@ def cmd_eval(args: argparse.Namespace) -> int:
         raise UsageError(
             f"{args.model}: the model file does not name a known dataset: pass --dataset"
         )
-    # the split train evaluated on: its seed and limit unless given (files of older versions
-    # record neither: seed 0 and no limit, as before)
+    # the split train measured on: its seed, limit (and MNIST's training file) unless given; a
+    # file of an older version records none of them (seed 0 and no limit, as before)
     same = dataset == meta.get("dataset")
-    seed_t = _recorded(args.model, meta, "seed", 0, 2**31 - 1) if same else None
-    limit_t = _recorded(args.model, meta, "limit", 1, 10**9) if same else None
-    cut_t = _recorded(args.model, meta, "train_samples", 1, 10**9) if same else None
-    seed = args.seed if args.seed is not None else seed_t or 0
+    seed_t = limit_t = cut_t = None
+    if same and args.seed is None:
+        seed_t = _recorded(args.model, meta, "seed", 0, 2**31 - 1, "pass --seed")
+    elif same:  # the given seed wins; the recorded one, where sound, still checks for a leak
+        seed_t = meta.get("seed") if type(meta.get("seed")) is int else None
+    if same and args.limit is None:
+        limit_t = _recorded(args.model, meta, "limit", 1, 10**9, "pass --limit")
+    elif same:
+        limit_t = meta.get("limit") if type(meta.get("limit")) is int else None
+    if same and dataset == "digits":
+        cut_t = _recorded(args.model, meta, "train_samples", 1, 10**9, "pass --dataset")
+    from_t = meta.get("mnist_training") if same and dataset == "mnist" else None
+    if from_t not in (None, "train", "test"):
+        raise UsageError(
+            f"{args.model}: the model file's 'mnist_training' is {repr(from_t)[:40]}, not "
+            "'train' or 'test': pass --dataset"
+        )
+    seed = args.seed if args.seed is not None else seed_t if seed_t is not None else 0
     limit = args.limit if args.limit is not None else limit_t
     log = _logger(args.quiet)
-    kept = [
-        f"{o} {v}"
-        for o, v, a in (("seed", seed_t, args.seed), ("limit", limit_t, args.limit))
-        if v is not None and a is None
-    ]
+    data: Data = load_data(
+        dataset,
+        seed,
+        args.data_dir,
+        args.download,
+        limit,
+        log,
+        purpose="eval",
+        test_only=from_t == "test",
+    )
+    if data.split is not None and seed_t is not None:
+        trained = (seed_t, limit_t)
+        expect = len(digits_split(data.split[2], *trained)[0])
+        if cut_t is not None and cut_t != expect:
+            raise UsageError(
+                f"{args.model}: the model file's 'train_samples' is {cut_t}, but its seed and "
+                f"limit make {expect} of digits' {data.split[2]} samples train: pass --dataset"
+            )
+        leaked, held, trn = held_out_leak(data, trained)
+        if leaked:
+            opts = [f"--seed {seed}"] if seed != seed_t else []
+            opts += [f"--limit {limit}"] if limit != trained[1] else []
+            raise UsageError(
+                f"{' '.join(opts)}: {leaked} of the {held} samples this split holds out are "
+                f"among the {trn} the model trained on (digits is shuffled with the seed, then "
+                "cut 80/20), so the accuracy would not be a held-out one; without "
+                f"{'these options' if len(opts) > 1 else 'it'} eval uses the model's own split"
+            )
+    elif dataset == "digits" and args.seed is None and seed_t is None:
+        print(
+            f"{PROG}: warning: {args.model} does not record the seed it was trained with: "
+            "evaluating seed 0's held-out samples, which include training samples if it was "
+            "trained with another (pass --seed)",
+            file=sys.stderr,
+        )
+    kept = (
+        [f"seed {seed_t}"] if seed_t is not None and args.seed is None and dataset in SEEDED else []
+    )
+    kept += [f"limit {limit_t}"] if limit_t is not None and args.limit is None else []
+    kept += ["the test set's split"] if from_t == "test" else []
     if kept:
-        log(f"{args.model}: the split it was trained with ({', '.join(kept)})")
-    data: Data = load_data(dataset, seed, args.data_dir, args.download, limit, log, purpose="eval")
-    leak = held_out_leak(data, (seed_t, cut_t) if seed_t is not None and cut_t else None)
-    if leak:
-        given = " ".join(
-            f"{o} {v}" for o, v in (("--seed", args.seed), ("--limit", args.limit)) if v is not None
-        )
-        raise UsageError(
-            f"{given}: {leak}, so the accuracy would not be on held-out samples (without "
-            "these options eval uses the split the model was trained with)"
-        )
+        log(f"{args.model}: {' and '.join(kept)}, as in training")
     if data.nin != model.sizes[0]:
         raise UsageError(
             f"{args.model}: the model takes {model.sizes[0]} inputs, "
@@ -354,7 +401,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
         )
     scores = _inference_program(model).predict(data.Xte)
     acc = accuracy(scores, data.yte, data.classes)
-    say(f"{dataset}: accuracy {acc:.4f} on {len(data.yte)} samples")
+    n = len(data.yte)
+    say(
+        f"{dataset}: accuracy {acc:.4f} on {n} held-out samples"
+        if data.classes
+        else f"{dataset}: accuracy {acc:.4f} on its {n} training samples (as train measures it)"
+    )
     if data.classes:
         labels = list(range(data.classes))
         pred = np.argmax(scores, axis=1)

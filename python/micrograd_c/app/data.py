@@ -43,9 +43,12 @@ class Data:
     Xte: np.ndarray
     yte: np.ndarray
     classes: int
-    #: for a split that depends on the seed (digits, shuffled): the seed and how many of the
-    #: shuffled samples train (the first ``cut``; the held-out ones follow them); else None
-    split: tuple[int, int] | None = None
+    #: digits: the options its split follows (seed, limit) and the dataset's size, from which
+    #: :func:`digits_split` gives which samples train and which are held out; else None
+    split: tuple[int, int | None, int] | None = None
+    #: MNIST: the file the training samples come from, "train", or "test" (its first 80%, when
+    #: there are no training files); else ""
+    trained_from: str = ""
 
     @property
     def nin(self) -> int:
@@ -100,26 +103,32 @@ def locate_mnist(data_dir: str | None, download: bool, log: Callable[[str], None
     return d
 
 
-def held_out_leak(data: Data, trained: tuple[int, int] | None) -> str | None:
-    """Why ``data``'s held-out samples would include samples of ``trained`` (a training split's
-    seed and training-sample count, as :attr:`Data.split`), or None when they cannot: the two
-    splits shuffle with different seeds, or ``data`` holds out samples before the training
-    split's cut (a smaller ``limit``)."""
-    if data.split is None or trained is None:
-        return None
-    (seed, cut), (tseed, tcut) = data.split, trained
-    if seed != tseed:
-        return (
-            f"{data.name} is shuffled with the seed before it is split, and the model trained on "
-            f"the first {tcut} samples of seed {tseed}'s order: most of what seed {seed} holds "
-            "out is among them"
+def digits_split(n: int, seed: int, limit: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """The indices of digits' ``n`` samples that train and that are held out with ``seed`` and
+    ``limit``: the samples shuffled with the seed, the first ``limit`` of them kept, the first
+    80% of those training (at least one, and at least one held out). Raises
+    :class:`~micrograd_c.datasets.DatasetError` when fewer than two are kept."""
+    idx = np.random.RandomState(seed).permutation(n)
+    if limit:
+        idx = idx[:limit]
+    if len(idx) < 2:
+        raise ds.DatasetError(
+            f"digits: {len(idx)} sample(s) leave none to hold out: use --limit 2 or more"
         )
-    if cut < tcut:
-        return (
-            f"{data.name}'s held-out samples would start at sample {cut} of the shuffled order, "
-            f"among the first {tcut} that the model trained on"
-        )
-    return None
+    cut = min(max(1, int(len(idx) * 0.8)), len(idx) - 1)
+    return idx[:cut], idx[cut:]
+
+
+def held_out_leak(data: Data, trained: tuple[int, int | None]) -> tuple[int, int, int]:
+    """How many of ``data``'s held-out samples a model trained on the split ``trained`` (seed,
+    limit) saw: (those, the held-out samples, the training samples); (0, 0, 0) where ``data``'s
+    split does not depend on the options (:attr:`Data.split` None)."""
+    if data.split is None:
+        return 0, 0, 0
+    seed, limit, n = data.split
+    tr = digits_split(n, *trained)[0]
+    ho = digits_split(n, seed, limit)[1]
+    return int(np.intersect1d(tr, ho).size), len(ho), len(tr)
 
 
 def load_data(
@@ -131,13 +140,15 @@ def load_data(
     log: Callable[[str], None] = lambda msg: None,
     purpose: str = "train",
     dtype: Any = np.float64,
+    test_only: bool = False,
 ) -> Data:
     """The dataset ``name`` (one of :data:`DATASETS`) split as ``train`` trains and evaluates it.
 
     moons and xor are generated (micrograd's demo measures on its training set); digits is
-    shuffled with ``seed`` and cut 80/20; MNIST is read from ``data_dir`` (see
-    :func:`locate_mnist`), and with only the test set present, training uses its first 80%
-    (8,000 of 10,000 images) and evaluation the rest. ``limit`` caps the training samples (and
+    shuffled with ``seed`` and cut 80/20 (:func:`digits_split`); MNIST is read from ``data_dir``
+    (see :func:`locate_mnist`), and with only the test set present (or ``test_only``: the split
+    of a model trained so), training uses its first 80% (8,000 of 10,000 images) and evaluation
+    the rest. ``limit`` caps the training samples (digits: all its samples, before the cut; and
     MNIST's held-out ones at a quarter of it). ``purpose`` ("train" or "eval") only changes what is
     logged. ``dtype`` is the features' (np.float64, or np.float32 for float32 storage: MNIST then
     takes half the memory). Raises ``ValueError`` for an unknown name and
@@ -155,17 +166,13 @@ def load_data(
         return Data(name, X, y, X, y, 0)
     if name == "digits":
         X, y = ds.load_digits()
-        rng = np.random.RandomState(seed)
-        idx = rng.permutation(len(X))
-        X, y = np.asarray(X[idx], dtype=dtype), y[idx]
-        if limit:
-            X, y = X[:limit], y[:limit]
-        cut = max(1, int(len(X) * 0.8))
-        return Data(name, X[:cut], y[:cut], X[cut:], y[cut:], 10, (seed, cut))
+        X = np.asarray(X, dtype=dtype)
+        tr, ho = digits_split(len(X), seed, limit)
+        return Data(name, X[tr], y[tr], X[ho], y[ho], 10, (seed, limit, len(X)))
     if name == "mnist":
         d = locate_mnist(data_dir, download, log)
         Xte, yte = ds.load_mnist(d, "test", dtype)
-        if has_mnist(d, "train"):
+        if has_mnist(d, "train") and not test_only:
             Xtr, ytr = ds.load_mnist(d, "train", dtype)
         else:
             # only the test set is present: train on its first 80% (8,000 of MNIST's 10,000),
@@ -183,21 +190,19 @@ def load_data(
             held = f"the last {n - cut:,}"
             if len(Xte) < n - cut:
                 held = f"the first {len(Xte):,} of {held}"
+            why = "the model trained on the test set" if test_only else "no training files"
             if purpose == "train":
                 log(
-                    f"{d}: no training files; training on the first {len(Xtr):,} test images, "
+                    f"{d}: {why}; training on the first {len(Xtr):,} test images, "
                     f"evaluating on {held}"
                 )
             else:
-                log(
-                    f"{d}: no training files; evaluating on {held} test images "
-                    "(train held them out)"
-                )
-            return Data(name, Xtr, ytr, Xte, yte, 10)
+                log(f"{d}: {why}; evaluating on {held} test images (train held them out)")
+            return Data(name, Xtr, ytr, Xte, yte, 10, trained_from="test")
         if limit:
             Xtr, ytr = Xtr[:limit], ytr[:limit]
             Xte, yte = Xte[: max(1, limit // 4)], yte[: max(1, limit // 4)]
-        return Data(name, Xtr, ytr, Xte, yte, 10)
+        return Data(name, Xtr, ytr, Xte, yte, 10, trained_from="train")
     raise ValueError(f"unknown dataset {name!r} (expected one of {', '.join(DATASETS)})")
 
 

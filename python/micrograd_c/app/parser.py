@@ -119,16 +119,20 @@ def make_parser() -> argparse.ArgumentParser:
             "--limit",
             type=_int_in(1, 10**9),
             metavar="N",
-            help="use at most N training samples (and N/4 held-out ones for mnist); default: all"
-            + ("" if train else " (or the limit the model was trained with)"),
+            help="use at most N samples (moons, xor: N; digits: N, 80%% of them training; mnist: "
+            "N training and N/4 held-out); default: "
+            + ("all" if train else "the limit the model was trained with (else all)"),
         )
         q.add_argument(
             "--seed",
             type=_int_in(0, 2**31 - 1),
             default=0 if train else None,
-            help="default: 0"
+            help="default: 0; it generates moons and xor, shuffles digits before its split, and "
+            "orders the training samples"
             if train
-            else "default: the seed the model was trained with (0 if its file does not say)",
+            else "default: the seed the model was trained with (0 if its file does not say); it "
+            "generates moons and xor and shuffles digits before its split: a seed or limit whose "
+            "held-out digits the model trained on is refused",
         )
         q.add_argument("--quiet", action="store_true", help="only the results")
         q.add_argument("--debug", action="store_true", help="show tracebacks")
@@ -208,7 +212,9 @@ def make_parser() -> argparse.ArgumentParser:
         help="accuracy and confusion matrix of a saved model",
         description="Accuracy and confusion matrix of a saved model, on the samples train "
         "evaluated on: MNIST's and digits' held-out part; moons' and xor's training set, as "
-        "micrograd's demo does.",
+        "micrograd's demo does. The model file records the dataset, seed and limit train used "
+        "(and for MNIST whether it trained on the test set's first 80%%); eval uses them unless "
+        "--dataset, --seed or --limit say otherwise.",
     )
     e.add_argument("model", help="a model file written by train --save")
     data_opts(e, False)
