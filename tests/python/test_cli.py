@@ -265,6 +265,22 @@ def test_eval_refuses_a_digits_split_that_leaks(tmp_path):
     assert e.returncode == 0 and "does not record the seed it was trained with" in e.stderr
 
 
+def test_eval_of_a_model_trained_on_mnists_training_files_holds_out_the_whole_test_set(tmp_path):
+    """A model that trained on MNIST's training files has held out the whole test set: eval scores
+    all of it (or a quarter of the recorded limit, as train did) where only the test files are,
+    instead of the test-only split's last 20%, and reads no training file."""
+    d = write_small_mnist(tmp_path / "m", n=40)
+    path = tmp_path / "m.npz"
+    MLP(784, [4, 10]).save(path, {"dataset": "mnist", "seed": 0, "mnist_training": "train"})
+    r = run("eval", str(path), "--data-dir", str(d), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "the model trained on MNIST's training files; evaluating on 40 test images" in r.stderr
+    assert "on 40 held-out samples" in r.stdout
+    MLP(784, [4, 10]).save(path, {"dataset": "mnist", "limit": 40, "mnist_training": "train"})
+    r = run("eval", str(path), "--data-dir", str(d), "--quiet", cwd=tmp_path)
+    assert r.returncode == 0 and "on 10 held-out samples" in r.stdout, r.stderr
+
+
 def test_eval_of_a_model_trained_on_mnists_test_set_keeps_that_split(tmp_path, mnist_dir):
     """A model trained where only MNIST's test set was (its first 80%) is evaluated on that
     split's held-out images even where training files have appeared since (before: on the test

@@ -355,7 +355,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         limit,
         log,
         purpose="eval",
-        test_only=from_t == "test",
+        mnist_from=from_t or "",
     )
     if data.split is not None and seed_t is not None:
         trained = (seed_t, limit_t)

@@ -140,15 +140,16 @@ def load_data(
     log: Callable[[str], None] = lambda msg: None,
     purpose: str = "train",
     dtype: Any = np.float64,
-    test_only: bool = False,
+    mnist_from: str = "",
 ) -> Data:
     """The dataset ``name`` (one of :data:`DATASETS`) split as ``train`` trains and evaluates it.
 
     moons and xor are generated (micrograd's demo measures on its training set); digits is
     shuffled with ``seed`` and cut 80/20 (:func:`digits_split`); MNIST is read from ``data_dir``
-    (see :func:`locate_mnist`), and with only the test set present (or ``test_only``: the split
-    of a model trained so), training uses its first 80% (8,000 of 10,000 images) and evaluation
-    the rest. ``limit`` caps the training samples (digits: all its samples, before the cut; and
+    (see :func:`locate_mnist`), and with only the test set present, training uses its first 80%
+    (8,000 of 10,000 images) and evaluation the rest; ``mnist_from`` ("train" or "test", what
+    a model trained from: :attr:`Data.trained_from`) keeps a model's split whatever files are
+    present: "test", that one, and "train", the whole test set held out (no training samples). ``limit`` caps the training samples (digits: all its samples, before the cut; and
     MNIST's held-out ones at a quarter of it). ``purpose`` ("train" or "eval") only changes what is
     logged. ``dtype`` is the features' (np.float64, or np.float32 for float32 storage: MNIST then
     takes half the memory). Raises ``ValueError`` for an unknown name and
@@ -172,7 +173,15 @@ def load_data(
     if name == "mnist":
         d = locate_mnist(data_dir, download, log)
         Xte, yte = ds.load_mnist(d, "test", dtype)
-        if has_mnist(d, "train") and not test_only:
+        if mnist_from == "train":  # evaluating a model trained on the training files
+            if limit:
+                Xte, yte = Xte[: max(1, limit // 4)], yte[: max(1, limit // 4)]
+            log(
+                f"{d}: the model trained on MNIST's training files; evaluating on "
+                f"{len(Xte):,} test images"
+            )
+            return Data(name, Xte[:0], yte[:0], Xte, yte, 10, trained_from="train")
+        if has_mnist(d, "train") and mnist_from != "test":
             Xtr, ytr = ds.load_mnist(d, "train", dtype)
         else:
             # only the test set is present: train on its first 80% (8,000 of MNIST's 10,000),
@@ -190,7 +199,7 @@ def load_data(
             held = f"the last {n - cut:,}"
             if len(Xte) < n - cut:
                 held = f"the first {len(Xte):,} of {held}"
-            why = "the model trained on the test set" if test_only else "no training files"
+            why = "the model trained on the test set" if mnist_from else "no training files"
             if purpose == "train":
                 log(
                     f"{d}: {why}; training on the first {len(Xtr):,} test images, "
