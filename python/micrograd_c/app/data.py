@@ -149,8 +149,9 @@ def load_data(
     (see :func:`locate_mnist`), and with only the test set present, training uses its first 80%
     (8,000 of 10,000 images) and evaluation the rest; ``mnist_from`` ("train" or "test", what
     a model trained from: :attr:`Data.trained_from`) keeps a model's split whatever files are
-    present: "test", that one, and "train", the whole test set held out (no training samples). ``limit`` caps the training samples (digits: all its samples, before the cut; and
-    MNIST's held-out ones at a quarter of it). ``purpose`` ("train" or "eval") only changes what is
+    present: "test", that one, and "train", the whole test set held out (no training samples).
+    ``limit`` caps the training samples (digits: all its samples, before the cut; and MNIST's
+    held-out ones at a quarter of it). ``purpose`` ("train" or "eval") only changes what is
     logged. ``dtype`` is the features' (np.float64, or np.float32 for float32 storage: MNIST then
     takes half the memory). Raises ``ValueError`` for an unknown name and
     :class:`~micrograd_c.datasets.DatasetError` for missing or malformed data.
