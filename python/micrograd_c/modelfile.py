@@ -6,9 +6,9 @@ The format (version 1) is a numpy ``.npz`` archive, so numpy alone reads it, wit
 - ``__meta__``: a 0-d unicode array holding a JSON object: ``"format": "micrograd-c-model"``,
   ``"version": 1``, ``"sizes": [nin, nout_0, ..., nout_last]``, ``"activation"`` (the hidden
   layers'; the last layer is linear), and any metadata the writer added (``micrograd-c train``
-  adds ``"dataset"``, ``"loss"``, ``"seed"``, ``"limit"`` when given, for digits
-  ``"train_samples"`` and for MNIST ``"mnist_training"`` (``"train"`` or ``"test"``): what
-  ``eval`` needs to hold out the same samples);
+  adds ``"dataset"``, ``"loss"``, ``"seed"``, ``"limit"`` when given, and for MNIST
+  ``"mnist_training"`` (``"train"`` or ``"test"``): what ``eval`` needs to hold out the same
+  samples);
 - ``layers.{i}.weight``, shape ``(sizes[i+1], sizes[i])``, and ``layers.{i}.bias``, shape
   ``(sizes[i+1],)``, float64: :meth:`MLP.state_dict`'s arrays, shaped as PyTorch's ``nn.Linear``.
 

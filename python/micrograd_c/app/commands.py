@@ -29,7 +29,7 @@ import numpy as np
 from .. import modelfile
 from .._fs import atomic_write
 from ..nn import MLP
-from .data import DATASETS, DEFAULTS, Data, digits_split, held_out_leak, load_data
+from .data import DATASETS, DEFAULTS, Data, held_out_leak, load_data
 from .parser import PROG, UsageError, check_param_count, make_parser, parse_hidden
 from .plots import plot
 from .trainer import TrainConfig, Trainer, accuracy, check_loss
@@ -232,13 +232,10 @@ def cmd_train(args: argparse.Namespace) -> int:
         + f"; backend {trainer.backend} (ready in {trainer.build_seconds:.2f} s)"
     )
 
-    # what eval needs to hold out the same samples: the seed, the limit, and where the split
-    # depends on the seed, how many shuffled samples trained
+    # what eval needs to hold out the same samples: the seed, the limit, MNIST's training file
     meta: dict[str, Any] = {"dataset": data.name, "loss": cfg.loss, "seed": args.seed}
     if args.limit is not None:
         meta["limit"] = args.limit
-    if data.split is not None:
-        meta["train_samples"] = len(data.ytr)
     if data.trained_from:
         meta["mnist_training"] = data.trained_from
     progress = _Progress(args, cfg.epochs, cfg.l2)
@@ -298,19 +295,21 @@ def _inference_program(model: MLP) -> Any:
     )
 
 
-def _recorded(path: str, meta: dict[str, Any], key: str, lo: int, hi: int, opt: str) -> int | None:
-    """The integer ``meta[key]`` that train recorded (None where the file has none); anything
-    but an integer in [lo, hi] is a :class:`UsageError` that says to pass ``opt`` instead (model
-    files are untrusted input)."""
+def _recorded(
+    path: str, meta: dict[str, Any], key: str, lo: int, hi: int, opt: str, given: bool
+) -> int | None:
+    """The integer ``meta[key]`` that train recorded (None where the file has none). Model files
+    are untrusted input: anything but an integer in [lo, hi] is a :class:`UsageError` that says
+    to pass ``opt`` instead, or, where that option is ``given`` (it wins, and the recorded value
+    would only check the split for a leak), None."""
     v = meta.get(key)
-    if v is None:
+    if v is None or (type(v) is int and lo <= v <= hi):
+        return v
+    if given:
         return None
-    if type(v) is not int or not lo <= v <= hi:
-        raise UsageError(
-            f"{path}: the model file's {key!r} is {repr(v)[:40]}, not an integer in "
-            f"[{lo}, {hi}]: {opt}"
-        )
-    return v
+    raise UsageError(
+        f"{path}: the model file's {key!r} is {repr(v)[:40]}, not an integer in [{lo}, {hi}]: {opt}"
+    )
 
 
 #: The datasets whose samples depend on the seed (generated, or shuffled before the split).
@@ -327,17 +326,14 @@ def cmd_eval(args: argparse.Namespace) -> int:
     # the split train measured on: its seed, limit (and MNIST's training file) unless given; a
     # file of an older version records none of them (seed 0 and no limit, as before)
     same = dataset == meta.get("dataset")
-    seed_t = limit_t = cut_t = None
-    if same and args.seed is None:
-        seed_t = _recorded(args.model, meta, "seed", 0, 2**31 - 1, "pass --seed")
-    elif same:  # the given seed wins; the recorded one, where sound, still checks for a leak
-        seed_t = meta.get("seed") if type(meta.get("seed")) is int else None
-    if same and args.limit is None:
-        limit_t = _recorded(args.model, meta, "limit", 1, 10**9, "pass --limit")
-    elif same:
-        limit_t = meta.get("limit") if type(meta.get("limit")) is int else None
-    if same and dataset == "digits":
-        cut_t = _recorded(args.model, meta, "train_samples", 1, 10**9, "pass --dataset")
+    seed_t = limit_t = None
+    if same:
+        seed_t = _recorded(
+            args.model, meta, "seed", 0, 2**31 - 1, "pass --seed", args.seed is not None
+        )
+        limit_t = _recorded(
+            args.model, meta, "limit", 1, 10**9, "pass --limit", args.limit is not None
+        )
     from_t = meta.get("mnist_training") if same and dataset == "mnist" else None
     if from_t not in (None, "train", "test"):
         raise UsageError(
@@ -359,12 +355,6 @@ def cmd_eval(args: argparse.Namespace) -> int:
     )
     if data.split is not None and seed_t is not None:
         trained = (seed_t, limit_t)
-        expect = len(digits_split(data.split[2], *trained)[0])
-        if cut_t is not None and cut_t != expect:
-            raise UsageError(
-                f"{args.model}: the model file's 'train_samples' is {cut_t}, but its seed and "
-                f"limit make {expect} of digits' {data.split[2]} samples train: pass --dataset"
-            )
         leaked, held, trn = held_out_leak(data, trained)
         if leaked:
             opts = [f"--seed {seed}"] if seed != seed_t else []
