@@ -1523,6 +1523,10 @@ def zoo_case(name: str, seed: int = 0) -> Case:
         "cnn-s2": lambda: zoo.cnn(x, ((2, 3, 1, 1), (2, 3, 2, 0)), pool="max"),
         # rows ending in quarter blocks (1 and 2 of 8 double lanes, 1 and 3 of 16 float ones)
         "mlp-tails": lambda: zoo.mlp(x, hidden=(17, 10), nout=3),
+        # layer norm ((var + eps) ** -0.5), two heads over slices, softmax from exp, a residual
+        "transformer": lambda: transformer(x, tokens=4, dim=6, heads=2),
+        # a 1-D convolution along each row with dilation 2, relu, a mean over the positions
+        "dilated": lambda: dilated_conv(x, channels=3, width=3, dilation=2, rows=4),
     }[name]
     logits, params = build()
     logits = logits[:3]
@@ -1541,16 +1545,85 @@ def zoo_case(name: str, seed: int = 0) -> Case:
     )
 
 
-def lstm(x: Sequence[Value], hidden: int, steps: int) -> tuple[list[Value], list[Value]]:
-    """An LSTM cell written unit by unit (its four gates from one signature, their activations
-    from two: sigmoid, sigmoid, tanh, sigmoid), then dense 3 on h_T."""
-    params: list[Value] = []
+def _param_maker(params: list[Value]) -> Any:
+    """A maker of parameters: each a Value drawn from random.uniform(-1, 1) / sqrt(fan), added
+    to ``params``."""
 
     def p(fan: int = 1) -> Value:
         v = Value(random.uniform(-1, 1) / math.sqrt(fan))
         params.append(v)
         return v
 
+    return p
+
+
+def transformer(
+    x: Sequence[Value], tokens: int, dim: int, heads: int
+) -> tuple[list[Value], list[Value]]:
+    """A transformer block as a micrograd user writes it: tokens embedded, layer norm (mean,
+    variance, ``(var + eps) ** -0.5``, gain and bias), multi-head self-attention over slices of
+    the projections (softmax from exp and a division), a residual, the mean over tokens, dense 3."""
+    params: list[Value] = []
+    p = _param_maker(params)
+    n = len(x) // tokens
+    E = [[p(n) for _ in range(n)] for _ in range(dim)]
+    g, b = [p() for _ in range(dim)], [p() for _ in range(dim)]
+    Wq, Wk, Wv = ([[p(dim) for _ in range(dim)] for _ in range(dim)] for _ in range(3))
+    emb = [[sum(w * xi for w, xi in zip(row, x[t * n : (t + 1) * n])) for row in E]
+           for t in range(tokens)]  # fmt: skip
+    normed = []
+    for e in emb:
+        mu = sum(e) / dim
+        inv = (sum((v - mu) ** 2 for v in e) / dim + 1e-5) ** -0.5
+        normed.append([(v - mu) * inv * gi + bi for v, gi, bi in zip(e, g, b)])
+
+    def mv(W: list[list[Value]], v: list[Value]) -> list[Value]:
+        return [sum(w * a for w, a in zip(row, v)) for row in W]
+
+    q, k, v = ([mv(W, t) for t in normed] for W in (Wq, Wk, Wv))
+    dh = dim // heads
+    out = []
+    for i in range(tokens):
+        o: list[Value] = []
+        for hd in range(heads):
+            s = slice(hd * dh, (hd + 1) * dh)
+            ex = [(sum(a * c for a, c in zip(q[i][s], k[j][s])) / math.sqrt(dh)).exp()
+                  for j in range(tokens)]  # fmt: skip
+            z = sum(ex)
+            o += [sum(ex[j] / z * v[j][s][d] for j in range(tokens)) for d in range(dh)]
+        out.append([a + c for a, c in zip(o, normed[i])])
+    mean = [sum(out[i][d] for i in range(tokens)) / tokens for d in range(dim)]
+    Wy = [[p(dim) for _ in range(dim)] for _ in range(3)]
+    return [sum((w * m for w, m in zip(row, mean)), p()) for row in Wy], params
+
+
+def dilated_conv(
+    x: Sequence[Value], channels: int, width: int, dilation: int, rows: int
+) -> tuple[list[Value], list[Value]]:
+    """A 1-D convolution with dilation along each of ``rows`` rows of the input, shared kernels
+    per channel, relu, the mean over all positions per channel, dense 3."""
+    params: list[Value] = []
+    p = _param_maker(params)
+    n = len(x) // rows
+    K = [[p(width) for _ in range(width)] for _ in range(channels)]
+    bias = [p() for _ in range(channels)]
+    feats = []
+    for c in range(channels):
+        acts = [
+            sum((K[c][q] * x[r * n + i + dilation * q] for q in range(width)), bias[c]).relu()
+            for r in range(rows)
+            for i in range(n - dilation * (width - 1))
+        ]
+        feats.append(sum(acts) / len(acts))
+    Wy = [[p(channels) for _ in range(channels)] for _ in range(3)]
+    return [sum((w * f for w, f in zip(row, feats)), p()) for row in Wy], params
+
+
+def lstm(x: Sequence[Value], hidden: int, steps: int) -> tuple[list[Value], list[Value]]:
+    """An LSTM cell written unit by unit (its four gates from one signature, their activations
+    from two: sigmoid, sigmoid, tanh, sigmoid), then dense 3 on h_T."""
+    params: list[Value] = []
+    p = _param_maker(params)
     n = len(x) // steps
     W = [[[p(n + hidden) for _ in range(n)] for _ in range(hidden)] for _ in range(4)]
     U = [[[p(n + hidden) for _ in range(hidden)] for _ in range(hidden)] for _ in range(4)]
@@ -1574,7 +1647,7 @@ def lstm(x: Sequence[Value], hidden: int, steps: int) -> tuple[list[Value], list
     return [sum((w * hj for w, hj in zip(row, h)), p()) for row in Wy], params
 
 
-ZOO = ["mlp", "mlp-deep", "elman", "gru", "attention", "cnn", "cnn-zeros"]
+ZOO = ["mlp", "mlp-deep", "elman", "gru", "attention", "cnn", "cnn-zeros", "transformer", "dilated"]
 
 
 @pytest.mark.parametrize("name", ZOO)
@@ -1589,7 +1662,7 @@ def test_zoo_families(name):
 
 
 @needs_cc
-@pytest.mark.parametrize("name", ["elman", "gru", "attention", "cnn"])
+@pytest.mark.parametrize("name", ["elman", "gru", "attention", "cnn", "transformer", "dilated"])
 def test_zoo_families_compiled(name):
     check_case(zoo_case(name), with_c=True)
 
@@ -1633,12 +1706,7 @@ def channels_innermost_case(C: int, H: int = 9, W: int = 9) -> Case:
     X = r.uniform(-1, 1, size=(6, H * W))
     x = [Value(float(v)) for v in X[0]]
     params: list[Value] = []
-
-    def p(fan: int) -> Value:
-        v = Value(random.uniform(-1, 1) / math.sqrt(fan))
-        params.append(v)
-        return v
-
+    p = _param_maker(params)
     img = [[[x[i * W + j]] for j in range(W)] for i in range(H)]
     for cin in (1, C):
         K = [
