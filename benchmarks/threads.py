@@ -38,22 +38,19 @@ import numpy as np
 
 import micrograd_c as mc
 from micrograd_c.app.bench import cpu_model
-from micrograd_c.datasets import DatasetError, load_mnist
 from micrograd_c.nn import MLP
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-DEFAULT_MNIST = os.path.join(os.path.dirname(os.path.dirname(HERE)), "shared", "data", "mnist")
+sys.path.insert(0, HERE)
+from models import DEFAULT_MNIST  # noqa: E402
+from models import load_data as load_images  # noqa: E402
 
 
 def load_data(data_dir: str, n: int) -> tuple[np.ndarray, np.ndarray, str]:
-    """The first n MNIST test images and labels, or n random images when MNIST is absent."""
-    try:
-        X, y = load_mnist(data_dir, "test")
-        return np.ascontiguousarray(X[:n]), y[:n].astype(np.float64).reshape(-1, 1), "MNIST"
-    except DatasetError:
-        rng = np.random.default_rng(0)
-        X = rng.random((n, 784))
-        return X, rng.integers(0, 10, (n, 1)).astype(np.float64), "random images"
+    """models.py's data (the first n MNIST test images, or n random ones) with the labels as
+    fit's one-column targets, and what they are ("MNIST test set" or "random images")."""
+    X, y, src = load_images(data_dir, n)
+    return X, y.reshape(-1, 1), src.split(" (")[0]
 
 
 def build(cache: str) -> tuple[Any, np.ndarray]:
