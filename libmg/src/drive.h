@@ -344,16 +344,27 @@ static void copy_in32(mgk_real *dst, const float *src, size_t n) {
 #endif
 }
 
-/* Input row `row` of the caller's doubles X, or floats X32 when not NULL, into `dst`. */
+/* Input row `row` of the caller's doubles X, or floats X32 when not NULL, into `dst`: in column
+ * order, or through the layout reroll.c chose (t->in_perm), each element converted as copy_in and
+ * copy_in32 convert it. */
 static void load_row(const mg_tape *t, mgk_real *dst, const double *X, const float *X32,
                      size_t row) {
-    if (!t->ninputs) return;
-    if (X32) copy_in32(dst, X32 + row * t->ninputs, t->ninputs);
-    else copy_in(dst, X + row * t->ninputs, t->ninputs);
+    const size_t n = t->ninputs;
+    const mgk_idx *perm = t->in_perm;
+    if (!n) return;
+    if (perm && X32) {
+        for (size_t k = 0; k < n; k++) dst[k] = (mgk_real)X32[row * n + perm[k]];
+    } else if (perm) {
+        for (size_t k = 0; k < n; k++) dst[k] = (mgk_real)X[row * n + perm[k]];
+    } else if (X32) {
+        copy_in32(dst, X32 + row * n, n);
+    } else {
+        copy_in(dst, X + row * n, n);
+    }
 }
 
 static void load(const mg_tape *t, mgk_real *d, const double *x, const double *y) {
-    if (x) copy_in(d + t->input0, x, t->ninputs);
+    if (x) load_row(t, d + t->input0, x, NULL, 0);
     if (y) copy_in(d + t->target0, y, t->ntargets);
 }
 
@@ -415,7 +426,8 @@ static int check_targets(mg_tape *t, const double *X, const float *X32, const do
             if (Y && ts >= t->target0 && ts < t->target0 + t->ntargets) {
                 data = Y, col = ts - t->target0, width = t->ntargets, name = "Y";
             } else if (xent && (X || X32) && ts >= t->input0 && ts < t->input0 + t->ninputs) {
-                data = X, data32 = X32, col = ts - t->input0, width = t->ninputs, name = "X";
+                col = t->in_perm ? t->in_perm[ts - t->input0] : ts - t->input0;
+                data = X, data32 = X32, width = t->ninputs, name = "X";
             } else {
                 continue;
             }

@@ -425,6 +425,16 @@ char *mg_tape_emit_c(mg_tape *t, const mg_emit_options *opt, size_t *len) {
         for (size_t i = 0; i < t->noutputs; i++)
             putf(&b, "%s%u", i ? ", " : "", (unsigned)t->outputs[i]);
         puts_(&b, t->noutputs ? "};\n" : "0};\n");
+        if (t->in_perm) { /* the column of x each input slot holds (reroll.c's input layout) */
+            puts_(&b, "static const mgk_idx mg_in_cols[] = {");
+            for (size_t i = 0; i < t->ninputs; i++)
+                putf(&b, "%s%u",
+                     i == 0   ? "\n    "
+                     : i % 16 ? ", "
+                              : ",\n    ",
+                     (unsigned)t->in_perm[i]);
+            puts_(&b, "\n};\n");
+        }
         putf(&b, "\n#define %sWORK %zu\n#define %sNINPUTS %zu\n#define %sNOUTPUTS %zu\n", P,
              t->nslots + MGK_PAD, P, t->ninputs, P, t->noutputs);
         putf(&b,
@@ -444,9 +454,10 @@ char *mg_tape_emit_c(mg_tape *t, const mg_emit_options *opt, size_t *len) {
              "    R.og[0] = R.og[1] = NULL;\n    R.first = R.bstep = 0;\n"
              "    R.lo2 = R.hi2 = 0; /* every row */\n"
              "    for (i = 0; i < %zu; i++) d[i] = mg_init_values[i];\n"
-             "    for (i = 0; i < %zu; i++) d[%zu + i] = x[i];\n",
+             "    for (i = 0; i < %zu; i++) d[%zu + i] = x[%s];\n",
              t->noutputs, t->ninputs, P, P, t->nslots + MGK_PAD,
-             t->npacked ? "mg_packed_values" : "NULL", t->input0, t->input0, t->ninputs, t->input0);
+             t->npacked ? "mg_packed_values" : "NULL", t->input0, t->input0, t->ninputs, t->input0,
+             t->in_perm ? "mg_in_cols[i]" : "i");
         emit_walk(&b, t);
         putf(&b, "    for (i = 0; i < %zu; i++) y[i] = d[mg_out_slots[i]];\n}\n", t->noutputs);
     } else {
@@ -578,10 +589,10 @@ char *mg_tape_describe(mg_tape *t, size_t *len) {
          "loops\n"
          "slots: parameters [0, %zu), constants [%zu, %zu), inputs [%zu, %zu), targets [%zu, %zu), "
          "values [%zu, %zu);"
-         " %zu parameters packed\n",
+         " %zu parameters packed%s\n",
          s.nodes, s.statements, s.forward_nests, s.backward_nests, s.loops, t->nparams, t->const0,
          t->input0, t->input0, t->target0, t->target0, t->first_op, t->first_op, t->nslots,
-         t->npacked);
+         t->npacked, t->in_perm ? "; inputs stored in the order the program reads them" : "");
     puts_(&b, "forward:\n");
     describe_prog(&b, t, t->fwd, t->nfwd);
     if (t->has_loss) {

@@ -296,6 +296,90 @@ static int find_target_output(mg_tape *t, const mg_fz *f, const vmap *index,
     return MG_OK;
 }
 
+/* ---- the forward program: rerolled, then rolled, under one of two input layouts ------------- */
+
+/* What reroll.c and roll.c leave in the tape, taken out of it (the tape then holds none) so that
+ * a second attempt can run, and either be put back. */
+typedef struct fwd_prog {
+    mgk_nest *nests;
+    mg_nest_info *info;
+    mg_instr *fwd;
+    mgk_idx *ix, *in_perm;
+    uint32_t *slot; /* the frozen graph's slots */
+    size_t nnests, nfwd_nests, nfwd, nix, nslots, nstatements, ngroups, nseq, nfolded;
+    int rerolled;
+} fwd_prog;
+
+static void fwd_take(mg_tape *t, fwd_prog *p) {
+    p->nests = t->nests, p->info = t->info, p->fwd = t->fwd, p->ix = t->ix;
+    p->in_perm = t->in_perm;
+    p->nnests = t->nnests, p->nfwd_nests = t->nfwd_nests, p->nfwd = t->nfwd, p->nix = t->nix;
+    p->nslots = t->nslots, p->nstatements = t->nstatements, p->ngroups = t->ngroups;
+    p->nseq = t->nseq, p->nfolded = t->nfolded, p->rerolled = t->rerolled;
+    t->nests = NULL, t->info = NULL, t->fwd = NULL, t->ix = NULL, t->in_perm = NULL;
+    t->nnests = t->nfwd_nests = t->nfwd = t->nix = t->nslots = 0;
+    t->nstatements = t->ngroups = t->nseq = t->nfolded = 0;
+}
+
+static void fwd_put(mg_tape *t, const fwd_prog *p) {
+    t->nests = p->nests, t->info = p->info, t->fwd = p->fwd, t->ix = p->ix;
+    t->in_perm = p->in_perm;
+    t->nnests = p->nnests, t->nfwd_nests = p->nfwd_nests, t->nfwd = p->nfwd, t->nix = p->nix;
+    t->nslots = p->nslots, t->nstatements = p->nstatements, t->ngroups = p->ngroups;
+    t->nseq = p->nseq, t->nfolded = p->nfolded, t->rerolled = p->rerolled;
+}
+
+static void fwd_free(mg_tape *t, fwd_prog *p) {
+    void *bufs[] = {p->nests, p->info, p->fwd, p->ix, p->in_perm, p->slot};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        if (bufs[i]) t->alloc.free_fn(bufs[i], t->alloc.ctx);
+    memset(p, 0, sizeof *p);
+}
+
+/* A forward program longer than this many nests after rolling is rerolled again under the other
+ * input layout (below). Every model of benchmarks/zoo.py has at most 10. */
+#define MG_RETRY_NESTS 16
+
+/* Rerolls and rolls the forward program. reroll.c picks the inputs' layout by the affinity of
+ * their reads alone; whether the steps of a recurrence roll into one loop depends on the layout
+ * too (a bidirectional RNN reads row t forwards and row T-1-t backwards in one nest at step t:
+ * in the caller's order that nest's stride changes from step to step and nothing rolls; stored
+ * as it reads them, the rows interleave and the steps roll). So a long program is rerolled under
+ * the other layout as well, and the one with fewer nests is kept (the first on a tie). */
+static int forward_program(mg_tape *t, mg_fz *f, const mg_tape_spec *spec) {
+    int alt = 0, st = mg_reroll(t, f, spec->no_raise != 0, MG_IN_AUTO, &alt);
+    if (st != MG_OK || spec->no_raise) return st;
+    if ((st = mg_roll(t)) != MG_OK) return st;
+    if (!alt || t->nnests <= MG_RETRY_NESTS) return MG_OK;
+    fwd_prog first;
+    memset(&first, 0, sizeof first);
+    const int other = t->in_perm ? MG_IN_GIVEN : MG_IN_READ;
+    first.slot = mg_tape__alloc(t, f->n ? f->n : 1, sizeof(uint32_t));
+    if (!first.slot) return MG_ENOMEM;
+    memcpy(first.slot, f->slot, f->n * sizeof(uint32_t));
+    fwd_take(t, &first);
+    /* the input leaves back in the caller's order (the values' slots are all reassigned) */
+    for (size_t k = 0; k < f->n; k++)
+        if (f->op[k] == MG_OP_LEAF && f->cls[k] == MG_C_INPUT && first.in_perm)
+            f->slot[k] = (uint32_t)t->input0 + first.in_perm[f->slot[k] - t->input0];
+    if ((st = mg_reroll(t, f, 0, other, &alt)) == MG_OK) st = mg_roll(t);
+    if (st == MG_OK && t->nnests < first.nnests) {
+        fwd_free(t, &first);
+        return MG_OK;
+    }
+    fwd_prog second;
+    memset(&second, 0, sizeof second);
+    fwd_take(t, &second);
+    fwd_free(t, &second);
+    memcpy(f->slot, first.slot, f->n * sizeof(uint32_t));
+    fwd_put(t, &first);
+    t->alloc.free_fn(first.slot, t->alloc.ctx);
+    /* a second attempt that failed (out of memory) leaves the first, which stands */
+    t->err[0] = '\0';
+    t->status = MG_OK;
+    return MG_OK;
+}
+
 mg_tape *mg_tape_freeze(mg_graph *g, const mg_tape_spec *spec) {
     if (!g) return NULL;
     if (check_roots(g, spec) != MG_OK) return NULL;
@@ -358,8 +442,7 @@ mg_tape *mg_tape_freeze(mg_graph *g, const mg_tape_spec *spec) {
     if ((st = find_target_output(t, &f, &index, spec)) != MG_OK) goto done;
 
     /* the stages */
-    if ((st = mg_reroll(t, &f, spec->no_raise != 0)) != MG_OK) goto done;
-    if (!spec->no_raise && (st = mg_roll(t)) != MG_OK) goto done;
+    if ((st = forward_program(t, &f, spec)) != MG_OK) goto done;
     /* the loss's slot (rerolling assigned the values' slots): the schedule plans its seed */
     t->loss = spec->loss ? f.slot[vmap_get(&index, spec->loss)] : 0;
     if (!spec->no_raise && (st = mg_hoist(t, 0)) != MG_OK) goto done;
@@ -388,7 +471,8 @@ mg_tape *mg_tape_freeze(mg_graph *g, const mg_tape_spec *spec) {
         t->param_serials[i] = spec->params[i]->serial;
     }
     for (size_t i = 0; i < t->nconsts; i++) t->data[t->const0 + i] = const_values[i];
-    for (size_t i = 0; i < spec->ninputs; i++) t->data[t->input0 + i] = spec->inputs[i]->data;
+    for (size_t i = 0; i < spec->ninputs; i++) /* in the layout reroll.c chose */
+        t->data[t->input0 + i] = spec->inputs[t->in_perm ? t->in_perm[i] : i]->data;
     for (size_t i = 0; i < spec->ntargets; i++) t->data[t->target0 + i] = spec->targets[i]->data;
     for (size_t i = 0; i < spec->noutputs; i++)
         t->outputs[i] = f.slot[vmap_get(&index, spec->outputs[i])];

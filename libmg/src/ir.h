@@ -136,6 +136,8 @@ struct mg_tape {
     uint32_t loss;
     size_t loss_pw; /* the loss's position in pw when it is a packed parameter, else SIZE_MAX */
     mgk_idx *outputs;
+    mgk_idx *in_perm;     /* slot input0 + k holds column in_perm[k] of the inputs (reroll.c's input
+                             layout); NULL: column k */
     size_t target_output; /* the first output computed from a target, or SIZE_MAX (predict) */
     double *data, *grad;
     /* the programs */
@@ -200,8 +202,12 @@ int mg_tape__push_nest(mg_tape *t, size_t *cap, const mgk_nest *nest, const mg_n
 int mg_tape__push_instr(mg_tape *t, mg_instr **prog, size_t *len, size_t *cap, const mg_instr *in);
 
 /* reroll.c: statements, groups and slots -> forward nests and program (t->nests, t->fwd). With
- * `scalar`, one instruction per node (no folding, no grouping). Returns MG_OK or an error. */
-int mg_reroll(mg_tape *t, const mg_fz *fz, int scalar);
+ * `scalar`, one instruction per node (no folding, no grouping). `inputs`: the inputs' layout,
+ * MG_IN_AUTO (the order the program reads them where that makes more reads affine, else the
+ * caller's), MG_IN_GIVEN or MG_IN_READ; `*alt` is set to 1 when the two orders differ. Returns
+ * MG_OK or an error. */
+enum { MG_IN_AUTO = 0, MG_IN_GIVEN = 1, MG_IN_READ = 2 };
+int mg_reroll(mg_tape *t, const mg_fz *fz, int scalar, int inputs, int *alt);
 /* roll.c: compresses repeated runs of the forward program into sequential loops. */
 int mg_roll(mg_tape *t);
 /* hoist.c: moves the nests of the forward (backward 0) or backward (1) program's sequential

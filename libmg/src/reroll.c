@@ -678,8 +678,38 @@ static int group_fit(rr *R, const uint32_t *members, size_t N, gfit *G) {
     return fit(seqs, use, ns, N, MGK_MAXO, 2, &G->fr, G->str) ? 1 : -1;
 }
 
-/* Emits the nests of one group: `members` are statement indices in slot order. */
-static int emit_group(rr *R, const uint32_t *members, size_t N) {
+/* Where a group's fit reads some sequences through tables (want[j] && !use[j]) but the group is
+ * a few runs along which every wanted sequence has constant differences (layers side by side over
+ * one input, of different widths: one layer's weights begin after the other's biases, not a row
+ * further), the starts of those runs, at most MAXSEG of them, in `cut` (cut[pieces] = N).
+ * Returns the number of runs, 0 when the group stays whole. */
+static size_t group_pieces(const gfit *G, size_t N, size_t cut[MAXSEG + 1]) {
+    const int ns = 2 + (G->nseg ? 2 * G->nseg : 1);
+    int dropped = 0;
+    for (int j = 0; j < ns; j++) dropped |= G->want[j] && !G->use[j];
+    if (!dropped || N < 2) return 0;
+    size_t pieces = 0;
+    for (size_t i = 0; i < N;) {
+        if (pieces == MAXSEG) return 0;
+        cut[pieces++] = i;
+        size_t e = i + 1;
+        while (e < N) {
+            int same = 1;
+            for (int j = 0; j < ns && same; j++)
+                same = !G->want[j] || e == i + 1 ||
+                       G->seqs[j][e] - G->seqs[j][e - 1] == G->seqs[j][i + 1] - G->seqs[j][i];
+            if (!same) break;
+            e++;
+        }
+        i = e;
+    }
+    cut[pieces] = N;
+    return pieces >= 2 ? pieces : 0;
+}
+
+/* Emits the nests of one group: `members` are statement indices in slot order. With `split`, a
+ * group that group_pieces cuts is emitted as its pieces, each a group. */
+static int emit_group(rr *R, const uint32_t *members, size_t N, int split) {
     mg_tape *t = R->t;
     const mg_fz *f = R->f;
     const stmt *s0 = &R->st[members[0]];
@@ -709,6 +739,13 @@ static int emit_group(rr *R, const uint32_t *members, size_t N) {
     gfit GF;
     const int fitted = group_fit(R, members, N, &GF);
     if (fitted <= 0) return fitted; /* -1: the outputs are not affine */
+    size_t cut[MAXSEG + 1];
+    const size_t pieces = split ? group_pieces(&GF, N, cut) : 0;
+    for (size_t q = 0; q < pieces; q++) { /* GF's sequences are scratch the pieces reuse */
+        const int e = emit_group(R, members + cut[q], cut[q + 1] - cut[q], 0);
+        if (e <= 0) return e;
+    }
+    if (pieces) return 1;
     int64_t *const *seqs = GF.seqs;
     const int *use = GF.use, *want = GF.want, nseg = GF.nseg;
     const uint32_t nops = GF.nops;
@@ -887,13 +924,139 @@ static int level_layout(rr *R, const uint32_t *v, size_t n, size_t start) {
     return 1;
 }
 
-int mg_reroll(mg_tape *t, const mg_fz *f, int scalar) {
+/* ---- the inputs' layout ------------------------------------------------------------------------
+ * Inputs are leaves in the caller's column order. A program that reads them in another order (a
+ * fixed permutation of the pixels, a hand-picked list of them) would read them through index
+ * tables, point by point: an MLP over permuted pixels trained 25x slower compiled and 60x slower
+ * on the tape. So the inputs may be stored in the order the program first reads them (unread ones
+ * after, in column order), when that leaves fewer of their reads without an affine form, or as
+ * many but fewer read backwards:
+ * t->in_perm[k] is then the column slot input0 + k holds, and the driver loads rows through it. */
+
+/* Reads of inputs that no affine function describes, with column c at slot input0 + map[c] (the
+ * caller's order when `map` is NULL): per run of a reduction's terms of one shape, the run's
+ * input operands; per level, the input operands of its elementwise statements of one op in
+ * creation order. A sequence that does not fit costs its length in cost[0]; one that fits
+ * backwards (its innermost stride negative: no vector blocks) costs it in cost[1]. */
+static int input_cost(rr *R, const uint32_t *order, const uint32_t *map, size_t cost[2]) {
+    const mg_fz *f = R->f;
+    const mgk_i64 in0 = (mgk_i64)R->t->input0;
+    cost[0] = cost[1] = 0;
+#define IN_SLOT(node) (map ? in0 + (mgk_i64)map[f->slot[node] - in0] : (mgk_i64)f->slot[node])
+    for (size_t i = 0; i < R->nst; i++) { /* reductions */
+        const stmt *s = &R->st[order[i]];
+        if (s->kind != S_RED) continue;
+        for (uint32_t r = 0, e; r < s->nt; r = e) {
+            const term *t0 = &R->terms[s->t0 + r];
+            for (e = r + 1; e < s->nt && term_shape_eq(R, t0, &R->terms[s->t0 + e]);) e++;
+            for (int w = 0; w < 2; w++) {
+                if (w ? t0->kind != MGK_T_MUL || cls_of(R, t0->b) != MG_C_INPUT
+                      : cls_of(R, t0->a) != MG_C_INPUT)
+                    continue;
+                if (!GROW(R, seqbuf, capseq, e - r)) return 0;
+                for (uint32_t q = r; q < e; q++) {
+                    const term *tm = &R->terms[s->t0 + q];
+                    R->seqbuf[q - r] = IN_SLOT(w ? tm->b : tm->a);
+                }
+                int64_t *seqs[1] = {R->seqbuf}, str[MGK_MAXD];
+                int use[1] = {1};
+                fitres fr;
+                if (!fit(seqs, use, 1, e - r, MGK_MAXR, 0, &fr, str)) cost[0] += e - r;
+                else if (fr.nd && str[fr.nd - 1] < 0) cost[1] += e - r;
+            }
+        }
+    }
+    for (int j = 0; j < 2; j++) { /* elementwise statements' operand j */
+        size_t len = 0;
+        const stmt *first = NULL;
+        for (size_t i = 0; i <= R->nst; i++) {
+            const stmt *s = i < R->nst ? &R->st[order[i]] : NULL;
+            const int reads = s && s->kind == S_ELEM &&
+                              f->off[s->node] + (uint32_t)j < f->off[s->node + 1] &&
+                              cls_of(R, f->opnd[f->off[s->node] + (uint32_t)j]) == MG_C_INPUT;
+            if (len && (!reads || s->level != first->level || s->op != first->op)) {
+                int64_t *seqs[1] = {R->seqbuf}, str[MGK_MAXD];
+                int use[1] = {1};
+                fitres fr;
+                if (!fit(seqs, use, 1, len, MGK_MAXO, 0, &fr, str)) cost[0] += len;
+                else if (fr.nd && str[fr.nd - 1] < 0) cost[1] += len;
+                len = 0;
+            }
+            if (!reads) continue;
+            if (!len) first = s;
+            if (!GROW(R, seqbuf, capseq, len + 1)) return 0;
+            R->seqbuf[len++] = IN_SLOT(f->opnd[f->off[s->node] + (uint32_t)j]);
+        }
+    }
+#undef IN_SLOT
+    return 1;
+}
+
+/* Stores the inputs in the order the program first reads them where that makes more of their
+ * reads affine, or as many but fewer of them backwards (a sequence read in reverse), see above;
+ * `inputs` (MG_IN_*) may force either order instead. `order`: the statements by (level,
+ * creation). `*alt`: 1 when the two orders differ. Returns 0 out of memory. */
+static int input_layout(rr *R, const uint32_t *order, int inputs, int *alt) {
+    mg_tape *t = R->t;
+    const mg_fz *f = R->f;
+    const size_t I = t->ninputs;
+    *alt = 0;
+    if (I < 2) return 1;
+    uint32_t *rank = mg_tape__alloc(t, I, sizeof(uint32_t));
+    if (!rank) return 0;
+    memset(rank, 0xff, I * sizeof(uint32_t));
+    uint32_t next = 0;
+#define SEE(node)                                                                                  \
+    do {                                                                                           \
+        if (cls_of(R, node) == MG_C_INPUT && rank[f->slot[node] - t->input0] == UINT32_MAX)        \
+            rank[f->slot[node] - t->input0] = next++;                                              \
+    } while (0)
+    for (size_t i = 0; i < R->nst; i++) {
+        const stmt *s = &R->st[order[i]];
+        if (s->kind == S_RED) {
+            for (uint32_t q = 0; q < s->nt; q++) {
+                SEE(R->terms[s->t0 + q].a);
+                if (R->terms[s->t0 + q].kind == MGK_T_MUL) SEE(R->terms[s->t0 + q].b);
+            }
+        } else if (s->kind == S_ELEM) {
+            for (uint32_t j = f->off[s->node]; j < f->off[s->node + 1]; j++) SEE(f->opnd[j]);
+        }
+    }
+#undef SEE
+    int moved = 0;
+    for (size_t c = 0; c < I; c++) {
+        if (rank[c] == UINT32_MAX) rank[c] = next++;
+        moved |= rank[c] != c;
+    }
+    size_t given[2] = {0, 0}, read[2] = {0, 0};
+    int ok = 1;
+    *alt = moved;
+    if (moved && inputs == MG_IN_AUTO && (ok = input_cost(R, order, NULL, given)) &&
+        (given[0] || given[1]))
+        ok = input_cost(R, order, rank, read);
+    if (ok && moved &&
+        (inputs == MG_IN_READ ||
+         (inputs == MG_IN_AUTO &&
+          (read[0] < given[0] || (read[0] == given[0] && read[1] < given[1]))))) {
+        t->in_perm = mg_tape__alloc(t, I, sizeof(mgk_idx));
+        if (!t->in_perm) ok = 0;
+        for (size_t c = 0; ok && c < I; c++) t->in_perm[rank[c]] = (mgk_idx)c;
+        for (size_t k = 0; ok && k < f->n; k++)
+            if (f->op[k] == MG_OP_LEAF && cls_of(R, (uint32_t)k) == MG_C_INPUT)
+                f->slot[k] = (uint32_t)t->input0 + rank[f->slot[k] - t->input0];
+    }
+    t->alloc.free_fn(rank, t->alloc.ctx);
+    return ok;
+}
+
+int mg_reroll(mg_tape *t, const mg_fz *f, int scalar, int inputs, int *alt) {
     rr R;
     memset(&R, 0, sizeof R);
     R.t = t;
     R.f = f;
     int st = MG_ENOMEM;
     uint32_t *order = NULL;
+    *alt = 0;
     R.stmt_of = mg_tape__alloc(t, f->n, sizeof(uint32_t));
     R.absorbed = mg_tape__alloc(t, f->n, 1);
     R.level = mg_tape__alloc(t, f->n, sizeof(uint32_t));
@@ -916,7 +1079,7 @@ int mg_reroll(mg_tape *t, const mg_fz *f, int scalar) {
         for (size_t i = 0; i < R.nst; i++) {
             R.st[i].ns = 0;
             uint32_t one = (uint32_t)i;
-            int e = emit_group(&R, &one, 1);
+            int e = emit_group(&R, &one, 1, 0);
             if (e <= 0) goto done;
         }
     } else {
@@ -926,7 +1089,7 @@ int mg_reroll(mg_tape *t, const mg_fz *f, int scalar) {
             R.level[s->node] = s->level;
             order[i] = (uint32_t)i;
         }
-        if (!sort_idx(&R, order, R.nst, 0)) goto done;
+        if (!sort_idx(&R, order, R.nst, 0) || !input_layout(&R, order, inputs, alt)) goto done;
         for (size_t lo = 0; lo < R.nst;) {
             size_t hi = lo;
             while (hi < R.nst && R.st[order[hi]].level == R.st[order[lo]].level) hi++;
@@ -943,12 +1106,12 @@ int mg_reroll(mg_tape *t, const mg_fz *f, int scalar) {
             for (size_t g0 = lo; g0 < hi;) {
                 size_t g1 = g0 + 1;
                 while (g1 < hi && same_signature(&R, &R.st[order[g0]], &R.st[order[g1]])) g1++;
-                int e = emit_group(&R, order + g0, g1 - g0);
+                int e = emit_group(&R, order + g0, g1 - g0, 1);
                 if (e < 0) {
                     /* the group's outputs are not affine in the level's layout: fresh slots */
                     for (size_t i = g0; i < g1; i++)
                         f->slot[R.st[order[i]].node] = (uint32_t)R.next_slot++;
-                    e = emit_group(&R, order + g0, g1 - g0);
+                    e = emit_group(&R, order + g0, g1 - g0, 1);
                 }
                 if (e <= 0) goto done;
                 g0 = g1;

@@ -70,7 +70,7 @@ void mg_tape_free(mg_tape *t) {
                     t->pg,       t->packed, t->param_values, t->param_serials, t->fused,
                     t->fused_p,  t->step_d, t->step_d1,      t->step_p1,       t->zero,
                     t->identity, t->data32, t->grad32,       t->pw32,          t->pg32,
-                    t->pre};
+                    t->pre,      t->in_perm};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) a.free_fn(bufs[i], a.ctx);
     a.free_fn(t, a.ctx);

@@ -41,6 +41,7 @@ import math
 import os
 import random
 import re
+import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -1665,6 +1666,237 @@ def test_zoo_families(name):
 @pytest.mark.parametrize("name", ["elman", "gru", "attention", "cnn", "transformer", "dilated"])
 def test_zoo_families_compiled(name):
     check_case(zoo_case(name), with_c=True)
+
+
+READ_ORDER = "inputs stored in the order the program reads them"
+
+
+def permuted_case(seed: int = 0, read: int = 20, skip: bool = False) -> Case:
+    """An MLP over a fixed permutation of `read` of its 24 inputs (the rest never read), as a user
+    writes permuted pixels or a hand-picked list of them: `xs = [x[i] for i in perm]`. With
+    `skip`, a second term reads every input in column order (x_i * v_i, summed into each logit)."""
+    random.seed(seed)
+    r = np.random.default_rng(seed)
+    X = r.uniform(-1, 1, size=(6, 24))
+    x = [Value(float(v)) for v in X[0]]
+    perm = [int(i) for i in r.permutation(24)[:read]]
+    params: list[Value] = []
+    p = _param_maker(params)
+    xs = [x[i] for i in perm]
+    h = [sum((p(read) * xi for xi in xs), p()).relu() for _ in range(9)]
+    logits = [sum((p(9) * hj for hj in h), p()) for _ in range(3)]
+    if skip:
+        v = [p(24) for _ in range(24)]
+        extra = sum((vi * xi for vi, xi in zip(v, x)), p())
+        logits = [o + extra for o in logits]
+    Y = r.integers(0, 3, size=(6, 1)).astype(np.float64)
+    y = [Value(float(Y[0, 0]))]
+    return Case(
+        x=x,
+        y=y,
+        params=params,
+        loss=mc.cross_entropy(logits, y[0]),
+        outputs=list(logits),
+        X=X,
+        Y=Y,
+        structure={"log": [f"permuted {perm}"], "perm": perm},
+    )
+
+
+@needs_cc
+@pytest.mark.parametrize("read", [24, 20])
+def test_inputs_read_in_another_order_are_stored_in_that_order(read):
+    """Inputs read in an order of the user's own (a permutation, a subset) are stored in the order
+    the program first reads them, so the layer over them is a packed, blocked product instead of
+    one read through an index table per term (25x slower compiled, 60x on the tape); the driver
+    loads each row through that order. Every property of the zoo holds (scalar program, eager,
+    compiled, threads), and `predict` and the inference-only C read the caller's columns."""
+    case = permuted_case(read=read)
+    info = check_case(case, with_c=True)
+    assert info["forward_nests"] * 3 < info["statements"], info
+    text = compile_case(case).describe()
+    assert READ_ORDER in text and "@table" not in text, text
+    # a model whose reads are affine as given keeps the caller's order
+    for name in ("mlp", "cnn", "dilated"):
+        assert READ_ORDER not in compile_case(zoo_case(name)).describe(), name
+
+
+def test_input_order_follows_the_reads_that_it_makes_affine():
+    """With reads in two orders (a permuted layer and a term over every input in column order),
+    the layout that leaves fewer reads without an affine form wins: the permuted layer's 9 x 24
+    reads outnumber the skip term's 24."""
+    case = permuted_case(read=24, skip=True)
+    text = compile_case(case).describe()
+    assert READ_ORDER in text, text
+    check_case(case)
+
+
+@needs_cc
+@pytest.mark.parametrize("kind", ["tape", "c", "float32"])
+def test_inputs_stored_in_read_order_load_as_the_same_program_given_in_that_order(kind):
+    """The permuted model trains to bitwise the same parameters as the same graph with its inputs
+    listed in the order it reads them (whose layout is the caller's order), fed the columns in that
+    order: float64 and float32 rows of X, batch 1 and 4, 1 and 2 threads, float32 storage too."""
+    case = permuted_case(read=20)
+    perm = case.structure["perm"]
+    order = perm + [i for i in range(24) if i not in perm]
+    kw: dict[str, Any] = {"backend": "c", "float32": True} if kind == "float32" else {}
+    kw.setdefault("backend", kind)
+    a = compile_case(case, **kw)
+    b = mc.compile(
+        case.loss,
+        inputs=[case.x[i] for i in order],
+        targets=case.y,
+        params=case.params,
+        outputs=case.outputs,
+        **kw,
+    )
+    assert READ_ORDER in a.describe() and READ_ORDER not in b.describe()
+    rng = np.random.default_rng(1)
+    X = rng.uniform(-1, 1, size=(40, 24))
+    Y = rng.integers(0, 3, size=(40, 1)).astype(np.float64)
+    p0 = np.array([p.data for p in case.params])
+    for Xa in (X, X.astype(np.float32)):
+        for batch, threads in ((1, 1), (4, 2)):
+            for prog, cols in ((a, Xa), (b, np.ascontiguousarray(Xa[:, order]))):
+                prog.parameters[:] = p0
+                prog.fit(cols, Y, batch_size=batch, threads=threads, lr=0.01, shuffle=False)
+            assert_bitwise(
+                np.array(a.parameters), np.array(b.parameters), f"{Xa.dtype} b{batch} t{threads}"
+            )
+            assert_bitwise(a.predict(Xa), b.predict(np.ascontiguousarray(Xa[:, order])), "predict")
+
+
+@needs_cc
+def test_inference_c_of_a_permuted_model_reads_the_callers_columns(tmp_path):
+    """The inference-only C of a model whose inputs are stored in read order takes x in the
+    caller's column order, as predict does: its outputs equal predict's, bit for bit."""
+    case = permuted_case(read=20)
+    prog = compile_case(case)
+    src = prog.c_source(prefix="perm_", inference_only=True)
+    assert "mg_in_cols" in src
+    rows = np.random.default_rng(2).uniform(-1, 1, size=(5, 24))
+    show = 'for (int i = 0; i < 3; i++) printf("%.17g\\n", y[i]);'
+    body = "\n".join(
+        f"    {{const double x[24] = {{{', '.join(repr(float(v)) for v in row)}}};"
+        f" perm_infer(x, y, NULL); {show}}}"
+        for row in rows
+    )
+    main = tmp_path / "main.c"
+    main.write_text(
+        src
+        + "\n#include <stdio.h>\nint main(void) {\n    double y[3];\n"
+        + body
+        + "\n    return 0;\n}\n"
+    )
+    exe = tmp_path / "main"
+    tc = compiler.find_compiler()
+    subprocess.run(
+        tc.command
+        + ["-std=c11", "-Wall", "-Wextra", "-Werror", "-O2", "-o", str(exe), str(main), "-lm"],
+        check=True,
+    )
+    out = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.split()
+    assert [float(v) for v in out] == list(prog.predict(rows).ravel())
+
+
+def branches_case(widths: Sequence[int], seed: int = 0) -> Case:
+    """Dense layers side by side over one input, of the given widths, each made whole (weights,
+    then biases) before the next, their outputs concatenated into a dense layer of 3: the
+    branches of a multi-branch net or the experts of a mixture."""
+    random.seed(seed)
+    r = np.random.default_rng(seed)
+    X = r.uniform(-1, 1, size=(6, 24))
+    x = [Value(float(v)) for v in X[0]]
+    params: list[Value] = []
+    p = _param_maker(params)
+    h: list[Value] = []
+    for n in widths:
+        W = [[p(24) for _ in range(24)] for _ in range(n)]
+        b = [p() for _ in range(n)]
+        h += [sum((w * xi for w, xi in zip(row, x)), bj).relu() for row, bj in zip(W, b)]
+    logits = [sum((p(len(h)) * hj for hj in h), p()) for _ in range(3)]
+    Y = r.integers(0, 3, size=(6, 1)).astype(np.float64)
+    y = [Value(float(Y[0, 0]))]
+    return Case(
+        x=x,
+        y=y,
+        params=params,
+        loss=mc.cross_entropy(logits, y[0]),
+        outputs=list(logits),
+        X=X,
+        Y=Y,
+        structure={"log": [f"branches {list(widths)}"]},
+    )
+
+
+@needs_cc
+@pytest.mark.parametrize("widths", [(9, 9, 2), (16, 3, 8), (10, 12)])
+def test_side_by_side_layers_of_different_widths_are_nests_of_their_own(widths):
+    """The branches' neurons share a signature, but one branch's weights begin after the other's
+    biases: as one group their weights and biases were read through index tables (a mixture of
+    experts trained 13x slower than one layer of the same size). Each run of the group along which
+    every operand advances evenly is now a group of its own: no table, weights packed."""
+    case = branches_case(widths)
+    info = check_case(case, with_c=True)
+    text = compile_case(case).describe()
+    assert "@table" not in text, text
+    assert info["packed"] >= 24 * sum(n for n in widths if n >= 8), (info, text)
+
+
+def birnn_case(steps: int = 6, hidden: int = 4, seed: int = 0) -> Case:
+    """A bidirectional Elman RNN over the rows of a 24-input sample: one direction reads row t at
+    step t, the other row T-1-t; their last states concatenated into a dense layer of 3."""
+    random.seed(seed)
+    r = np.random.default_rng(seed)
+    X = r.uniform(-1, 1, size=(6, 24))
+    x = [Value(float(v)) for v in X[0]]
+    params: list[Value] = []
+    p = _param_maker(params)
+    row = 24 // steps
+    last: list[Value] = []
+    for forwards in (True, False):
+        Wx = [[p(row) for _ in range(row)] for _ in range(hidden)]
+        Wh = [[p(hidden) for _ in range(hidden)] for _ in range(hidden)]
+        b = [p() for _ in range(hidden)]
+        h = [Value(0.0)] * hidden
+        for t in range(steps) if forwards else reversed(range(steps)):
+            xt = x[row * t : row * (t + 1)]
+            h = [
+                (
+                    sum((w * a for w, a in zip(Wx[j], xt)), b[j])
+                    + sum(w * a for w, a in zip(Wh[j], h))
+                ).tanh()
+                for j in range(hidden)
+            ]
+        last += h
+    logits = [sum((p(len(last)) * v for v in last), p()) for _ in range(3)]
+    Y = r.integers(0, 3, size=(6, 1)).astype(np.float64)
+    y = [Value(float(Y[0, 0]))]
+    return Case(
+        x=x,
+        y=y,
+        params=params,
+        loss=mc.cross_entropy(logits, y[0]),
+        outputs=list(logits),
+        X=X,
+        Y=Y,
+        structure={"log": [f"birnn {steps} steps, {hidden} units"]},
+    )
+
+
+@needs_cc
+@pytest.mark.parametrize("steps", [6, 8])
+def test_bidirectional_rnn_rolls_its_steps(steps):
+    """At step t the two directions are one nest, reading rows t and T-1-t: in the caller's input
+    order that nest's stride changes from step to step, so no step rolled (a program of 4 nests
+    per step: 113 forward nests at 28 steps, compiled no faster than the tape). A long program is
+    rerolled with the inputs stored as it reads them (the rows interleaved), and the shorter kept:
+    sequential loops, a few nests."""
+    case = birnn_case(steps=steps)
+    info = check_case(case, with_c=True)
+    assert info["loops"] >= 1 and info["forward_nests"] <= 16, info
+    assert READ_ORDER in compile_case(case).describe()
 
 
 def unit_strides(describe: str) -> list[str]:
