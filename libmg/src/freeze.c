@@ -446,6 +446,7 @@ mg_tape *mg_tape_freeze(mg_graph *g, const mg_tape_spec *spec) {
     /* the loss's slot (rerolling assigned the values' slots): the schedule plans its seed */
     t->loss = spec->loss ? f.slot[vmap_get(&index, spec->loss)] : 0;
     if (!spec->no_raise && (st = mg_hoist(t, 0)) != MG_OK) goto done;
+    if (!spec->no_raise && (st = mg_split(t)) != MG_OK) goto done;
     if ((st = mg_autodiff(t)) != MG_OK) goto done;
     if (!spec->no_raise && (st = mg_hoist(t, 1)) != MG_OK) goto done;
     if ((st = mg_schedule(t)) != MG_OK) goto done;

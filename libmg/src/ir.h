@@ -5,6 +5,8 @@
  *   roll.c       repeated runs of nests -> sequential loops (a recurrent model's time steps)
  *   hoist.c      nests that do not depend on their loop leave it (before it in the forward
  *                program, after it in the backward one), the iterations becoming one of their dims
+ *   split.c      a nest reading parameters as one run across other nests' blocks of weights (an
+ *                L2 term over every parameter) cut at the blocks' edges, so they can be packed
  *   autodiff.c   forward program -> backward program (gradient nests)
  *   schedule.c   how each nest runs: vector blocks, split reductions, packed weights, fused SGD,
  *                pre-steps (fused SGD deferred to the next sample's forward)
@@ -213,6 +215,9 @@ int mg_roll(mg_tape *t);
 /* hoist.c: moves the nests of the forward (backward 0) or backward (1) program's sequential
  * loops that do not depend on the loop out of it. */
 int mg_hoist(mg_tape *t, int backward);
+/* split.c: forward nests reading a run of parameters across blocks that other nests read as
+ * blocks, cut at the blocks' edges (before autodiff, so that the gradients are cut alike). */
+int mg_split(mg_tape *t);
 /* autodiff.c: the backward program. */
 int mg_autodiff(mg_tape *t);
 /* schedule.c: block/split flags, packing, fused SGD, pre-steps. */

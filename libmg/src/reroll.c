@@ -621,8 +621,8 @@ typedef struct gfit {
     int64_t *seqs[2 + 2 * MAXSEG];
     int use[2 + 2 * MAXSEG];  /* fitted */
     int want[2 + 2 * MAXSEG]; /* to fit (the rest are read through index tables) */
-    int nseg;
-    uint32_t nops; /* elementwise operands */
+    int nseg, ns;             /* segments; sequences (seqs[0 .. ns)) */
+    uint32_t nops;            /* elementwise operands */
     int64_t str[(2 + 2 * MAXSEG) * MGK_MAXD];
     fitres fr;
 } gfit;
@@ -635,7 +635,7 @@ static int group_fit(rr *R, const uint32_t *members, size_t N, gfit *G) {
     const mg_fz *f = R->f;
     const stmt *s0 = &R->st[members[0]];
     const int nseg = G->nseg = s0->kind == S_RED ? (int)s0->ns : 0;
-    const int ns = 2 + (s0->kind == S_RED ? 2 * nseg : 1);
+    const int ns = G->ns = 2 + (s0->kind == S_RED ? 2 * nseg : 1);
     if (!GROW(R, seqbuf, capseq, (size_t)ns * N)) return 0;
     int64_t **seqs = G->seqs;
     int *use = G->use;
@@ -684,7 +684,7 @@ static int group_fit(rr *R, const uint32_t *members, size_t N, gfit *G) {
  * further), the starts of those runs, at most MAXSEG of them, in `cut` (cut[pieces] = N).
  * Returns the number of runs, 0 when the group stays whole. */
 static size_t group_pieces(const gfit *G, size_t N, size_t cut[MAXSEG + 1]) {
-    const int ns = 2 + (G->nseg ? 2 * G->nseg : 1);
+    const int ns = G->ns;
     int dropped = 0;
     for (int j = 0; j < ns; j++) dropped |= G->want[j] && !G->use[j];
     if (!dropped || N < 2) return 0;

@@ -224,62 +224,77 @@ static int plan_packs(mg_tape *t) {
                 X->s[3] == 1)
                 continue;
             if (!mg_ref__injective(X, N->n, t->ix)) continue;
-            mg_pack P;
-            memset(&P, 0, sizeof P);
             pack_dims pd;
             dims_of(N, X, 3, &pd);
-            P.base = X->base;
-            P.nd = pd.nd;
-            P.len = 1;
-            for (int d = 0; d < pd.nd; d++) {
-                P.n[d] = pd.n[d];
-                P.s[d] = pd.s[d];
-                P.len *= (size_t)pd.n[d];
-            }
-            /* the pack's elements are parameters nobody packed yet */
-            int ok = 1;
-            {
-                mgk_i64 idx[MGK_MAXD] = {0};
-                for (size_t i = 0; i < P.len && ok; i++, mg_pack__next(&P, idx)) {
-                    const mgk_i64 slot = mg_pack__slot(&P, idx);
-                    ok = slot >= 0 && slot < (mgk_i64)t->nparams && !owned[slot];
+            /* A matrix whose rows lie S slots apart with other parameters between them (each of
+             * micrograd's Neurons is its weights, then its bias): the pack first spans whole
+             * rows, S wide, so that a ref reading the rows and what lies between them in the
+             * caller's order (an L2 term over every parameter, cut into its blocks by split.c)
+             * reads a block of it too; where that fails, the rows alone. */
+            int hull = -1;
+            if (pd.nd == 2)
+                for (int d = 0; d < 2; d++)
+                    if (pd.s[d] == 1 && pd.s[1 - d] > pd.n[d]) hull = d;
+            for (int attempt = hull >= 0 ? 0 : 1; attempt < 2; attempt++) {
+                mg_pack P;
+                memset(&P, 0, sizeof P);
+                P.base = X->base;
+                P.nd = pd.nd;
+                P.len = 1;
+                for (int d = 0; d < pd.nd; d++) {
+                    P.n[d] = attempt == 0 && d == hull ? pd.s[1 - d] : pd.n[d];
+                    P.s[d] = pd.s[d];
+                    P.len *= (size_t)P.n[d];
                 }
-            }
-            if (!ok) continue;
-            mark_pack(&P, cand, 1);
-            /* every ref touching them must read a block of the pack */
-            for (size_t m = 0; m < t->nnests && ok; m++) {
-                mgk_nest *M = &t->nests[m];
-                mgk_ref *rs[6];
-                int nrs = active_refs(M, rs);
-                for (int q = 0; q < nrs && ok; q++) {
-                    if (rs[q]->arr == MGK_PW || rs[q]->arr == MGK_PG) continue;
-                    mgk_i64 base, strides[MGK_MAXD];
-                    if (walk(t, M, rs[q], cand) && !sub_view(M, rs[q], &P, &base, strides)) ok = 0;
+                /* the pack's elements are parameters nobody packed yet */
+                int ok = 1;
+                {
+                    mgk_i64 idx[MGK_MAXD] = {0};
+                    for (size_t i = 0; i < P.len && ok; i++, mg_pack__next(&P, idx)) {
+                        const mgk_i64 slot = mg_pack__slot(&P, idx);
+                        ok = slot >= 0 && slot < (mgk_i64)t->nparams && !owned[slot];
+                    }
                 }
-            }
-            for (size_t i = 0; i < t->nfwd && ok; i++) /* the losses read their operands directly */
-                if (t->fwd[i].kind == MG_I_NARY)
-                    for (uint32_t q = 0; q < t->fwd[i].b && ok; q++)
-                        ok = !(t->ix[t->fwd[i].a + q] < t->nparams && cand[t->ix[t->fwd[i].a + q]]);
-            if (ok) {
-                P.p0 = t->npacked;
-                t->npacked += P.len;
-                if (!mg_tape__grow(t, (void **)&t->packs, &cap, sizeof(mg_pack), t->npacks + 1))
-                    goto done;
-                t->packs[t->npacks++] = P;
-                mark_pack(&P, owned, 1);
-                for (size_t m = 0; m < t->nnests; m++) {
+                if (!ok) continue;
+                mark_pack(&P, cand, 1);
+                /* every ref touching them must read a block of the pack */
+                for (size_t m = 0; m < t->nnests && ok; m++) {
                     mgk_nest *M = &t->nests[m];
                     mgk_ref *rs[6];
                     int nrs = active_refs(M, rs);
-                    for (int q = 0; q < nrs; q++) {
+                    for (int q = 0; q < nrs && ok; q++) {
                         if (rs[q]->arr == MGK_PW || rs[q]->arr == MGK_PG) continue;
-                        if (walk(t, M, rs[q], cand)) rewrite(M, rs[q], &P);
+                        mgk_i64 base, strides[MGK_MAXD];
+                        if (walk(t, M, rs[q], cand) && !sub_view(M, rs[q], &P, &base, strides))
+                            ok = 0;
                     }
                 }
+                for (size_t i = 0; i < t->nfwd && ok;
+                     i++) /* the losses read their operands directly */
+                    if (t->fwd[i].kind == MG_I_NARY)
+                        for (uint32_t q = 0; q < t->fwd[i].b && ok; q++)
+                            ok = !(t->ix[t->fwd[i].a + q] < t->nparams &&
+                                   cand[t->ix[t->fwd[i].a + q]]);
+                if (ok) {
+                    P.p0 = t->npacked;
+                    t->npacked += P.len;
+                    if (!mg_tape__grow(t, (void **)&t->packs, &cap, sizeof(mg_pack), t->npacks + 1))
+                        goto done;
+                    t->packs[t->npacks++] = P;
+                    mark_pack(&P, owned, 1);
+                    for (size_t m = 0; m < t->nnests; m++) {
+                        mgk_nest *M = &t->nests[m];
+                        mgk_ref *rs[6];
+                        int nrs = active_refs(M, rs);
+                        for (int q = 0; q < nrs; q++) {
+                            if (rs[q]->arr == MGK_PW || rs[q]->arr == MGK_PG) continue;
+                            if (walk(t, M, rs[q], cand)) rewrite(M, rs[q], &P);
+                        }
+                    }
+                }
+                mark_pack(&P, cand, 0);
+                if (ok) break;
             }
-            mark_pack(&P, cand, 0);
         }
     }
     t->packed = owned;

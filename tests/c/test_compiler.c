@@ -460,6 +460,73 @@ static void test_compiler__scrambled_operands_read_through_tables(void) {
     mg_graph_free(g);
 }
 
+/* ---- layouts: inputs in read order, parameter runs cut at blocks ------------------------------
+ */
+
+/* A layer over its inputs in a permuted order (permuted pixels): stored as the program reads
+ * them, the layer reads them affinely, with no index table; the driver loads rows through the
+ * order, so the program computes what the scalar program computes from the caller's x. */
+static void test_compiler__inputs_are_stored_in_the_order_the_program_reads_them(void) {
+    enum { M = 16, NT = 24 };
+    mg_graph *g = mg_graph_new();
+    mg_value *x[NT], *p[M * NT + M], *y = mg_scalar(g, 0.0), *out[M];
+    for (int i = 0; i < NT; i++) x[i] = mg_scalar(g, 0.0);
+    for (int i = 0; i < M * NT + M; i++) p[i] = mg_scalar(g, 0.01 * ((i * 37) % 23) - 0.1);
+    for (int j = 0; j < M; j++) {
+        mg_value *s = p[M * NT + j];
+        for (int r = 0; r < NT; r++) s = mg_add(g, s, mg_mul(g, p[j * NT + r], x[(r * 5) % NT]));
+        out[j] = mg_tanh(g, s);
+    }
+    mg_value *loss = mg_sum(g, out, M);
+    mg_tape_spec spec = {loss, x, NT, &y, 1, p, M * NT + M, out, M, 0};
+    mg_tape *t = mg_tape_freeze(g, &spec);
+    CHECK(t != NULL);
+    if (!t) return;
+    CHECK(t->in_perm != NULL && t->nix == 0);
+    for (size_t k = 0; t->in_perm && k < NT; k++) CHECK(t->in_perm[k] == (k * 5) % NT);
+    CHECK(t->npacked == M * NT);
+    mg_tape_free(t);
+    double xs[NT], yv = 0.0;
+    for (int i = 0; i < NT; i++) xs[i] = 0.1 * i - 1.0;
+    check_against_scalar(g, spec, xs, &yv, 1e-12);
+    mg_graph_free(g);
+}
+
+/* An L2 term over every parameter, `sum(p*p)` in the caller's order, reads W, b, V, c as one run:
+ * split.c cuts it at the blocks (W read as its rows), so the layers' weights are packed; the
+ * pieces of the sum continue it in order, so the loss is the scalar program's bit for bit. */
+static void test_compiler__an_l2_run_is_cut_at_the_weight_blocks(void) {
+    enum { M = 16, NT = 12, NP = M * NT + M + M + 1 };
+    mg_graph *g = mg_graph_new();
+    mg_value *x[NT], *p[NP], *y = mg_scalar(g, 0.0), *h[M], *out;
+    for (int i = 0; i < NT; i++) x[i] = mg_scalar(g, 0.0);
+    for (int i = 0; i < NP; i++) p[i] = mg_scalar(g, 0.01 * ((i * 37) % 23) - 0.1);
+    for (int j = 0; j < M; j++) {
+        mg_value *s = p[M * NT + j];
+        for (int r = 0; r < NT; r++) s = mg_add(g, s, mg_mul(g, p[j * NT + r], x[r]));
+        h[j] = mg_tanh(g, s);
+    }
+    out = p[NP - 1];
+    for (int j = 0; j < M; j++) out = mg_add(g, out, mg_mul(g, p[M * NT + M + j], h[j]));
+    mg_value *reg = mg_scalar(g, 0.0); /* as Python's sum() starts */
+    for (int i = 0; i < NP; i++) reg = mg_add(g, reg, mg_mul(g, p[i], p[i]));
+    mg_value *loss = mg_add(g, mg_mul(g, out, out), mg_mul(g, mg_scalar(g, 1e-2), reg));
+    mg_tape_spec spec = {loss, x, NT, &y, 1, p, NP, &out, 1, 0};
+    mg_tape *t = mg_tape_freeze(g, &spec);
+    CHECK(t != NULL);
+    if (!t) return;
+    int pieces = 0;
+    for (size_t k = 0; k < t->nfwd_nests; k++)
+        pieces += t->nests[k].mode == MGK_ACC && t->nests[k].out.arr == MGK_BD;
+    CHECK(pieces >= 1);
+    CHECK(t->npacked >= M * NT);
+    mg_tape_free(t);
+    double xs[NT], yv = 0.0;
+    for (int i = 0; i < NT; i++) xs[i] = 0.1 * i - 0.5;
+    check_against_scalar(g, spec, xs, &yv, 1e-12);
+    mg_graph_free(g);
+}
+
 /* ---- big graphs: freezing is linear
  * ---------------------------------------------------------------- */
 
@@ -516,6 +583,8 @@ int main(void) {
     RUN(test_compiler__schedule_packs_and_fuses_a_layer);
     RUN(test_compiler__batch1_fit_steps_weights_as_the_next_forward_reads_them);
     RUN(test_compiler__scrambled_operands_read_through_tables);
+    RUN(test_compiler__inputs_are_stored_in_the_order_the_program_reads_them);
+    RUN(test_compiler__an_l2_run_is_cut_at_the_weight_blocks);
     RUN(test_compiler__million_value_conv_freezes_to_a_few_nests);
     RUN(test_compiler__kernel_isa_names_the_build_it_runs);
     TAP_DONE();
