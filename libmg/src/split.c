@@ -12,15 +12,21 @@
  * The pieces of a reduction add their terms in the run's order (the first piece keeps the mode,
  * the others continue the sum, MGK_ACC), so every value is bitwise what the whole nest computes.
  *
- * A block is a parameter ref of a forward nest over a dense row-major rectangle of slots (each
- * stride the product of the extents inside it, the innermost 1), or over rows of a matrix with
- * other parameters between them (micrograd's Neuron: its weights, then its bias), then spanning
- * whole rows. A run is a parameter ref moving
- * along one dim only, with stride 1, in a nest outside sequential loops that reads no index
- * table; it is cut where it contains a block whole and is not that block's shape already. */
+ * A block is a parameter ref of a forward nest, in two dims or more, over a dense row-major
+ * rectangle of slots (each stride the product of the extents inside it, the innermost 1), or over
+ * rows of a matrix with other parameters between them (micrograd's Neuron: its weights, then its
+ * bias), then spanning whole rows, of MIN_BLOCK elements at least. A run is a parameter ref moving
+ * along one dim only, with stride 1, in a nest outside sequential loops that reads no index table,
+ * along an outer dim or the outermost reduction dim of more than one point (see run_dim); it is cut
+ * where it contains a block whole, into at most MAXPIECES pieces. */
 #include "ir.h"
 
 #include <string.h>
+
+/* Blocks smaller than this are left alone: each piece is a nest more in both programs, which
+ * cost the moons demo's MLP(2,[16,16,1]) (blocks of 48 and 272) more per sample than packing
+ * gained it: 0.8x at batch size 1. */
+#define MIN_BLOCK 1024
 
 typedef struct blk {
     mgk_i64 lo, hi;
@@ -54,7 +60,10 @@ static int block_of(const mg_tape *t, const mgk_nest *N, const mgk_ref *X, blk *
         B->n[q] = N->n[d];
         B->s[q] = X->s[d];
     }
-    if (B->nd == 0) return 0;
+    if (B->nd < 2) return 0; /* one dim of stride 1 is never packed (schedule.c) */
+    mgk_i64 elems = 1;
+    for (int q = 0; q < B->nd; q++) elems *= B->n[q];
+    if (elems < MIN_BLOCK) return 0;
     /* rows S apart with other parameters between them: the block spans whole rows, as
      * schedule.c packs such a matrix where it can */
     if (B->nd == 2 && B->s[1] == 1 && B->s[0] > B->n[1]) B->n[1] = B->s[0];
@@ -79,10 +88,15 @@ static int run_dim(const mg_tape *t, mgk_nest *N, mgk_ref **run) {
         int dim = -1, moves = 0;
         for (int d = 0; d < MGK_MAXD; d++)
             if (N->n[d] > 1 && X->s[d] != 0) moves++, dim = d;
-        if (moves == 1 && X->s[dim] == 1 && X->base + N->n[dim] <= (mgk_i64)t->nparams) {
-            *run = refs[j];
-            return dim;
-        }
+        if (moves != 1 || X->s[dim] != 1 || X->base + N->n[dim] > (mgk_i64)t->nparams) continue;
+        /* a sum's pieces run one after the other: only its outermost reduction dim keeps the
+         * order of its terms when cut (a run inside a repetition, sum(p*p for p in ps + ps),
+         * would add the repetitions piece by piece) */
+        int outer = 0;
+        for (int e = MGK_MAXO; e < dim && dim >= MGK_MAXO; e++) outer |= N->n[e] > 1;
+        if (outer) continue;
+        *run = refs[j];
+        return dim;
     }
     return -1;
 }
@@ -101,8 +115,7 @@ static int reshape_piece(mgk_nest *P, int d, mgk_i64 off, mgk_i64 len, const blk
         const int parts = e == d && B ? B->nd : 1;
         for (int q = 0; q < parts; q++, k++) {
             n[k] = e != d ? P->n[e] : B ? B->n[q] : len;
-            for (int j = 0; j < 6; j++)
-                s[j][k] = refs[j]->s[e] * (e != d ? 1 : B ? B->s[q] : 1);
+            for (int j = 0; j < 6; j++) s[j][k] = refs[j]->s[e] * (e != d ? 1 : B ? B->s[q] : 1);
         }
     }
     if (k > MGK_MAXO) return 0;
@@ -121,35 +134,34 @@ static size_t cut_run(const mgk_nest *N, int d, const mgk_ref *X, const blk *blo
                       mgk_nest *P, size_t cap) {
     const mgk_i64 lo = X->base, hi = X->base + N->n[d];
     size_t count = 0, inside = 0;
-    int reshaped = 0;
     mgk_i64 at = lo;
     while (at < hi) {
-        /* the longest block starting at `at` within the run (not the run itself), else the next
-         * edge of a block after `at` */
+        /* the longest block starting at `at` within the run, else the next edge of a block
+         * after `at` */
         const blk *B = NULL;
         mgk_i64 next = hi;
         for (size_t b = 0; b < nb; b++) {
             const blk *C = &blocks[b];
-            if (C->lo < lo || C->hi > hi || (C->lo == lo && C->hi == hi)) continue;
+            if (C->lo < lo || C->hi > hi) continue;
             if (C->lo == at && (!B || C->hi > B->hi)) B = C;
             if (C->lo > at && C->lo < next) next = C->lo;
             if (C->lo < at && C->hi > at && C->hi < next) next = C->hi;
         }
-        if (B) next = B->hi, inside++, reshaped |= B->nd > 1;
+        if (B) next = B->hi, inside++;
         if (count == cap) return 0;
         mgk_nest *Q = &P[count++];
         *Q = *N;
-        if (!reshape_piece(Q, d, at - lo, next - at, B && B->nd > 1 ? B : NULL)) return 0;
+        if (!reshape_piece(Q, d, at - lo, next - at, B)) return 0;
         if (d >= MGK_MAXO && at > lo) { /* a later piece of a sum continues it */
             Q->mode = MGK_ACC;
             memset(&Q->init, 0, sizeof Q->init);
         }
         at = next;
     }
-    return inside && (count > 1 || reshaped) ? count : 0;
+    return inside ? count : 0;
 }
 
-#define MAXPIECES 16
+#define MAXPIECES 48
 
 int mg_split(mg_tape *t) {
     if (!t->rerolled || !t->nparams || !t->nnests || t->nnests != t->nfwd_nests) return MG_OK;
@@ -174,14 +186,16 @@ int mg_split(mg_tape *t) {
         if (t->fwd[i].kind == MG_I_SEQ)
             for (uint32_t q = 1; q <= t->fwd[i].a && i + q < t->nfwd; q++)
                 if (t->fwd[i + q].kind == MG_I_NEST) in_loop[t->fwd[i + q].a] = 1;
-    size_t total = 0;
+    size_t total = 0, cut = 0;
     for (size_t k = 0; k < K; k++) {
         mgk_ref *X;
         const int d = in_loop[k] || t->info[k].has_gather ? -1 : run_dim(t, &t->nests[k], &X);
-        npieces[k] = d < 0 ? 0 : (uint32_t)cut_run(&t->nests[k], d, X, blocks, nb, pieces, MAXPIECES);
+        npieces[k] =
+            d < 0 ? 0 : (uint32_t)cut_run(&t->nests[k], d, X, blocks, nb, pieces, MAXPIECES);
         total += npieces[k] ? npieces[k] : 1;
+        cut += npieces[k] != 0;
     }
-    if (total == K) {
+    if (!cut) {
         st = MG_OK;
         goto done;
     }

@@ -496,7 +496,7 @@ static void test_compiler__inputs_are_stored_in_the_order_the_program_reads_them
  * split.c cuts it at the blocks (W read as its rows), so the layers' weights are packed; the
  * pieces of the sum continue it in order, so the loss is the scalar program's bit for bit. */
 static void test_compiler__an_l2_run_is_cut_at_the_weight_blocks(void) {
-    enum { M = 16, NT = 12, NP = M * NT + M + M + 1 };
+    enum { M = 16, NT = 64, NP = M * NT + M + M + 1 }; /* W: split.c's smallest block */
     mg_graph *g = mg_graph_new();
     mg_value *x[NT], *p[NP], *y = mg_scalar(g, 0.0), *h[M], *out;
     for (int i = 0; i < NT; i++) x[i] = mg_scalar(g, 0.0);
