@@ -387,6 +387,38 @@ def test_threads_benchmark_compares_two_threads_with_two_processes(tmp_path):
 
 
 @needs_cc
+def test_layouts_benchmark_prints_a_row_per_family():
+    """benchmarks/layouts.py compiles each family it is given both ways and prints its nests, its
+    compile time and four figures; the permuted-pixel MLP is the MLP's 3 + 6 nests (no table),
+    the bidirectional RNN rolls into a few; an unknown family is a usage error."""
+    import re
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    script = os.path.join(root, "benchmarks", "layouts.py")
+    r = subprocess.run(
+        [sys.executable, script, "--families", "perm_mlp,birnn", "--samples", "8"]
+        + ["--repeat", "1"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert r.returncode == 0, r.stderr[-4000:]
+    assert "CPU: " in r.stdout, r.stdout
+    rows = dict(
+        re.findall(r"^\| (\w+) \| (\d+\+\d+) \| [\d.]+ s(?: \| [\d,]+){4} \|$", r.stdout, re.M)
+    )
+    assert rows.keys() == {"perm_mlp", "birnn"}, r.stdout
+    assert rows["perm_mlp"] == "3+6", r.stdout
+    assert sum(map(int, rows["birnn"].split("+"))) <= 40, r.stdout
+    bad = subprocess.run(
+        [sys.executable, script, "--families", "nope"], capture_output=True, text=True, timeout=60
+    )
+    assert bad.returncode == 2 and "unknown families ['nope']" in bad.stderr, bad.stderr
+
+
+@needs_cc
 def test_compile_costs_fits_every_nest_function_and_reports_the_split():
     """benchmarks/compile_costs.py, which kernel_cost's weights come from, runs on the MLP: a
     line per nest function (all of them, each in one of the two parts) and the parts' loads."""

@@ -61,6 +61,7 @@ from micrograd_c.nn import MLP
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+import layouts  # noqa: E402  (families the layouts recover)
 import zoo  # noqa: E402  (model families written op by op)
 
 from conftest import HAVE_CC, needs_cc  # noqa: E402  (also registers the hypothesis profiles)
@@ -1672,6 +1673,30 @@ def test_zoo_families_compiled(name):
 READ_ORDER = "inputs stored in the order the program reads them"
 
 
+def classify(
+    x: list[Value],
+    X: np.ndarray,
+    r: np.random.Generator,
+    params: list[Value],
+    logits: list[Any],
+    log: str,
+) -> Case:
+    """A case of 3 classes over the rows of X (x holds row 0): targets drawn from r,
+    cross-entropy over the logits, which are also the outputs."""
+    Y = r.integers(0, 3, size=(len(X), 1)).astype(np.float64)
+    y = [Value(float(Y[0, 0]))]
+    return Case(
+        x=x,
+        y=y,
+        params=params,
+        loss=mc.cross_entropy(logits, y[0]),
+        outputs=list(logits),
+        X=X,
+        Y=Y,
+        structure={"log": [log]},
+    )
+
+
 def permuted_case(seed: int = 0, read: int = 20, skip: bool = False) -> Case:
     """An MLP over a fixed permutation of `read` of its 24 inputs (the rest never read), as a user
     writes permuted pixels or a hand-picked list of them: `xs = [x[i] for i in perm]`. With
@@ -1690,18 +1715,9 @@ def permuted_case(seed: int = 0, read: int = 20, skip: bool = False) -> Case:
         v = [p(24) for _ in range(24)]
         extra = sum((vi * xi for vi, xi in zip(v, x)), p())
         logits = [o + extra for o in logits]
-    Y = r.integers(0, 3, size=(6, 1)).astype(np.float64)
-    y = [Value(float(Y[0, 0]))]
-    return Case(
-        x=x,
-        y=y,
-        params=params,
-        loss=mc.cross_entropy(logits, y[0]),
-        outputs=list(logits),
-        X=X,
-        Y=Y,
-        structure={"log": [f"permuted {perm}"], "perm": perm},
-    )
+    case = classify(x, X, r, params, logits, f"permuted {perm}")
+    case.structure["perm"] = perm
+    return case
 
 
 @needs_cc
@@ -1817,18 +1833,7 @@ def branches_case(widths: Sequence[int], seed: int = 0) -> Case:
         b = [p() for _ in range(n)]
         h += [sum((w * xi for w, xi in zip(row, x)), bj).relu() for row, bj in zip(W, b)]
     logits = [sum((p(len(h)) * hj for hj in h), p()) for _ in range(3)]
-    Y = r.integers(0, 3, size=(6, 1)).astype(np.float64)
-    y = [Value(float(Y[0, 0]))]
-    return Case(
-        x=x,
-        y=y,
-        params=params,
-        loss=mc.cross_entropy(logits, y[0]),
-        outputs=list(logits),
-        X=X,
-        Y=Y,
-        structure={"log": [f"branches {list(widths)}"]},
-    )
+    return classify(x, X, r, params, logits, f"branches {list(widths)}")
 
 
 @needs_cc
@@ -1846,44 +1851,16 @@ def test_side_by_side_layers_of_different_widths_are_nests_of_their_own(widths):
 
 
 def birnn_case(steps: int = 6, hidden: int = 4, seed: int = 0) -> Case:
-    """A bidirectional Elman RNN over the rows of a 24-input sample: one direction reads row t at
-    step t, the other row T-1-t; their last states concatenated into a dense layer of 3."""
+    """benchmarks/layouts.py's bidirectional Elman RNN over the rows of a 24-input sample: one
+    direction reads row t at step t, the other row T-1-t; their last states into a dense layer
+    (its first 3 outputs the logits)."""
     random.seed(seed)
     r = np.random.default_rng(seed)
     X = r.uniform(-1, 1, size=(6, 24))
     x = [Value(float(v)) for v in X[0]]
     params: list[Value] = []
-    p = _param_maker(params)
-    row = 24 // steps
-    last: list[Value] = []
-    for forwards in (True, False):
-        Wx = [[p(row) for _ in range(row)] for _ in range(hidden)]
-        Wh = [[p(hidden) for _ in range(hidden)] for _ in range(hidden)]
-        b = [p() for _ in range(hidden)]
-        h = [Value(0.0)] * hidden
-        for t in range(steps) if forwards else reversed(range(steps)):
-            xt = x[row * t : row * (t + 1)]
-            h = [
-                (
-                    sum((w * a for w, a in zip(Wx[j], xt)), b[j])
-                    + sum(w * a for w, a in zip(Wh[j], h))
-                ).tanh()
-                for j in range(hidden)
-            ]
-        last += h
-    logits = [sum((p(len(last)) * v for v in last), p()) for _ in range(3)]
-    Y = r.integers(0, 3, size=(6, 1)).astype(np.float64)
-    y = [Value(float(Y[0, 0]))]
-    return Case(
-        x=x,
-        y=y,
-        params=params,
-        loss=mc.cross_entropy(logits, y[0]),
-        outputs=list(logits),
-        X=X,
-        Y=Y,
-        structure={"log": [f"birnn {steps} steps, {hidden} units"]},
-    )
+    logits = layouts.birnn(x, params, steps=steps, hidden=hidden)[:3]
+    return classify(x, X, r, params, logits, f"birnn {steps} steps, {hidden} units")
 
 
 @needs_cc
@@ -1918,22 +1895,13 @@ def l2_case(form: str, seed: int = 0) -> Case:
         h = [sum((w * xi for w, xi in zip(row, x)), b).relu() for row, b in zip(W1, b1)]
         W2, b2 = [[p(24) for _ in range(24)] for _ in range(3)], [p() for _ in range(3)]
         logits = [sum((w * hj for w, hj in zip(row, h)), b) for row, b in zip(W2, b2)]
-    Y = r.integers(0, 3, size=(6, 1)).astype(np.float64)
-    y = [Value(float(Y[0, 0]))]
     squares = [w * w for w in params]
     if form == "twice":  # every parameter twice over: a reduction of two dims, the run inner
         squares = [w * w for _ in range(2) for w in params]
     reg = mc.vsum(squares) if form == "vsum" else sum(squares)
-    return Case(
-        x=x,
-        y=y,
-        params=params,
-        loss=mc.cross_entropy(logits, y[0]) + 1e-2 * reg,
-        outputs=list(logits),
-        X=X,
-        Y=Y,
-        structure={"log": [f"l2 {form}"]},
-    )
+    case = classify(x, X, r, params, logits, f"l2 {form}")
+    case.loss = case.loss + 1e-2 * reg
+    return case
 
 
 @needs_cc
