@@ -46,7 +46,8 @@ from micrograd_c.engine import Value
 from micrograd_c.nn import MLP
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from zoo import Params, _b, _dense as _layer, _matrix, _w  # noqa: E402
+from zoo import Params, _b, _matrix, _w
+from zoo import _dense as _layer
 
 
 def _dense(x: list[Any], n: int, params: Params, act: str | None = None) -> list[Any]:
@@ -65,9 +66,7 @@ def perm_conv(x: list[Value], params: Params) -> list[Any]:
     k = [[_w(5, params) for _ in range(5)] for _ in range(6)]
     b = [_b(params) for _ in range(6)]
     feats = [
-        sum(
-            sum((k[c][q] * seq[p + q] for q in range(5)), b[c]).relu() for p in range(0, 780, 2)
-        )
+        sum(sum((k[c][q] * seq[p + q] for q in range(5)), b[c]).relu() for p in range(0, 780, 2))
         / 390
         for c in range(6)
     ]
@@ -178,8 +177,10 @@ def main(argv: list[str] | None = None) -> int:
             if unknown
             else "--samples and --repeat must be at least 1"
         )
-    print(f"CPU: {cpu_model()}; images/s, one thread, medians of {args.repeat} epochs of "
-          f"{args.samples} random images")
+    print(
+        f"CPU: {cpu_model()}; images/s, one thread, medians of {args.repeat} epochs of "
+        f"{args.samples} random images"
+    )
     cols = ["tape b1", "c b1", "tape b32", "c b32"]
     print("| family | nests | compile | " + " | ".join(cols) + " |")
     print("|---|---|---|" + "---|" * len(cols))

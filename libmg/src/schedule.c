@@ -269,8 +269,8 @@ static int plan_packs(mg_tape *t) {
                             ok = 0;
                     }
                 }
-                for (size_t i = 0; i < t->nfwd && ok;
-                     i++) /* the losses read their operands directly */
+                /* the losses read their operands directly */
+                for (size_t i = 0; i < t->nfwd && ok; i++)
                     if (t->fwd[i].kind == MG_I_NARY)
                         for (uint32_t q = 0; q < t->fwd[i].b && ok; q++)
                             ok = !(t->ix[t->fwd[i].a + q] < t->nparams &&
