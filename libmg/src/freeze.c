@@ -296,6 +296,116 @@ static int find_target_output(mg_tape *t, const mg_fz *f, const vmap *index,
     return MG_OK;
 }
 
+/* ---- common subexpressions ---------------------------------------------------------------------
+ * A value that the graph computes again from the same operands by the same op is the same value:
+ * micrograd code makes many, such as a normalisation's `(var + eps) ** 0.5` written inside a
+ * comprehension, once per element (784 additions and 1,568 calls of pow per sample for an image
+ * standardised that way, each in a nest and in its gradient). Before rerolling, each such value
+ * is replaced by its first occurrence in topological order: the values are bitwise the same, and
+ * the gradients that reached the copies now sum into the one (the same to rounding, like every
+ * reordered gradient sum). Constants are the same operand when their bits are; the scalar
+ * program (no_raise) keeps every value. */
+
+/* The operand identity of order[k]: its first occurrence (rep), a constant's first leaf of its
+ * bits. */
+typedef struct cse_map {
+    uint64_t *hash;
+    uint32_t *node; /* UINT32_MAX: empty */
+    size_t cap;
+} cse_map;
+
+static uint64_t cse_key(const mg_value *v, const uint32_t *rep, const vmap *index, double *kb) {
+    const int ar = mg_op__arity[v->op];
+    const double k = ar < 0 ? (double)v->a.args->n : ar == 1 ? v->b.k : 0.0;
+    uint64_t h = 0x9E3779B97F4A7C15ull ^ (uint64_t)v->op ^ (uint64_t)(v->flags & MG_FLAG_BIAS) << 8;
+    h = (h ^ bits_of(k)) * 0xBF58476D1CE4E5B9ull;
+    const size_t no = mg_value__nops(v);
+    for (size_t i = 0; i < no; i++) {
+        h ^= rep[vmap_get(index, mg_value__op(v, i))] + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2);
+        h *= 0xBF58476D1CE4E5B9ull;
+    }
+    *kb = k;
+    return h ^ (h >> 31);
+}
+
+static int cse_same(const mg_value *a, const mg_value *b, const uint32_t *rep, const vmap *index) {
+    if (a->op != b->op || (a->flags & MG_FLAG_BIAS) != (b->flags & MG_FLAG_BIAS)) return 0;
+    const size_t no = mg_value__nops(a);
+    if (no != mg_value__nops(b)) return 0;
+    const int ar = mg_op__arity[a->op];
+    if (ar == 1 && bits_of(a->b.k) != bits_of(b->b.k)) return 0;
+    if (ar < 0 && a->a.args->n != b->a.args->n) return 0;
+    for (size_t i = 0; i < no; i++)
+        if (rep[vmap_get(index, mg_value__op(a, i))] != rep[vmap_get(index, mg_value__op(b, i))])
+            return 0;
+    return 1;
+}
+
+/* Keeps the first occurrence in order[0..n) of each value: the kept values, in order, in `*kept`
+ * (*nkept of them), with the lowest serial of their copies in `*serial`, and every value's
+ * position in `index` moved to its representative's among them. */
+static int cse(mg_tape *t, mg_value **order, size_t n, vmap *index, const pmap *roles,
+               mg_value ***kept, uint64_t **serial, size_t *nkept) {
+    int st = MG_ENOMEM;
+    uint32_t *rep = mg_tape__alloc(t, n ? n : 1, sizeof(uint32_t));
+    uint32_t *pos = mg_tape__alloc(t, n ? n : 1, sizeof(uint32_t));
+    cse_map m = {NULL, NULL, 16};
+    cmap cm = {NULL, NULL, 16};
+    while (m.cap < 2 * n + 2) m.cap *= 2;
+    cm.cap = m.cap;
+    m.hash = mg_tape__alloc(t, m.cap, sizeof(uint64_t));
+    m.node = mg_tape__alloc(t, m.cap, sizeof(uint32_t));
+    cm.bits = mg_tape__alloc(t, cm.cap, sizeof(uint64_t));
+    cm.idx = mg_tape__alloc(t, cm.cap, sizeof(uint32_t));
+    *kept = mg_tape__alloc(t, n ? n : 1, sizeof(mg_value *));
+    *serial = mg_tape__alloc(t, n ? n : 1, sizeof(uint64_t));
+    if (!rep || !pos || !m.hash || !m.node || !cm.bits || !cm.idx || !*kept || !*serial) goto done;
+    memset(m.node, 0xff, m.cap * sizeof(uint32_t));
+    memset(cm.idx, 0xff, cm.cap * sizeof(uint32_t));
+    size_t nk = 0;
+    for (size_t k = 0; k < n; k++) {
+        const mg_value *v = order[k];
+        rep[k] = (uint32_t)k;
+        if (v->op == MG_OP_LEAF) {
+            if (pmap_get(roles, v) == UINT32_MAX) /* a constant: the first of its bits */
+                rep[k] = cmap_get_or_put(&cm, bits_of(v->data), (uint32_t)k);
+        } else {
+            double kb;
+            const uint64_t h = cse_key(v, rep, index, &kb);
+            size_t i = (size_t)(h & (m.cap - 1));
+            for (; m.node[i] != UINT32_MAX; i = (i + 1) & (m.cap - 1))
+                if (m.hash[i] == h && cse_same(order[m.node[i]], v, rep, index)) break;
+            if (m.node[i] != UINT32_MAX) {
+                rep[k] = m.node[i];
+                /* the copy made first gives the serial (it orders the level's slots as the user
+                 * made them; the topological order may meet a later copy first, whose operands
+                 * stay where they are: the kept value is the first met) */
+                uint64_t *at = &(*serial)[pos[rep[k]]];
+                if (v->serial < *at) *at = v->serial;
+            } else {
+                m.hash[i] = h;
+                m.node[i] = (uint32_t)k;
+            }
+        }
+        if (rep[k] == k || v->op == MG_OP_LEAF) { /* leaves all stay: they have roles, slots */
+            pos[k] = (uint32_t)nk;
+            (*serial)[nk] = v->serial;
+            (*kept)[nk++] = order[k];
+        }
+    }
+    for (size_t k = 0; k < n; k++) {
+        const uint32_t to = order[k]->op == MG_OP_LEAF ? pos[k] : pos[rep[k]];
+        if ((st = vmap_put(t, index, order[k], to)) != MG_OK) goto done;
+    }
+    *nkept = nk;
+    st = MG_OK;
+done:;
+    void *bufs[] = {rep, pos, m.hash, m.node, cm.bits, cm.idx};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        if (bufs[i]) t->alloc.free_fn(bufs[i], t->alloc.ctx);
+    return st;
+}
+
 /* ---- the forward program: rerolled, then rolled, under one of two input layouts ------------- */
 
 /* What reroll.c and roll.c leave in the tape, taken out of it (the tape then holds none) so that
@@ -403,6 +513,8 @@ mg_tape *mg_tape_freeze(mg_graph *g, const mg_tape_spec *spec) {
     pmap roles = MG_PTRMAP_INIT;
     vmap index = {NULL, NULL, 0};
     double *const_values = NULL;
+    mg_value **kept = NULL;
+    uint64_t *kept_serial = NULL;
     int st = MG_OK, g_set = 0; /* g_set: the graph's error already says what failed */
 
     size_t n = mg_graph__topo(g, roots, nroots);
@@ -438,7 +550,12 @@ mg_tape *mg_tape_freeze(mg_graph *g, const mg_tape_spec *spec) {
         g_set = 1;
         goto done;
     }
+    if (!spec->no_raise) { /* common subexpressions once: order becomes the values kept */
+        if ((st = cse(t, order, n, &index, &roles, &kept, &kept_serial, &n)) != MG_OK) goto done;
+        order = kept;
+    }
     if ((st = build_fz(t, order, n, &index, &roles, spec, &f, &const_values)) != MG_OK) goto done;
+    if (kept_serial) memcpy(f.serial, kept_serial, n * sizeof(uint64_t));
     if ((st = find_target_output(t, &f, &index, spec)) != MG_OK) goto done;
 
     /* the stages */
@@ -494,6 +611,8 @@ done:
     if (st != MG_OK && !g_set)
         mg_graph__fail(g, st, "mg_tape_freeze: %s", t->err[0] ? t->err : mg_strerror(st));
     if (const_values) t->alloc.free_fn(const_values, t->alloc.ctx);
+    if (kept) t->alloc.free_fn(kept, t->alloc.ctx);
+    if (kept_serial) t->alloc.free_fn(kept_serial, t->alloc.ctx);
     fz_free(t, &f);
     vmap_free(t, &index);
     pmap_free(t, &roles);

@@ -1927,6 +1927,41 @@ def test_a_parameter_run_inside_a_repetition_keeps_the_order_of_its_sum(seed):
     check_case(l2_case("twice", seed=seed), with_fit=False)
 
 
+def standardised_case(seed: int = 0) -> Case:
+    """Inputs standardised as a micrograd user writes it, the shared factor computed again inside
+    the comprehension for every element (`(v - mu) / (var + 1e-5) ** 0.5 for v in x`), and each
+    `v - mu` twice (in the variance and in the output), then a dense layer of 3."""
+    random.seed(seed)
+    r = np.random.default_rng(seed)
+    X = r.uniform(-1, 1, size=(6, 24))
+    x = [Value(float(v)) for v in X[0]]
+    params: list[Value] = []
+    p = _param_maker(params)
+    mu = sum(x) / len(x)
+    var = sum((v - mu) ** 2 for v in x) / len(x)
+    xs = [(v - mu) / (var + 1e-5) ** 0.5 for v in x]
+    logits = [sum((p(24) * v for v in xs), p()) for _ in range(3)]
+    return classify(x, X, r, params, logits, "standardised")
+
+
+@needs_cc
+def test_a_value_computed_again_is_computed_once():
+    """The same op on the same operands is the same value: each copy of `(var + 1e-5) ** 0.5`
+    and of `v - mu` is replaced by the first before rerolling (the factor was a nest of 24 pows
+    and its inverse another, per sample and in the backward program). Forward values are the
+    scalar program's bit for bit (it keeps every copy), gradients within 1e-12."""
+    case = standardised_case()
+    info = check_case(case, with_c=True)
+    text = compile_case(case).describe()
+    # no 24-wide nest whose every operand stays put: the same value 24 times
+    same = (
+        r"^ *nest \d+: \(24 \| \) set out\[[^]]*\] = \w+ +(?:x\d\[(?:sample|data)\d+\] *)+(?:\[|$)"
+    )
+    assert not re.search(same, text, re.M), text
+    scalar = compile_case(case, raise_loops=False).info
+    assert info["statements"] < scalar["statements"] - 2 * 24, (info, scalar)
+
+
 def unit_strides(describe: str) -> list[str]:
     """The refs of per-sample values (and their gradients) in a program's listing that move along
     a nest's vector dim (i3) by more than one slot."""
