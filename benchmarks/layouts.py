@@ -4,7 +4,8 @@
 
 Model families a micrograd user writes op by op, each of which once read its operands through
 index tables or failed to roll (issue #12's "any scalar graph"), now recovered by the layouts of
-reroll.c, freeze.c and split.c (docs/ARCHITECTURE.md):
+reroll.c, freeze.c and split.c and by freeze.c's common subexpressions
+(docs/ARCHITECTURE.md):
 
   perm_mlp    MLP 784-50-10 over a fixed random permutation of the pixels (inputs stored in the
               order the program reads them)
@@ -14,6 +15,8 @@ reroll.c, freeze.c and split.c (docs/ARCHITECTURE.md):
   branches    dense branches of 16, 16 and 2 units side by side over one image (one group per
               branch instead of one read through index tables)
   moe         a mixture of two experts (24 and 40 hidden units) under a softmax gate
+  norm        inputs standardised, RMS norm, GELU, a batch-norm-like layer, each normalising
+              factor written inside its comprehension (computed once: common subexpressions)
   l2_nn       nn.MLP(784,[32,10]) with micrograd's L2 term, 1e-4 * sum(p*p for p in params)
               (the term's run cut at the layers' blocks, so the weights are packed)
 
@@ -27,6 +30,7 @@ running this script against each build in turn.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import random
 import re
@@ -111,6 +115,27 @@ def moe(x: list[Value], params: Params) -> list[Any]:
     return [g[0] * a + g[1] * b for a, b in zip(e1, e2)]
 
 
+def norm(x: list[Value], params: Params) -> list[Any]:
+    """Inputs standardised, dense 32, RMS norm with a gain, tanh-GELU, a batch-norm-like
+    normalisation with gamma and beta, dense 10: each shared factor written inside its
+    comprehension, so computed again for every element (the common subexpressions)."""
+    n = len(x)
+    mu = sum(x) / n
+    var = sum((v - mu) ** 2 for v in x) / n
+    h = _dense([(v - mu) / (var + 1e-5) ** 0.5 for v in x], 32, params)
+    gain = [_b(params) + 1.0 for _ in h]
+    rms = (sum(v * v for v in h) / len(h) + 1e-6) ** -0.5
+    h = [v * rms * g for v, g in zip(h, gain)]
+    c = math.sqrt(2 / math.pi)
+    h = _dense([0.5 * v * (1 + (c * (v + 0.044715 * v**3)).tanh()) for v in h], 32, params)
+    mu2 = sum(h) / len(h)
+    var2 = sum((v - mu2) ** 2 for v in h) / len(h)
+    gamma = [_b(params) + 1.0 for _ in h]
+    beta = [_b(params) for _ in h]
+    h = [(v - mu2) / (var2 + 1e-5) ** 0.5 * g + b for v, g, b in zip(h, gamma, beta)]
+    return _dense(h, 10, params)
+
+
 def l2_nn(x: list[Value], params: Params) -> list[Any]:
     """micrograd's classes (each neuron's weights, then its bias); measure() adds the L2 term."""
     model = MLP(784, [32, 10])
@@ -124,6 +149,7 @@ FAMILIES: dict[str, Callable[[list[Value], Params], list[Any]]] = {
     "birnn": birnn,
     "branches": branches,
     "moe": moe,
+    "norm": norm,
     "l2_nn": l2_nn,
 }
 L2 = {"l2_nn"}  # families whose loss adds 1e-4 * sum(p*p for p in params)
