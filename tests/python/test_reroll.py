@@ -1673,6 +1673,15 @@ def test_zoo_families_compiled(name):
 READ_ORDER = "inputs stored in the order the program reads them"
 
 
+def seeded_rows(seed: int, n: int) -> tuple[np.random.Generator, np.ndarray, list[Value]]:
+    """The seeded start of a hand-written case: `random` seeded (parameters draw from it), a
+    generator r, 6 rows X of n inputs in [-1, 1), and leaves x holding row 0."""
+    random.seed(seed)
+    r = np.random.default_rng(seed)
+    X = r.uniform(-1, 1, size=(6, n))
+    return r, X, [Value(float(v)) for v in X[0]]
+
+
 def classify(
     x: list[Value],
     X: np.ndarray,
@@ -1701,10 +1710,7 @@ def permuted_case(seed: int = 0, read: int = 20, skip: bool = False) -> Case:
     """An MLP over a fixed permutation of `read` of its 24 inputs (the rest never read), as a user
     writes permuted pixels or a hand-picked list of them: `xs = [x[i] for i in perm]`. With
     `skip`, a second term reads every input in column order (x_i * v_i, summed into each logit)."""
-    random.seed(seed)
-    r = np.random.default_rng(seed)
-    X = r.uniform(-1, 1, size=(6, 24))
-    x = [Value(float(v)) for v in X[0]]
+    r, X, x = seeded_rows(seed, 24)
     perm = [int(i) for i in r.permutation(24)[:read]]
     params: list[Value] = []
     p = _param_maker(params)
@@ -1821,10 +1827,7 @@ def branches_case(widths: Sequence[int], seed: int = 0) -> Case:
     """Dense layers side by side over one input, of the given widths, each made whole (weights,
     then biases) before the next, their outputs concatenated into a dense layer of 3: the
     branches of a multi-branch net or the experts of a mixture."""
-    random.seed(seed)
-    r = np.random.default_rng(seed)
-    X = r.uniform(-1, 1, size=(6, 24))
-    x = [Value(float(v)) for v in X[0]]
+    r, X, x = seeded_rows(seed, 24)
     params: list[Value] = []
     p = _param_maker(params)
     h: list[Value] = []
@@ -1854,10 +1857,7 @@ def birnn_case(steps: int = 6, hidden: int = 4, seed: int = 0) -> Case:
     """benchmarks/layouts.py's bidirectional Elman RNN over the rows of a 24-input sample: one
     direction reads row t at step t, the other row T-1-t; their last states into a dense layer
     (its first 3 outputs the logits)."""
-    random.seed(seed)
-    r = np.random.default_rng(seed)
-    X = r.uniform(-1, 1, size=(6, 24))
-    x = [Value(float(v)) for v in X[0]]
+    r, X, x = seeded_rows(seed, 24)
     params: list[Value] = []
     logits = layouts.birnn(x, params, steps=steps, hidden=hidden)[:3]
     return classify(x, X, r, params, logits, f"birnn {steps} steps, {hidden} units")
@@ -1881,10 +1881,7 @@ def l2_case(form: str, seed: int = 0) -> Case:
     """An MLP 48-24-3 (each layer's weight matrix made before its biases) whose loss adds an L2 term
     over every parameter, as micrograd's demo writes it (`alpha * sum(p*p for p in params)`: a
     chain), or through a variadic sum of the squares."""
-    random.seed(seed)
-    r = np.random.default_rng(seed)
-    X = r.uniform(-1, 1, size=(6, 48))
-    x = [Value(float(v)) for v in X[0]]
+    r, X, x = seeded_rows(seed, 48)
     params: list[Value] = []
     p = _param_maker(params)
     if form == "nn":  # micrograd's classes: each neuron's weights, then its bias
@@ -1931,10 +1928,7 @@ def standardised_case(seed: int = 0) -> Case:
     """Inputs standardised as a micrograd user writes it, the shared factor computed again inside
     the comprehension for every element (`(v - mu) / (var + 1e-5) ** 0.5 for v in x`), and each
     `v - mu` twice (in the variance and in the output), then a dense layer of 3."""
-    random.seed(seed)
-    r = np.random.default_rng(seed)
-    X = r.uniform(-1, 1, size=(6, 24))
-    x = [Value(float(v)) for v in X[0]]
+    r, X, x = seeded_rows(seed, 24)
     params: list[Value] = []
     p = _param_maker(params)
     mu = sum(x) / len(x)
