@@ -3,15 +3,17 @@
     python benchmarks/layouts.py [--families perm_mlp,birnn,...] [--samples 2000] [--repeat 3]
 
 Model families a micrograd user writes op by op, each of which once read its operands through
-index tables or failed to roll (issue #12's "any scalar graph"), now recovered by the layouts of
-reroll.c, freeze.c and split.c and by freeze.c's common subexpressions
-(docs/ARCHITECTURE.md):
+index tables, failed to roll or rolled where it should not (issue #12's "any scalar graph"), now
+recovered by the layouts of reroll.c, freeze.c and split.c, by roll.c's choice of blocks and by
+freeze.c's common subexpressions (docs/ARCHITECTURE.md):
 
   perm_mlp    MLP 784-50-10 over a fixed random permutation of the pixels (inputs stored in the
               order the program reads them)
   perm_conv   a 1-D convolution (6 channels, width 5, stride 2) over permuted pixels, mean, dense
   birnn       a bidirectional Elman RNN, 16 units, over the 28 rows (rerolled again with the
               rows interleaved, so its steps roll)
+  stacked     two Elman layers of 16 units stacked over the 28 rows (the steps roll after the
+              first, whose levels hold no step of the lower layer beside the upper one's)
   branches    dense branches of 16, 16 and 2 units side by side over one image (one group per
               branch instead of one read through index tables)
   moe         a mixture of two experts (24 and 40 hidden units) under a softmax gate
@@ -19,6 +21,10 @@ reroll.c, freeze.c and split.c and by freeze.c's common subexpressions
               factor written inside its comprehension (computed once: common subexpressions)
   l2_nn       nn.MLP(784,[32,10]) with micrograd's L2 term, 1e-4 * sum(p*p for p in params)
               (the term's run cut at the layers' blocks, so the weights are packed)
+  deep        nn.MLP(784,[64,64,64,10]), hidden layers of one shape (a nest per layer, not a
+              loop over the layers, whose weights no packed copy would describe)
+  maxout      16 maxout units over 12 linear pieces of the pixels each, dense 10 (its weight
+              gradient steps SGD in a loop without the masked loads that cost it 14x at batch 1)
 
 For each it prints the program (loop nests forward + backward), the freeze + emit + compile time,
 and images/s of the tape interpreter and the compiled program at batch 1 and 32 (one thread, SGD,
@@ -99,6 +105,37 @@ def birnn(x: list[Value], params: Params, steps: int = 28, hidden: int = 16) -> 
     return _dense(last, 10, params)
 
 
+def stacked(
+    x: list[Value], params: Params, layers: int = 2, steps: int = 28, hidden: int = 16
+) -> list[Any]:
+    """Elman layers stacked over the rows of x: layer l at step t reads layer l-1's state at
+    step t and its own at t-1; the top layer's last state into a dense layer."""
+    width = len(x) // steps
+    cells = [
+        (
+            _matrix(
+                hidden, width if layer == 0 else hidden, width if layer == 0 else hidden, params
+            ),
+            _matrix(hidden, hidden, hidden, params),
+            [_b(params) for _ in range(hidden)],
+        )
+        for layer in range(layers)
+    ]
+    hs: list[list[Any]] = [[Value(0.0)] * hidden for _ in range(layers)]
+    for t in range(steps):
+        below: list[Any] = x[width * t : width * (t + 1)]
+        for layer, (Wx, Wh, b) in enumerate(cells):
+            hs[layer] = [
+                (
+                    sum((w * a for w, a in zip(Wx[j], below)), b[j])
+                    + sum(w * a for w, a in zip(Wh[j], hs[layer]))
+                ).tanh()
+                for j in range(hidden)
+            ]
+            below = hs[layer]
+    return _dense(hs[-1], 10, params)
+
+
 def branches(x: list[Value], params: Params) -> list[Any]:
     h: list[Any] = []
     for n in (16, 16, 2):
@@ -136,6 +173,26 @@ def norm(x: list[Value], params: Params) -> list[Any]:
     return _dense(h, 10, params)
 
 
+def maxout(x: list[Value], params: Params, units: int = 16, pieces: int = 12) -> list[Any]:
+    """A maxout layer: each unit the max (a chain of Value.max) over its own linear pieces of
+    the pixels, then a dense layer."""
+    h = []
+    for _ in range(units):
+        piece = _dense(x, pieces, params)
+        m = piece[0]
+        for v in piece[1:]:
+            m = m.max(v)
+        h.append(m)
+    return _dense(h, 10, params)
+
+
+def deep(x: list[Value], params: Params) -> list[Any]:
+    """nn.MLP(784, [64, 64, 64, 10]): hidden layers of one shape, each with its own weights."""
+    model = MLP(784, [64, 64, 64, 10])
+    params.extend(model.parameters())
+    return list(model(x))
+
+
 def l2_nn(x: list[Value], params: Params) -> list[Any]:
     """micrograd's classes (each neuron's weights, then its bias); measure() adds the L2 term."""
     model = MLP(784, [32, 10])
@@ -147,10 +204,13 @@ FAMILIES: dict[str, Callable[[list[Value], Params], list[Any]]] = {
     "perm_mlp": perm_mlp,
     "perm_conv": perm_conv,
     "birnn": birnn,
+    "stacked": stacked,
     "branches": branches,
     "moe": moe,
     "norm": norm,
     "l2_nn": l2_nn,
+    "deep": deep,
+    "maxout": maxout,
 }
 L2 = {"l2_nn"}  # families whose loss adds 1e-4 * sum(p*p for p in params)
 

@@ -76,6 +76,95 @@ static void bases(const mgk_nest *N, mgk_i64 *b) {
     for (int j = 0; j < 4; j++) b[2 + j] = N->x[j].base;
 }
 
+/* The forward program's nests as the search compares them: a class per shape (same_shape(), an
+ * equivalence: equal classes, equal shapes; 0 for an instruction that is not a nest), each
+ * nest's six bases and which of its refs lie among the parameters (bit j: ref j of bases()). */
+typedef struct shapes {
+    uint32_t *cls;
+    mgk_i64 *bas;
+    uint8_t *param;
+} shapes;
+
+/* Whether a repetition reads other parameters than the one before it (delta: its bases' growth).
+ * Such a block is not rolled: layers of one shape with their own weights (an MLP's equal hidden
+ * layers, a stacked RNN's first steps) would read their weights at a base that moves with t,
+ * which no packed copy of a weight block describes, and rolling saves only code, not work. */
+static int moves_params(const shapes *S, size_t i, const mgk_i64 *delta) {
+    for (int j = 0; j < 6; j++)
+        if (delta[j] != 0 && (S->param[i] >> j & 1)) return 1;
+    return 0;
+}
+
+/* The block that covers the most nests from position i: p nests repeated T times (p = 0: none).
+ * `delta` is scratch for one repetition's base differences. */
+static void best_block(const shapes *S, mgk_i64 *delta, size_t i, size_t K, size_t *bp,
+                       size_t *bT) {
+    const uint32_t *cls = S->cls;
+    const mgk_i64 *bas = S->bas;
+    size_t best_p = 0, best_T = 1;
+    for (size_t p = 1; p <= MAXP && i + 2 * p <= K; p++) {
+        size_t q;
+        for (q = 0; q < p; q++)
+            if (!cls[i + q] || cls[i + q] != cls[i + p + q]) break;
+        if (q < p) continue;
+        for (q = 0; q < p; q++) {
+            for (int j = 0; j < 6; j++)
+                delta[q * 6 + j] = bas[(i + p + q) * 6 + j] - bas[(i + q) * 6 + j];
+            if (moves_params(S, i + q, delta + q * 6)) break;
+        }
+        if (q < p) continue;
+        size_t T = 2;
+        for (; i + (T + 1) * p <= K; T++) {
+            int ok = 1;
+            for (q = 0; q < p && ok; q++) {
+                size_t a = i + q, b = i + T * p + q;
+                ok = cls[a] == cls[b];
+                for (int j = 0; j < 6 && ok; j++)
+                    ok = bas[b * 6 + j] - bas[a * 6 + j] == (mgk_i64)T * delta[q * 6 + j];
+            }
+            if (!ok) break;
+        }
+        if (p * T > best_p * best_T || best_p == 0) {
+            best_p = p;
+            best_T = T;
+        }
+    }
+    *bp = best_p;
+    *bT = best_T;
+}
+
+/* Fills S for the forward program; h[i] is shape_of() instruction i. Returns 0 out of memory. */
+static int classify(mg_tape *t, const uint64_t *h, size_t K, shapes *S) {
+    size_t cap = 16;
+    while (cap < 2 * K) cap *= 2;
+    uint32_t *table = mg_tape__alloc(t, cap, sizeof(uint32_t)), ncls = 0;
+    if (!table) return 0;
+    memset(table, 0, cap * sizeof(uint32_t));
+    for (size_t i = 0; i < K; i++) {
+        S->cls[i] = 0;
+        S->param[i] = 0;
+        memset(S->bas + i * 6, 0, 6 * sizeof(mgk_i64));
+        if (!h[i]) continue;
+        const mgk_nest *N = &t->nests[t->fwd[i].a];
+        const mgk_ref *r[6] = {&N->out, &N->init, &N->x[0], &N->x[1], &N->x[2], &N->x[3]};
+        bases(N, S->bas + i * 6);
+        for (int j = 0; j < 6; j++) S->param[i] |= (uint8_t)((region(t, r[j]) == 0) << j);
+        size_t slot = (size_t)h[i] & (cap - 1);
+        for (; table[slot]; slot = (slot + 1) & (cap - 1)) {
+            size_t rep = table[slot] - 1;
+            if (h[rep] == h[i] && same_shape(t, &t->fwd[rep], &t->fwd[i], h[rep], h[i])) break;
+        }
+        if (table[slot]) {
+            S->cls[i] = S->cls[table[slot] - 1];
+        } else {
+            table[slot] = (uint32_t)i + 1;
+            S->cls[i] = ++ncls;
+        }
+    }
+    t->alloc.free_fn(table, t->alloc.ctx);
+    return 1;
+}
+
 int mg_roll(mg_tape *t) {
     size_t K = t->nfwd;
     if (K < 2) return MG_OK;
@@ -84,46 +173,44 @@ int mg_roll(mg_tape *t) {
     mgk_nest *nests = mg_tape__alloc(t, t->nnests ? t->nnests : 1, sizeof(mgk_nest));
     mg_nest_info *info = mg_tape__alloc(t, t->nnests ? t->nnests : 1, sizeof(mg_nest_info));
     mgk_i64 *delta = mg_tape__alloc(t, (size_t)MAXP * 6, sizeof(mgk_i64));
+    shapes S = {mg_tape__alloc(t, K, sizeof(uint32_t)), mg_tape__alloc(t, K, 6 * sizeof(mgk_i64)),
+                mg_tape__alloc(t, K, 1)};
     int st = MG_ENOMEM;
-    if (!h || !prog || !nests || !info || !delta) goto done;
+    if (!h || !prog || !nests || !info || !delta || !S.cls || !S.bas || !S.param) goto done;
     for (size_t i = 0; i < K; i++) h[i] = shape_of(t, &t->fwd[i]);
+    if (!classify(t, h, K, &S)) goto done;
     size_t np = 0, nn = 0;
+    size_t at = 0, at_p = 0, at_T = 1; /* a block found to start at `at`, nests before it single */
     for (size_t i = 0; i < K;) {
         size_t best_p = 0, best_T = 1;
-        for (size_t p = 1; p <= MAXP && i + 2 * p <= K; p++) {
-            size_t q;
-            for (q = 0; q < p; q++)
-                if (!same_shape(t, &t->fwd[i + q], &t->fwd[i + p + q], h[i + q], h[i + p + q]))
-                    break;
-            if (q < p) continue;
-            for (q = 0; q < p; q++) {
-                mgk_i64 b0[6], b1[6];
-                bases(&t->nests[t->fwd[i + q].a], b0);
-                bases(&t->nests[t->fwd[i + p + q].a], b1);
-                for (int j = 0; j < 6; j++) delta[q * 6 + j] = b1[j] - b0[j];
-            }
-            size_t T = 2;
-            for (; i + (T + 1) * p <= K; T++) {
-                int ok = 1;
-                for (q = 0; q < p && ok; q++) {
-                    const mg_instr *a = &t->fwd[i + q], *b = &t->fwd[i + T * p + q];
-                    if (!same_shape(t, a, b, h[i + q], h[i + T * p + q])) {
-                        ok = 0;
-                        break;
-                    }
-                    mgk_i64 b0[6], b1[6];
-                    bases(&t->nests[a->a], b0);
-                    bases(&t->nests[b->a], b1);
-                    for (int j = 0; j < 6 && ok; j++)
-                        ok = b1[j] - b0[j] == (mgk_i64)T * delta[q * 6 + j];
+        if (at_p && i == at) {
+            best_p = at_p;
+            best_T = at_T;
+            at_p = 0;
+        } else if (!at_p) {
+            best_block(&S, delta, i, K, &best_p, &best_T);
+            /* A prologue that differs from the steps (a stacked RNN's first step, which has no
+             * lower layer's step beside it in its levels) can make the steps match only as
+             * blocks of several steps from i. A block starting within one period after i, the
+             * nests before it left single, is taken instead when it makes fewer nests of the
+             * program up to where the farther of the two blocks ends (nests neither covers
+             * counted as single). */
+            size_t lim = i + best_p < K ? i + best_p : K, best_cost = SIZE_MAX;
+            for (size_t j = i + 1; j < lim; j++) {
+                size_t pj, Tj;
+                best_block(&S, delta, j, K, &pj, &Tj);
+                if (!pj) continue;
+                size_t end_i = i + best_p * best_T, end_j = j + pj * Tj;
+                size_t end = end_i > end_j ? end_i : end_j;
+                size_t cost_i = best_p + (end - end_i), cost_j = (j - i) + pj + (end - end_j);
+                if (cost_j < cost_i && cost_j < best_cost) {
+                    best_cost = cost_j;
+                    at = j;
+                    at_p = pj;
+                    at_T = Tj;
                 }
-                if (!ok) break;
             }
-            if (p * T > best_p * best_T || best_p == 0) {
-                best_p = p;
-                best_T = T;
-                /* keep the deltas of the best block at the front */
-            }
+            if (at_p) best_p = 0; /* i stays single */
         }
         if (best_p) {
             /* recompute the best block's deltas (the loop above overwrote them) */
@@ -176,5 +263,8 @@ done:
     if (nests) t->alloc.free_fn(nests, t->alloc.ctx);
     if (info) t->alloc.free_fn(info, t->alloc.ctx);
     if (delta) t->alloc.free_fn(delta, t->alloc.ctx);
+    void *sb[3] = {S.cls, S.bas, S.param};
+    for (int j = 0; j < 3; j++)
+        if (sb[j]) t->alloc.free_fn(sb[j], t->alloc.ctx);
     return st;
 }
