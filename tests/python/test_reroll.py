@@ -1459,7 +1459,9 @@ def test_recurrent_chains_keep_their_order(shape):
 @given(data=st.data())
 def test_recurrent(data):
     """A random cell applied T times with shared weights (the first step different or not), GRU
-    gates, over a sequence of inputs or of computed values."""
+    gates, over a sequence of inputs or of computed values; up to 3 such layers stacked, each
+    over the states of the one below (whose steps then share levels with the upper layer's
+    earlier steps, and whose first step differs from the rest: roll.c's later blocks)."""
     ctx = Ctx(data)
     n = ctx.choice([4, 6, 8, 9, 12, 16], "sequence")
     X = samples(ctx, n)
@@ -1468,6 +1470,8 @@ def test_recurrent(data):
     if ctx.flag("embed first"):
         seq = unary(ctx, [xi * ctx.weight() for xi in x], "embed op")
     states = recurrent(ctx, seq)
+    for _ in range(ctx.int(0, 2, "layers above")):
+        states = recurrent(ctx, states)
     if ctx.flag("head"):
         states = dense(ctx, states, ctx.choice([1, 2, 3], "head outputs"))
     check_case(finish(ctx, x, X, states))
