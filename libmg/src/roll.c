@@ -83,6 +83,7 @@ typedef struct shapes {
     uint32_t *cls;
     mgk_i64 *bas;
     uint8_t *param;
+    uint64_t *memo; /* best_block() from each position: p << 32 | T, 0 not yet known */
 } shapes;
 
 /* Whether a repetition reads other parameters than the one before it (delta: its bases' growth).
@@ -97,8 +98,8 @@ static int moves_params(const shapes *S, size_t i, const mgk_i64 *delta) {
 
 /* The block that covers the most nests from position i: p nests repeated T times (p = 0: none).
  * `delta` is scratch for one repetition's base differences. */
-static void best_block(const shapes *S, mgk_i64 *delta, size_t i, size_t K, size_t *bp,
-                       size_t *bT) {
+static void search_block(const shapes *S, mgk_i64 *delta, size_t i, size_t K, size_t *bp,
+                         size_t *bT) {
     const uint32_t *cls = S->cls;
     const mgk_i64 *bas = S->bas;
     size_t best_p = 0, best_T = 1;
@@ -131,6 +132,42 @@ static void best_block(const shapes *S, mgk_i64 *delta, size_t i, size_t K, size
     }
     *bp = best_p;
     *bT = best_T;
+}
+
+/* search_block() from i, each position searched once. */
+static void best_block(shapes *S, mgk_i64 *delta, size_t i, size_t K, size_t *bp, size_t *bT) {
+    if (!S->memo[i]) {
+        search_block(S, delta, i, K, bp, bT);
+        S->memo[i] = (uint64_t)*bp << 32 | (uint64_t)*bT;
+    }
+    *bp = (size_t)(S->memo[i] >> 32);
+    *bT = (size_t)(S->memo[i] & 0xffffffffu);
+}
+
+/* Rolls greedily (the best block from each position) from *pos until *pos >= target; returns the
+ * nests that makes (a block's body, or a single nest). */
+static size_t greedy(shapes *S, mgk_i64 *delta, size_t *pos, size_t target, size_t K) {
+    size_t made = 0;
+    while (*pos < target && *pos < K) {
+        size_t p, T;
+        best_block(S, delta, *pos, K, &p, &T);
+        made += p ? p : 1;
+        *pos += p ? p * T : 1;
+    }
+    return made;
+}
+
+/* Whether rolling from j (the nests i .. j-1 single, then pj nests repeated Tj times) makes fewer
+ * nests than rolling from i (pi nests repeated Ti times), each continued greedily until both
+ * reach the same position (up to 64 rounds; else no). */
+static int later_is_better(shapes *S, mgk_i64 *delta, size_t K, size_t i, size_t pi, size_t Ti,
+                           size_t j, size_t pj, size_t Tj) {
+    size_t a = i + pi * Ti, b = j + pj * Tj, ca = pi, cb = (j - i) + pj;
+    for (int round = 0; a != b && round < 64; round++) {
+        if (a < b) ca += greedy(S, delta, &a, b, K);
+        else cb += greedy(S, delta, &b, a, K);
+    }
+    return a == b && cb < ca;
 }
 
 /* Fills S for the forward program; h[i] is shape_of() instruction i. Returns 0 out of memory. */
@@ -174,9 +211,11 @@ int mg_roll(mg_tape *t) {
     mg_nest_info *info = mg_tape__alloc(t, t->nnests ? t->nnests : 1, sizeof(mg_nest_info));
     mgk_i64 *delta = mg_tape__alloc(t, (size_t)MAXP * 6, sizeof(mgk_i64));
     shapes S = {mg_tape__alloc(t, K, sizeof(uint32_t)), mg_tape__alloc(t, K, 6 * sizeof(mgk_i64)),
-                mg_tape__alloc(t, K, 1)};
+                mg_tape__alloc(t, K, 1), mg_tape__alloc(t, K, sizeof(uint64_t))};
     int st = MG_ENOMEM;
-    if (!h || !prog || !nests || !info || !delta || !S.cls || !S.bas || !S.param) goto done;
+    if (!h || !prog || !nests || !info || !delta || !S.cls || !S.bas || !S.param || !S.memo)
+        goto done;
+    memset(S.memo, 0, K * sizeof(uint64_t));
     for (size_t i = 0; i < K; i++) h[i] = shape_of(t, &t->fwd[i]);
     if (!classify(t, h, K, &S)) goto done;
     size_t np = 0, nn = 0;
@@ -192,9 +231,10 @@ int mg_roll(mg_tape *t) {
             /* A prologue that differs from the steps (a stacked RNN's first step, which has no
              * lower layer's step beside it in its levels) can make the steps match only as
              * blocks of several steps from i. A block starting within one period after i, the
-             * nests before it left single, is taken instead when it makes fewer nests of the
-             * program up to where the farther of the two blocks ends (nests neither covers
-             * counted as single). */
+             * nests before it left single, is taken instead when it makes fewer nests: first
+             * estimated up to where the farther of the two blocks ends (nests neither covers
+             * counted as single), for the best such block, then counted with both continued
+             * greedily to a common position (the nests after the nearer block may roll too). */
             size_t lim = i + best_p < K ? i + best_p : K, best_cost = SIZE_MAX;
             for (size_t j = i + 1; j < lim; j++) {
                 size_t pj, Tj;
@@ -210,6 +250,7 @@ int mg_roll(mg_tape *t) {
                     at_T = Tj;
                 }
             }
+            if (at_p && !later_is_better(&S, delta, K, i, best_p, best_T, at, at_p, at_T)) at_p = 0;
             if (at_p) best_p = 0; /* i stays single */
         }
         if (best_p) {
@@ -263,8 +304,8 @@ done:
     if (nests) t->alloc.free_fn(nests, t->alloc.ctx);
     if (info) t->alloc.free_fn(info, t->alloc.ctx);
     if (delta) t->alloc.free_fn(delta, t->alloc.ctx);
-    void *sb[3] = {S.cls, S.bas, S.param};
-    for (int j = 0; j < 3; j++)
+    void *sb[4] = {S.cls, S.bas, S.param, S.memo};
+    for (int j = 0; j < 4; j++)
         if (sb[j]) t->alloc.free_fn(sb[j], t->alloc.ctx);
     return st;
 }
