@@ -390,7 +390,7 @@ def test_threads_benchmark_compares_two_threads_with_two_processes(tmp_path):
 def test_layouts_benchmark_prints_a_row_per_family():
     """benchmarks/layouts.py compiles each family it is given both ways and prints its nests, its
     compile time and four figures; the permuted-pixel MLP is the MLP's 3 + 6 nests (no table),
-    the bidirectional RNN rolls into a few; an unknown family is a usage error."""
+    the bidirectional and the stacked RNN roll into a few; an unknown family is a usage error."""
     import re
     import subprocess
     import sys
@@ -398,7 +398,7 @@ def test_layouts_benchmark_prints_a_row_per_family():
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     script = os.path.join(root, "benchmarks", "layouts.py")
     r = subprocess.run(
-        [sys.executable, script, "--families", "perm_mlp,birnn", "--samples", "8"]
+        [sys.executable, script, "--families", "perm_mlp,birnn,stacked", "--samples", "8"]
         + ["--repeat", "1"],
         capture_output=True,
         text=True,
@@ -409,9 +409,10 @@ def test_layouts_benchmark_prints_a_row_per_family():
     rows = dict(
         re.findall(r"^\| (\w+) \| (\d+\+\d+) \| [\d.]+ s(?: \| [\d,]+){4} \|$", r.stdout, re.M)
     )
-    assert rows.keys() == {"perm_mlp", "birnn"}, r.stdout
+    assert rows.keys() == {"perm_mlp", "birnn", "stacked"}, r.stdout
     assert rows["perm_mlp"] == "3+6", r.stdout
     assert sum(map(int, rows["birnn"].split("+"))) <= 40, r.stdout
+    assert sum(map(int, rows["stacked"].split("+"))) <= 70, r.stdout
     bad = subprocess.run(
         [sys.executable, script, "--families", "nope"], capture_output=True, text=True, timeout=60
     )
