@@ -12,7 +12,8 @@
  *    The signature is everything but the slots' bases.
  * 4. Layout. A level's statements get consecutive slots in creation order (so the next level
  *    reads them in the order the user's loops wrote them), except a level that cycles through
- *    2-4 kinds unit by unit (a GRU's gates: z r n z r n ...): it is stored kind-major
+ *    2-4 kinds unit by unit (a GRU's gates: z r n z r n ...), or through more when its readers
+ *    are better off (a maxout unit's pieces: kinds_for_readers): it is stored kind-major
  *    (level_layout), so that loops over the units read and write consecutive slots.
  * 5. Groups. Statements of one level and one signature form a group, in slot order, whose
  *    operand bases are fitted as an affine function of the group's own multi-index. Operands
@@ -72,12 +73,17 @@ typedef struct rr {
     /* per-group scratch */
     int64_t *seqbuf;
     size_t capseq;
+    /* readers (level_layout's reader cost; built on first use): the statements reading node k
+     * are rd[rd_off[k] .. rd_off[k + 1]), `stamp` marks a statement collected once */
+    uint32_t *rd_off, *rd, *stamp, *rdbuf;
+    uint32_t nstamp;
+    size_t caprd;
 } rr;
 
 static void rr_free(rr *R) {
     mg_tape *t = R->t;
-    void *bufs[] = {R->st,      R->terms,    R->segs,  R->sigbuf,
-                    R->stmt_of, R->absorbed, R->level, R->seqbuf};
+    void *bufs[] = {R->st,    R->terms,  R->segs,   R->sigbuf, R->stmt_of, R->absorbed,
+                    R->level, R->seqbuf, R->rd_off, R->rd,     R->stamp,   R->rdbuf};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) t->alloc.free_fn(bufs[i], t->alloc.ctx);
 }
@@ -886,13 +892,205 @@ static void kind_major(rr *R, const uint32_t *v, size_t len, size_t P, size_t ba
         R->f->slot[R->st[v[j]].node] = (uint32_t)(base + (j % P) * (len / P) + j / P);
 }
 
+/* Runs DO(node) for every node statement s reads (a reduction's init and term operands, an
+ * elementwise statement's operands), repeats included. */
+#define EACH_READ(R, s, DO)                                                                        \
+    do {                                                                                           \
+        if ((s)->kind == S_RED) {                                                                  \
+            if ((s)->init != UINT32_MAX) DO((s)->init);                                            \
+            for (uint32_t q_ = 0; q_ < (s)->nt; q_++) {                                            \
+                const term *tm_ = &(R)->terms[(s)->t0 + q_];                                       \
+                DO(tm_->a);                                                                        \
+                if (tm_->kind == MGK_T_MUL) DO(tm_->b);                                            \
+            }                                                                                      \
+        } else {                                                                                   \
+            for (uint32_t j_ = (R)->f->off[(s)->node]; j_ < (R)->f->off[(s)->node + 1]; j_++)      \
+                DO((R)->f->opnd[j_]);                                                              \
+        }                                                                                          \
+    } while (0)
+
+/* The reader lists (rd_off, rd): one pass to count, one to fill. Returns 0 out of memory. */
+static int build_readers(rr *R) {
+    const size_t nn = R->f->n;
+    R->rd_off = mg_tape__alloc(R->t, nn + 1, sizeof(uint32_t));
+    R->stamp = mg_tape__alloc(R->t, R->nst ? R->nst : 1, sizeof(uint32_t));
+    if (!R->rd_off || !R->stamp) return 0;
+    memset(R->rd_off, 0, (nn + 1) * sizeof(uint32_t));
+    memset(R->stamp, 0, (R->nst ? R->nst : 1) * sizeof(uint32_t));
+    size_t total = 0;
+#define COUNT(node)                                                                                \
+    do {                                                                                           \
+        if (R->stmt_of[node] != UINT32_MAX) R->rd_off[(node) + 1]++, total++;                      \
+    } while (0)
+    for (size_t i = 0; i < R->nst; i++) EACH_READ(R, &R->st[i], COUNT);
+#undef COUNT
+    if (total >= UINT32_MAX) return 0; /* not reached: slots stop at UINT32_MAX / 2 */
+    for (size_t k = 0; k < nn; k++) R->rd_off[k + 1] += R->rd_off[k];
+    R->rd = mg_tape__alloc(R->t, total ? total : 1, sizeof(uint32_t));
+    if (!R->rd) return 0;
+    /* fill from each list's end, statements in reverse: every list comes out in increasing
+     * statement order */
+    for (size_t i = R->nst; i-- > 0;) {
+#define FILL(node)                                                                                 \
+    do {                                                                                           \
+        if (R->stmt_of[node] != UINT32_MAX) R->rd[--R->rd_off[(node) + 1]] = (uint32_t)i;          \
+    } while (0)
+        EACH_READ(R, &R->st[i], FILL);
+#undef FILL
+    }
+    /* each rd_off[k + 1] now holds list k's start: shift the starts down one place */
+    for (size_t k = 0; k < nn; k++) R->rd_off[k] = R->rd_off[k + 1];
+    R->rd_off[nn] = (uint32_t)total;
+    return 1;
+}
+
+/* What one sequence of a reader's slots costs: its length unless it fits with unit innermost
+ * stride (forwards or backwards), as vector blocks read it. *stride: the fit's innermost stride
+ * (0 when it does not fit). */
+static size_t seq_cost(rr *R, size_t len, int maxd, int64_t *stride) {
+    *stride = 0;
+    if (len < 2) return 0;
+    int64_t *seqs[1] = {R->seqbuf}, str[MGK_MAXD];
+    int use[1] = {1};
+    fitres fr;
+    if (!fit(seqs, use, 1, len, maxd, 0, &fr, str)) return len;
+    *stride = fr.nd ? str[fr.nd - 1] : 0;
+    return *stride == 1 || *stride == -1 ? 0 : len;
+}
+
+/* Reads of the level v[0..n) (slots start + creation position) that do not run along unit
+ * strides, with the level stored in creation order (P == 0) or kind-major with P kinds: per
+ * reduction that reads it (with `reductions`), each run of consecutive terms of one shape reading
+ * it, per operand (a, b); per level and op of its elementwise readers, in creation order, each
+ * operand position. *cost is the sum of those sequences' costs (seq_cost). With `strides`, the
+ * elementwise readers' sequences give candidate periods instead (up to 4 distinct steps of at
+ * least 5 between their first two values) and *cost is left 0. Returns 0 out of memory. */
+static int reader_cost(rr *R, const uint32_t *v, size_t n, size_t start, size_t P,
+                       const uint32_t *rdv, size_t nrd, int reductions, size_t *cost,
+                       int64_t *strides) {
+    const mg_fz *f = R->f;
+    const uint32_t lv = R->st[v[0]].level;
+    int64_t str;
+    *cost = 0;
+#define MEMBER(node) (R->stmt_of[node] != UINT32_MAX && R->level[node] == lv)
+#define MAPPED(node)                                                                               \
+    ((int64_t)(P ? start + ((f->slot[node] - start) % P) * (n / P) + (f->slot[node] - start) / P   \
+                 : f->slot[node]))
+    for (size_t i = 0; reductions && i < nrd; i++) {
+        const stmt *s = &R->st[rdv[i]];
+        /* a reduction far longer than the level reads little of it (and scanning it once per
+         * level it reads could take quadratic time) */
+        if (s->kind != S_RED || s->nt > 64 * n) continue;
+        for (int w = 0; w < 2; w++) {
+            size_t len = 0;
+            const term *prev = NULL;
+            for (uint32_t q = 0; q < s->nt; q++) {
+                const term *tm = &R->terms[s->t0 + q];
+                const uint32_t node = w == 0 ? tm->a : tm->kind == MGK_T_MUL ? tm->b : UINT32_MAX;
+                const int member = node != UINT32_MAX && MEMBER(node);
+                if (len && (!member || !term_shape_eq(R, prev, tm))) {
+                    *cost += seq_cost(R, len, MGK_MAXR, &str);
+                    len = 0;
+                }
+                if (!member) continue;
+                if (!GROW(R, seqbuf, capseq, len + 1)) return 0;
+                R->seqbuf[len++] = MAPPED(node);
+                prev = tm;
+            }
+            *cost += seq_cost(R, len, MGK_MAXR, &str);
+        }
+    }
+    for (uint32_t j = 0; j < 2; j++) { /* elementwise readers' operand j */
+        size_t len = 0;
+        const stmt *first = NULL;
+        for (size_t i = 0; i <= nrd; i++) {
+            const stmt *s = i < nrd ? &R->st[rdv[i]] : NULL;
+            const int reads = s && s->kind == S_ELEM && f->off[s->node] + j < f->off[s->node + 1] &&
+                              MEMBER(f->opnd[f->off[s->node] + j]);
+            if (len && (!reads || s->level != first->level || s->op != first->op)) {
+                if (!strides) *cost += seq_cost(R, len, MGK_MAXO, &str);
+                /* or the candidate periods: the steps between the first two values each reader
+                 * reads (a full fit of every sequence took 4% of a 1M-value CNN's freeze) */
+                str = len > 1 ? R->seqbuf[1] - R->seqbuf[0] : 0;
+                str = str < 0 ? -str : str;
+                for (int c = 0; strides && c < 4 && str >= 5; c++) {
+                    if (strides[c] == str) break;
+                    if (strides[c] == 0) {
+                        strides[c] = str;
+                        break;
+                    }
+                }
+                len = 0;
+            }
+            if (!reads) continue;
+            if (!len) first = s;
+            if (!GROW(R, seqbuf, capseq, len + 1)) return 0;
+            R->seqbuf[len++] = MAPPED(f->opnd[f->off[s->node] + j]);
+        }
+    }
+#undef MAPPED
+#undef MEMBER
+    return 1;
+}
+
+/* The period P of kinds to store the level v[0..n) with (slots start .. start + n - 1, one
+ * signature) kind-major, or 0 for creation order: the candidate that leaves the fewest of its
+ * readers' reads off unit strides (reader_cost), if fewer than creation order does. Candidates:
+ * the strides along which its elementwise readers read it in creation order (a maxout unit's
+ * pieces, made unit by unit and read piece by piece over the units), each dividing n into at
+ * least 8 units, from 5 kinds on (not the innermost dim of the level's fit: a convolution's rows,
+ * 28 wide, read by a pool two by two, would cost a full count for nothing): strides of 2-4
+ * are read in vector blocks through in-register permutes, nearly as fast as unit strides (a 2x2
+ * max-pool's input stored even and odd columns apart moved the stride into its ReLU and made the
+ * 48-channel CNN 0.89x compiled). Returns 0 out of memory. */
+static int kinds_for_readers(rr *R, const uint32_t *v, size_t n, size_t start, size_t *P) {
+    *P = 0;
+    if (!R->rd_off && !build_readers(R)) return 0;
+    if (++R->nstamp == 0) { /* wrapped: clear the marks */
+        memset(R->stamp, 0, (R->nst ? R->nst : 1) * sizeof(uint32_t));
+        R->nstamp = 1;
+    }
+    size_t nrd = 0;
+    for (size_t i = 0; i < n; i++) {
+        const uint32_t node = R->st[v[i]].node;
+        for (uint32_t e = R->rd_off[node]; e < R->rd_off[node + 1]; e++) {
+            const uint32_t s = R->rd[e];
+            if (R->stamp[s] == R->nstamp) continue;
+            R->stamp[s] = R->nstamp;
+            if (!GROW(R, rdbuf, caprd, nrd + 1)) return 0;
+            R->rdbuf[nrd++] = s;
+        }
+    }
+    /* the readers as the program orders them: by level, then creation */
+    if (!sort_idx(R, R->rdbuf, nrd, 0)) return 0;
+    int64_t cand[4] = {0};
+    size_t best, cost;
+    /* the candidates first (elementwise readers alone): most levels have none */
+    if (!reader_cost(R, v, n, start, 0, R->rdbuf, nrd, 0, &best, cand)) return 0;
+    int any = 0;
+    for (int c = 0; c < 4; c++) {
+        const size_t p = (size_t)cand[c];
+        if (p < 5 || n % p || n / p < 8) cand[c] = 0;
+        else any = 1;
+    }
+    if (!any) return 1;
+    if (!reader_cost(R, v, n, start, 0, R->rdbuf, nrd, 1, &best, NULL)) return 0;
+    for (int c = 0; c < 4; c++) {
+        if (!cand[c]) continue;
+        if (!reader_cost(R, v, n, start, (size_t)cand[c], R->rdbuf, nrd, 1, &cost, NULL)) return 0;
+        if (cost < best) best = cost, *P = (size_t)cand[c];
+    }
+    return 1;
+}
+
 /* The layout of a level whose statements v[0..n), in creation order, have slots start .. start
  * + n - 1: creation order, except a level that cycles through P kinds unit by unit, P from 2 to 4,
  * for at least 8 units, stored kind-major (kind_major), so that each kind's values are consecutive
  * along the units, as loops over the units read and write them:
  *  - P signatures in turn (a GRU's gate pre-activations, unit by unit: z r n z r n ...), or
  *  - one signature, whose fit's innermost dim is P (a GRU's z and r gates, two by two over the
- *    units; a convolution's output with 2-4 channels innermost; complex numbers as (re, im)).
+ *    units; a convolution's output with 2-4 channels innermost; complex numbers as (re, im)), or
+ *    of 5 or more kinds where its readers are better off (kinds_for_readers).
  * A reduction that reads such a level in creation order (a dense layer over pairs) then sums over
  * two dims, the kinds and the units, in the same order. Only a whole level: with other statements
  * in it (before or after the cycle, or a partial last cycle), a reader over the level in creation
@@ -907,9 +1105,15 @@ static int level_layout(rr *R, const uint32_t *v, size_t n, size_t start) {
         gfit G;
         const int e = group_fit(R, v, n, &G);
         if (e == 0) return 0;
-        if (e < 0 || G.fr.nd < 2) return 1;
-        P = (size_t)G.fr.n[G.fr.nd - 1];
-        if (P >= 2 && P <= 4 && n / P >= 8) kind_major(R, v, n, P, start);
+        if (e < 0) return 1;
+        P = G.fr.nd >= 2 ? (size_t)G.fr.n[G.fr.nd - 1] : 0;
+        if (P >= 2 && P <= 4 && n / P >= 8) {
+            kind_major(R, v, n, P, start);
+            return 1;
+        }
+        /* more kinds, or kinds the fit does not show: as the readers are better off */
+        if (!kinds_for_readers(R, v, n, start, &P)) return 0;
+        if (P) kind_major(R, v, n, P, start);
         return 1;
     }
     for (P = 2; P <= 4; P++) { /* the shortest period of the whole level */
