@@ -23,8 +23,9 @@ freeze.c's common subexpressions (docs/ARCHITECTURE.md):
               (the term's run cut at the layers' blocks, so the weights are packed)
   deep        nn.MLP(784,[64,64,64,10]), hidden layers of one shape (a nest per layer, not a
               loop over the layers, whose weights no packed copy would describe)
-  maxout      16 maxout units over 12 linear pieces of the pixels each, dense 10 (its weight
-              gradient steps SGD in a loop without the masked loads that cost it 14x at batch 1)
+  maxout      16 maxout units over 12 linear pieces of the pixels each, dense 10 (its pieces
+              stored piece by piece, as its maxes read them; its weight gradient steps SGD in a
+              loop without the masked loads that cost it 14x at batch 1)
 
 For each it prints the program (loop nests forward + backward), the freeze + emit + compile time,
 and images/s of the tape interpreter and the compiled program at batch 1 and 32 (one thread, SGD,
