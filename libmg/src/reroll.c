@@ -1042,8 +1042,10 @@ static int reader_cost(rr *R, const uint32_t *v, size_t n, size_t start, size_t 
  * 28 wide, read by a pool two by two, would cost a full count for nothing): strides of 2-4
  * are read in vector blocks through in-register permutes, nearly as fast as unit strides (a 2x2
  * max-pool's input stored even and odd columns apart moved the stride into its ReLU and made the
- * 48-channel CNN 0.89x compiled). Returns 0 out of memory. */
-static int kinds_for_readers(rr *R, const uint32_t *v, size_t n, size_t start, size_t *P) {
+ * 48-channel CNN 0.89x compiled). With `only`, that period is the one candidate (a level whose
+ * signatures cycle with it). Returns 0 out of memory. */
+static int kinds_for_readers(rr *R, const uint32_t *v, size_t n, size_t start, size_t only,
+                             size_t *P) {
     *P = 0;
     if (!R->rd_off && !build_readers(R)) return 0;
     if (++R->nstamp == 0) { /* wrapped: clear the marks */
@@ -1066,7 +1068,8 @@ static int kinds_for_readers(rr *R, const uint32_t *v, size_t n, size_t start, s
     int64_t cand[4] = {0};
     size_t best, cost;
     /* the candidates first (elementwise readers alone): most levels have none */
-    if (!reader_cost(R, v, n, start, 0, R->rdbuf, nrd, 0, &best, cand)) return 0;
+    if (only) cand[0] = (int64_t)only;
+    else if (!reader_cost(R, v, n, start, 0, R->rdbuf, nrd, 0, &best, cand)) return 0;
     int any = 0;
     for (int c = 0; c < 4; c++) {
         const size_t p = (size_t)cand[c];
@@ -1087,7 +1090,8 @@ static int kinds_for_readers(rr *R, const uint32_t *v, size_t n, size_t start, s
  * + n - 1: creation order, except a level that cycles through P kinds unit by unit, P from 2 to 4,
  * for at least 8 units, stored kind-major (kind_major), so that each kind's values are consecutive
  * along the units, as loops over the units read and write them:
- *  - P signatures in turn (a GRU's gate pre-activations, unit by unit: z r n z r n ...), or
+ *  - P signatures in turn (a GRU's gate pre-activations, unit by unit: z r n z r n ...; from 5
+ *    to 16 of them where the readers are better off: kinds_for_readers), or
  *  - one signature, whose fit's innermost dim is P (a GRU's z and r gates, two by two over the
  *    units; a convolution's output with 2-4 channels innermost; complex numbers as (re, im)), or
  *    of 5 or more kinds where its readers are better off (kinds_for_readers).
@@ -1112,16 +1116,20 @@ static int level_layout(rr *R, const uint32_t *v, size_t n, size_t start) {
             return 1;
         }
         /* more kinds, or kinds the fit does not show: as the readers are better off */
-        if (!kinds_for_readers(R, v, n, start, &P)) return 0;
+        if (!kinds_for_readers(R, v, n, start, 0, &P)) return 0;
         if (P) kind_major(R, v, n, P, start);
         return 1;
     }
-    for (P = 2; P <= 4; P++) { /* the shortest period of the whole level */
+    for (P = 2; P <= 16; P++) { /* the shortest period of the whole level */
         if (n % P || n / P < 8) continue;
         for (i = 0; i + P < n; i++)
             if (!same_signature(R, &R->st[v[i]], &R->st[v[i + P]])) break;
         if (i + P >= n) {
-            kind_major(R, v, n, P, start);
+            size_t K = P;
+            /* from 5 kinds on, as the readers are better off (a maxout unit's pieces in several
+             * forms) */
+            if (P >= 5 && !kinds_for_readers(R, v, n, start, P, &K)) return 0;
+            if (K) kind_major(R, v, n, K, start);
             return 1;
         }
     }

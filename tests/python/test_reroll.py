@@ -2221,16 +2221,22 @@ def test_levels_of_interleaved_kinds(data):
     check_case(interleaved_kinds_case(Ctx(data)))
 
 
-def pieces_case(units: int, pieces: int, read: str = "max", n_in: int = 10, seed: int = 0) -> Case:
+def pieces_case(
+    units: int, pieces: int, read: str = "max", n_in: int = 10, seed: int = 0, forms: int = 1
+) -> Case:
     """Each of `units` units makes its `pieces` linear pieces of the inputs in turn (one
     signature; the level's fit has the pieces innermost), then `read` combines them: "max" per
     unit over its pieces (a maxout layer), "transposed" a tanh of each piece, piece by piece over
     the units, "dense" a dense layer of 3 over the whole level in creation order. Then a dense
-    3."""
+    3. With ``forms=2`` each unit's first piece has no bias: the level's signatures cycle with
+    the pieces."""
     r, X, x = seeded_rows(seed, n_in)
     params: list[Value] = []
     p = _param_maker(params)
-    level = [[sum((p(n_in) * xi for xi in x), p()) for _ in range(pieces)] for _ in range(units)]
+    level = [
+        [sum((p(n_in) * xi for xi in x), p() if forms == 1 or k else 0.0) for k in range(pieces)]
+        for _ in range(units)
+    ]
     if read == "max":
         h = []
         for row in level:
@@ -2249,16 +2255,24 @@ def pieces_case(units: int, pieces: int, read: str = "max", n_in: int = 10, seed
 
 @needs_cc
 @pytest.mark.parametrize(
-    "units,pieces,read", [(16, 12, "max"), (8, 5, "max"), (10, 6, "max"), (12, 7, "transposed")]
+    "units,pieces,read,forms",
+    [
+        (16, 12, "max", 1),
+        (8, 5, "max", 1),
+        (10, 6, "max", 1),
+        (12, 7, "transposed", 1),
+        (16, 12, "max", 2),
+        (9, 5, "transposed", 2),
+    ],
 )
-def test_pieces_read_unit_by_unit_are_stored_piece_major(units, pieces, read):
-    """A maxout layer's pieces (5-16 of them per unit, one signature) read per unit, piece k of
-    every unit beside piece k + 1: stored piece by piece, so the layer's nest writes unit-stride
-    rows and steps its weights first, and every loop over the units reads consecutive values
-    (before: strides of the piece count; maxout over 16 units of 12 pieces of the pixels trained
-    10x slower on the tape than an MLP of as many weights). The programs agree as on every other
-    case."""
-    case = pieces_case(units, pieces, read)
+def test_pieces_read_unit_by_unit_are_stored_piece_major(units, pieces, read, forms):
+    """A maxout layer's pieces (5-16 of them per unit) read per unit, piece k of every unit
+    beside piece k + 1: stored piece by piece, so the layer's nest writes unit-stride rows and
+    steps its weights first, and every loop over the units reads consecutive values (before:
+    strides of the piece count; maxout over 16 units of 12 pieces of the pixels trained 10x
+    slower on the tape than an MLP of as many weights), also when the pieces have two forms
+    (signatures cycling with them). The programs agree as on every other case."""
+    case = pieces_case(units, pieces, read, forms=forms)
     check_case(case, with_c=units == 16)
     text = compile_case(case).describe()
     assert forward_out_strides(text) == [], text
@@ -2300,8 +2314,12 @@ def test_levels_of_many_pieces(data):
             for u in range(M)
         ]
     else:
+        nobias = ctx.flag("first piece without a bias")  # signatures cycling with the pieces
         level = [
-            [sum((ctx.weight(n_in) * xi for xi in x), ctx.weight()) for _ in range(P)]
+            [
+                sum((ctx.weight(n_in) * xi for xi in x), 0.0 if nobias and not k else ctx.weight())
+                for k in range(P)
+            ]
             for _ in range(M)
         ]
     final: list[Value] = []
