@@ -306,11 +306,18 @@ static int find_target_output(mg_tape *t, const mg_fz *f, const vmap *index,
  * reordered gradient sum). Constants are the same operand when their bits are; the scalar
  * program (no_raise) keeps every value. */
 
+/* One probe reads one 8-byte slot (a million-value graph's table, 16 MB, is read at random: the
+ * first probe of each value missed the caches in a sixth of a 1M-value CNN's freeze), and the
+ * loop fetches the slots of values 16 ahead (cse): that freeze 0.87x, a 500-step RNN's 0.85x. */
+typedef struct cse_slot {
+    uint32_t node; /* UINT32_MAX: empty */
+    uint32_t tag;  /* the key's high half */
+} cse_slot;
+
 /* The operand identity of order[k]: its first occurrence (rep), a constant's first leaf of its
  * bits. */
 typedef struct cse_map {
-    uint64_t *hash;
-    uint32_t *node; /* UINT32_MAX: empty */
+    cse_slot *slot;
     size_t cap;
 } cse_map;
 
@@ -349,42 +356,55 @@ static int cse(mg_tape *t, mg_value **order, size_t n, vmap *index, const pmap *
     int st = MG_ENOMEM;
     uint32_t *rep = mg_tape__alloc(t, n ? n : 1, sizeof(uint32_t));
     uint32_t *pos = mg_tape__alloc(t, n ? n : 1, sizeof(uint32_t));
-    cse_map m = {NULL, NULL, 16};
+    cse_map m = {NULL, 16};
     cmap cm = {NULL, NULL, 16};
-    while (m.cap < 2 * n + 2) m.cap *= 2;
-    cm.cap = m.cap;
-    m.hash = mg_tape__alloc(t, m.cap, sizeof(uint64_t));
-    m.node = mg_tape__alloc(t, m.cap, sizeof(uint32_t));
+    size_t nops = 0, nleaves;
+    for (size_t k = 0; k < n; k++) nops += order[k]->op != MG_OP_LEAF;
+    nleaves = n - nops;
+    while (m.cap < 2 * nops + 2) m.cap *= 2; /* at most half full */
+    while (cm.cap < 2 * nleaves + 2) cm.cap *= 2;
+    m.slot = mg_tape__alloc(t, m.cap, sizeof(cse_slot));
     cm.bits = mg_tape__alloc(t, cm.cap, sizeof(uint64_t));
     cm.idx = mg_tape__alloc(t, cm.cap, sizeof(uint32_t));
     *kept = mg_tape__alloc(t, n ? n : 1, sizeof(mg_value *));
     *serial = mg_tape__alloc(t, n ? n : 1, sizeof(uint64_t));
-    if (!rep || !pos || !m.hash || !m.node || !cm.bits || !cm.idx || !*kept || !*serial) goto done;
-    memset(m.node, 0xff, m.cap * sizeof(uint32_t));
+    if (!rep || !pos || !m.slot || !cm.bits || !cm.idx || !*kept || !*serial) goto done;
+    memset(m.slot, 0xff, m.cap * sizeof(cse_slot));
+    for (size_t k = 0; k < n; k++) rep[k] = (uint32_t)k; /* the keys fetched ahead read them */
     memset(cm.idx, 0xff, cm.cap * sizeof(uint32_t));
     size_t nk = 0;
+    enum { AHEAD = 16 }; /* values whose slots are fetched ahead */
     for (size_t k = 0; k < n; k++) {
         const mg_value *v = order[k];
-        rep[k] = (uint32_t)k;
+#if defined(__GNUC__) || defined(__clang__)
+        if (k + AHEAD < n && order[k + AHEAD]->op != MG_OP_LEAF) {
+            /* the probe of a value AHEAD on, its key from the reps known now (a rep that
+             * changes before then only misses the fetch): the table is read at random, and
+             * fetching ahead keeps many misses in flight instead of one */
+            double kb;
+            __builtin_prefetch(&m.slot[cse_key(order[k + AHEAD], rep, index, &kb) & (m.cap - 1)]);
+        }
+#endif
         if (v->op == MG_OP_LEAF) {
             if (pmap_get(roles, v) == UINT32_MAX) /* a constant: the first of its bits */
                 rep[k] = cmap_get_or_put(&cm, bits_of(v->data), (uint32_t)k);
         } else {
             double kb;
             const uint64_t h = cse_key(v, rep, index, &kb);
+            const uint32_t tag = (uint32_t)(h >> 32);
             size_t i = (size_t)(h & (m.cap - 1));
-            for (; m.node[i] != UINT32_MAX; i = (i + 1) & (m.cap - 1))
-                if (m.hash[i] == h && cse_same(order[m.node[i]], v, rep, index)) break;
-            if (m.node[i] != UINT32_MAX) {
-                rep[k] = m.node[i];
+            for (; m.slot[i].node != UINT32_MAX; i = (i + 1) & (m.cap - 1))
+                if (m.slot[i].tag == tag && cse_same(order[m.slot[i].node], v, rep, index)) break;
+            if (m.slot[i].node != UINT32_MAX) {
+                rep[k] = m.slot[i].node;
                 /* the copy made first gives the serial (it orders the level's slots as the user
                  * made them; the topological order may meet a later copy first, whose operands
                  * stay where they are: the kept value is the first met) */
                 uint64_t *at = &(*serial)[pos[rep[k]]];
                 if (v->serial < *at) *at = v->serial;
             } else {
-                m.hash[i] = h;
-                m.node[i] = (uint32_t)k;
+                m.slot[i].tag = tag;
+                m.slot[i].node = (uint32_t)k;
             }
         }
         if (rep[k] == k || v->op == MG_OP_LEAF) { /* leaves all stay: they have roles, slots */
@@ -400,7 +420,7 @@ static int cse(mg_tape *t, mg_value **order, size_t n, vmap *index, const pmap *
     *nkept = nk;
     st = MG_OK;
 done:;
-    void *bufs[] = {rep, pos, m.hash, m.node, cm.bits, cm.idx};
+    void *bufs[] = {rep, pos, m.slot, cm.bits, cm.idx};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) t->alloc.free_fn(bufs[i], t->alloc.ctx);
     return st;
