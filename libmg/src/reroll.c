@@ -980,7 +980,7 @@ static int reader_cost(rr *R, const uint32_t *v, size_t n, size_t start, size_t 
         const stmt *s = &R->st[rdv[i]];
         /* a reduction far longer than the level reads little of it (and scanning it once per
          * level it reads could take quadratic time) */
-        if (s->kind != S_RED || s->nt > 64 * n) continue;
+        if (s->kind != S_RED || s->nt > 4 * n) continue;
         for (int w = 0; w < 2; w++) {
             size_t len = 0;
             const term *prev = NULL;
@@ -1033,20 +1033,22 @@ static int reader_cost(rr *R, const uint32_t *v, size_t n, size_t start, size_t 
     return 1;
 }
 
-/* The period P of kinds to store the level v[0..n) with (slots start .. start + n - 1, one
- * signature) kind-major, or 0 for creation order: the candidate that leaves the fewest of its
- * readers' reads off unit strides (reader_cost), if fewer than creation order does. Candidates:
- * the strides along which its elementwise readers read it in creation order (a maxout unit's
- * pieces, made unit by unit and read piece by piece over the units), each dividing n into at
- * least 8 units, from 5 kinds on (not the innermost dim of the level's fit: a convolution's rows,
- * 28 wide, read by a pool two by two, would cost a full count for nothing): strides of 2-4
- * are read in vector blocks through in-register permutes, nearly as fast as unit strides (a 2x2
- * max-pool's input stored even and odd columns apart moved the stride into its ReLU and made the
- * 48-channel CNN 0.89x compiled). With `only`, that period is the one candidate (a level whose
- * signatures cycle with it). Returns 0 out of memory. */
-static int kinds_for_readers(rr *R, const uint32_t *v, size_t n, size_t start, size_t only,
-                             size_t *P) {
-    *P = 0;
+/* Whether to store the level v[0..n) (slots start .. start + n - 1) kind-major with P kinds, P
+ * from 5 on (n / P units, at least 8): when its elementwise readers step through it by P in
+ * creation order (a maxout unit's pieces, made unit by unit and read piece by piece over the
+ * units), and kind-major leaves fewer of its readers' reads off unit strides (reader_cost). P is
+ * what the level's own fit or signatures show as its innermost kinds, so its own nest stays
+ * affine, its dims swapped: a period seen only in the readers (a pool over blocks of 5 of an 8-wide
+ * outer product; a global max per channel over a ReLU, which would read its convolution 100
+ * apart) made the producer read through index tables or strided (0.5x, 0.73x compiled), and a
+ * level fitted as one long dim (each piece's weights and bias together) already runs as one
+ * wide nest. Strides of 2-4 are read in vector blocks through in-register permutes, nearly as
+ * fast as unit strides (a 2x2 max-pool's input stored even and odd columns apart moved the stride
+ * into its ReLU and made the 48-channel CNN 0.89x compiled). *yes is set; returns 0 out of
+ * memory. */
+static int kinds_for_readers(rr *R, const uint32_t *v, size_t n, size_t start, size_t P, int *yes) {
+    *yes = 0;
+    if (P < 5 || n % P || n / P < 8) return 1;
     if (!R->rd_off && !build_readers(R)) return 0;
     if (++R->nstamp == 0) { /* wrapped: clear the marks */
         memset(R->stamp, 0, (R->nst ? R->nst : 1) * sizeof(uint32_t));
@@ -1065,24 +1067,17 @@ static int kinds_for_readers(rr *R, const uint32_t *v, size_t n, size_t start, s
     }
     /* the readers as the program orders them: by level, then creation */
     if (!sort_idx(R, R->rdbuf, nrd, 0)) return 0;
-    int64_t cand[4] = {0};
-    size_t best, cost;
-    /* the candidates first (elementwise readers alone): most levels have none */
-    if (only) cand[0] = (int64_t)only;
-    else if (!reader_cost(R, v, n, start, 0, R->rdbuf, nrd, 0, &best, cand)) return 0;
-    int any = 0;
-    for (int c = 0; c < 4; c++) {
-        const size_t p = (size_t)cand[c];
-        if (p < 5 || n % p || n / p < 8) cand[c] = 0;
-        else any = 1;
-    }
-    if (!any) return 1;
-    if (!reader_cost(R, v, n, start, 0, R->rdbuf, nrd, 1, &best, NULL)) return 0;
-    for (int c = 0; c < 4; c++) {
-        if (!cand[c]) continue;
-        if (!reader_cost(R, v, n, start, (size_t)cand[c], R->rdbuf, nrd, 1, &cost, NULL)) return 0;
-        if (cost < best) best = cost, *P = (size_t)cand[c];
-    }
+    int64_t steps[4] = {0};
+    size_t creation, kinds;
+    /* the steps first (elementwise readers alone): most levels have no reader stepping by P */
+    if (!reader_cost(R, v, n, start, 0, R->rdbuf, nrd, 0, &creation, steps)) return 0;
+    int seen = 0;
+    for (int c = 0; c < 4; c++) seen |= steps[c] == (int64_t)P;
+    if (!seen) return 1;
+    if (!reader_cost(R, v, n, start, 0, R->rdbuf, nrd, 1, &creation, NULL) ||
+        !reader_cost(R, v, n, start, P, R->rdbuf, nrd, 1, &kinds, NULL))
+        return 0;
+    *yes = kinds < creation;
     return 1;
 }
 
@@ -1110,14 +1105,15 @@ static int level_layout(rr *R, const uint32_t *v, size_t n, size_t start) {
         const int e = group_fit(R, v, n, &G);
         if (e == 0) return 0;
         if (e < 0) return 1;
-        P = G.fr.nd >= 2 ? (size_t)G.fr.n[G.fr.nd - 1] : 0;
+        if (G.fr.nd < 2) return 1;
+        P = (size_t)G.fr.n[G.fr.nd - 1];
         if (P >= 2 && P <= 4 && n / P >= 8) {
             kind_major(R, v, n, P, start);
             return 1;
         }
-        /* more kinds, or kinds the fit does not show: as the readers are better off */
-        if (!kinds_for_readers(R, v, n, start, 0, &P)) return 0;
-        if (P) kind_major(R, v, n, P, start);
+        int yes; /* more kinds: as the readers are better off */
+        if (!kinds_for_readers(R, v, n, start, P, &yes)) return 0;
+        if (yes) kind_major(R, v, n, P, start);
         return 1;
     }
     for (P = 2; P <= 16; P++) { /* the shortest period of the whole level */
@@ -1125,11 +1121,11 @@ static int level_layout(rr *R, const uint32_t *v, size_t n, size_t start) {
         for (i = 0; i + P < n; i++)
             if (!same_signature(R, &R->st[v[i]], &R->st[v[i + P]])) break;
         if (i + P >= n) {
-            size_t K = P;
+            int yes = P <= 4;
             /* from 5 kinds on, as the readers are better off (a maxout unit's pieces in several
              * forms) */
-            if (P >= 5 && !kinds_for_readers(R, v, n, start, P, &K)) return 0;
-            if (K) kind_major(R, v, n, K, start);
+            if (P >= 5 && !kinds_for_readers(R, v, n, start, P, &yes)) return 0;
+            if (yes) kind_major(R, v, n, P, start);
             return 1;
         }
     }

@@ -2222,21 +2222,38 @@ def test_levels_of_interleaved_kinds(data):
 
 
 def pieces_case(
-    units: int, pieces: int, read: str = "max", n_in: int = 10, seed: int = 0, forms: int = 1
+    units: int,
+    pieces: int,
+    read: str = "max",
+    n_in: int = 10,
+    seed: int = 0,
+    forms: int = 1,
+    weights: str = "unit",
 ) -> Case:
-    """Each of `units` units makes its `pieces` linear pieces of the inputs in turn (one
-    signature; the level's fit has the pieces innermost), then `read` combines them: "max" per
-    unit over its pieces (a maxout layer), "transposed" a tanh of each piece, piece by piece over
-    the units, "dense" a dense layer of 3 over the whole level in creation order. Then a dense
-    3. With ``forms=2`` each unit's first piece has no bias: the level's signatures cycle with
-    the pieces."""
+    """Each of `units` units makes its `pieces` linear pieces of the inputs in turn, then `read`
+    combines them: "max" per unit over its pieces (a maxout layer), "transposed" a tanh of each
+    piece, piece by piece over the units, "dense" a dense layer of 3 over the whole level in
+    creation order. Then a dense 3. ``weights="unit"``: each unit's weight rows, then its biases
+    (as zoo.py's dense layers; the level's fit has the pieces innermost); ``"piece"``: each
+    piece's weights, then its bias (as micrograd's Neuron; the fit is one long dim). With
+    ``forms=2`` each unit's first piece has no bias: the level's signatures cycle with the
+    pieces."""
     r, X, x = seeded_rows(seed, n_in)
     params: list[Value] = []
     p = _param_maker(params)
-    level = [
-        [sum((p(n_in) * xi for xi in x), p() if forms == 1 or k else 0.0) for k in range(pieces)]
-        for _ in range(units)
-    ]
+    level = []
+    for _ in range(units):
+        if weights == "unit":
+            W = [[p(n_in) for _ in range(n_in)] for _ in range(pieces)]
+            B = [p() if forms == 1 or k else 0.0 for k in range(pieces)]
+            level.append([sum((w * xi for w, xi in zip(W[k], x)), B[k]) for k in range(pieces)])
+        else:
+            level.append(
+                [
+                    sum((p(n_in) * xi for xi in x), p() if forms == 1 or k else 0.0)
+                    for k in range(pieces)
+                ]
+            )
     if read == "max":
         h = []
         for row in level:
@@ -2278,6 +2295,17 @@ def test_pieces_read_unit_by_unit_are_stored_piece_major(units, pieces, read, fo
     assert forward_out_strides(text) == [], text
     assert unit_strides(text) == [], text
     assert "[steps its weights first]" in text.split("\n")[3], text
+
+
+def test_pieces_made_as_neurons_stay_one_wide_nest():
+    """Pieces made as micrograd's Neurons (each piece's weights, then its bias) fit as one long
+    dim: the layer is one 192-wide nest writing consecutive values, as fast as it gets, and the
+    level keeps creation order (stored piece by piece, it became a 12 x 16 nest: 0.87x on the
+    tape), though its maxes read it 12 apart. The programs agree."""
+    case = pieces_case(16, 12, "max", weights="piece")
+    check_case(case)
+    text = compile_case(case).describe()
+    assert re.search(r"nest 0: \(192 \| 10\) sum out\[sample\d+ \+1\*i3\]", text), text
 
 
 def test_pieces_read_in_creation_order_keep_it():
