@@ -944,18 +944,15 @@ static int build_readers(rr *R) {
     return 1;
 }
 
-/* What one sequence of a reader's slots costs: its length unless it fits with unit innermost
- * stride (forwards or backwards), as vector blocks read it. *stride: the fit's innermost stride
- * (0 when it does not fit). */
-static size_t seq_cost(rr *R, size_t len, int maxd, int64_t *stride) {
-    *stride = 0;
+/* What the sequence of a reader's slots in seqbuf[0..len) costs: its length unless it fits with
+ * unit innermost stride (forwards or backwards), as vector blocks read it. */
+static size_t seq_cost(rr *R, size_t len, int maxd) {
     if (len < 2) return 0;
     int64_t *seqs[1] = {R->seqbuf}, str[MGK_MAXD];
     int use[1] = {1};
     fitres fr;
-    if (!fit(seqs, use, 1, len, maxd, 0, &fr, str)) return len;
-    *stride = fr.nd ? str[fr.nd - 1] : 0;
-    return *stride == 1 || *stride == -1 ? 0 : len;
+    if (!fit(seqs, use, 1, len, maxd, 0, &fr, str) || !fr.nd) return len;
+    return str[fr.nd - 1] == 1 || str[fr.nd - 1] == -1 ? 0 : len;
 }
 
 /* Reads of the level v[0..n) (slots start + creation position) that do not run along unit
@@ -970,7 +967,6 @@ static int reader_cost(rr *R, const uint32_t *v, size_t n, size_t start, size_t 
                        int64_t *strides) {
     const mg_fz *f = R->f;
     const uint32_t lv = R->st[v[0]].level;
-    int64_t str;
     *cost = 0;
 #define MEMBER(node) (R->stmt_of[node] != UINT32_MAX && R->level[node] == lv)
 #define MAPPED(node)                                                                               \
@@ -989,7 +985,7 @@ static int reader_cost(rr *R, const uint32_t *v, size_t n, size_t start, size_t 
                 const uint32_t node = w == 0 ? tm->a : tm->kind == MGK_T_MUL ? tm->b : UINT32_MAX;
                 const int member = node != UINT32_MAX && MEMBER(node);
                 if (len && (!member || !term_shape_eq(R, prev, tm))) {
-                    *cost += seq_cost(R, len, MGK_MAXR, &str);
+                    *cost += seq_cost(R, len, MGK_MAXR);
                     len = 0;
                 }
                 if (!member) continue;
@@ -997,7 +993,7 @@ static int reader_cost(rr *R, const uint32_t *v, size_t n, size_t start, size_t 
                 R->seqbuf[len++] = MAPPED(node);
                 prev = tm;
             }
-            *cost += seq_cost(R, len, MGK_MAXR, &str);
+            *cost += seq_cost(R, len, MGK_MAXR);
         }
     }
     for (uint32_t j = 0; j < 2; j++) { /* elementwise readers' operand j */
@@ -1008,10 +1004,10 @@ static int reader_cost(rr *R, const uint32_t *v, size_t n, size_t start, size_t 
             const int reads = s && s->kind == S_ELEM && f->off[s->node] + j < f->off[s->node + 1] &&
                               MEMBER(f->opnd[f->off[s->node] + j]);
             if (len && (!reads || s->level != first->level || s->op != first->op)) {
-                if (!strides) *cost += seq_cost(R, len, MGK_MAXO, &str);
+                if (!strides) *cost += seq_cost(R, len, MGK_MAXO);
                 /* or the candidate periods: the steps between the first two values each reader
                  * reads (a full fit of every sequence took 4% of a 1M-value CNN's freeze) */
-                str = len > 1 ? R->seqbuf[1] - R->seqbuf[0] : 0;
+                int64_t str = len > 1 ? R->seqbuf[1] - R->seqbuf[0] : 0;
                 str = str < 0 ? -str : str;
                 for (int c = 0; strides && c < 4 && str >= 5; c++) {
                     if (strides[c] == str) break;
@@ -1104,8 +1100,7 @@ static int level_layout(rr *R, const uint32_t *v, size_t n, size_t start) {
         gfit G;
         const int e = group_fit(R, v, n, &G);
         if (e == 0) return 0;
-        if (e < 0) return 1;
-        if (G.fr.nd < 2) return 1;
+        if (e < 0 || G.fr.nd < 2) return 1;
         P = (size_t)G.fr.n[G.fr.nd - 1];
         if (P >= 2 && P <= 4 && n / P >= 8) {
             kind_major(R, v, n, P, start);
