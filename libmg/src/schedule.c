@@ -19,6 +19,7 @@
  * (drive.h). */
 #include "ir.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 /* ---- refs -------------------------------------------------------------------------------------
@@ -124,22 +125,103 @@ static int walk(const mg_tape *t, const mgk_nest *N, const mgk_ref *X, const uin
     return mg_ref__each(t, (size_t)(N - t->nests), X, marked_param, &w);
 }
 
-/* Whether ref X of nest N can reach a position in [lo, hi]: its extent over every point and
- * every iteration of its loop (what walk visits) meets it; a gathered ref may reach any. Packing
- * asks, for each candidate pack, which refs of the whole program touch it: walking every ref's
- * points for each pack took 88% of a freeze with 18k packable parameters (30 s for 250k values). */
-static int may_reach(const mg_tape *t, const mgk_nest *N, const mgk_ref *X, mgk_i64 lo,
-                     mgk_i64 hi) {
-    if (X->gather) return 1;
+/* The positions ref X of nest N can reach, over every point and every iteration of its loop
+ * (what walk visits): [*lo, *hi]. 0 for a gathered ref, which may reach any. */
+static int ref_extent(const mg_tape *t, const mgk_nest *N, const mgk_ref *X, mgk_i64 *lo,
+                      mgk_i64 *hi) {
+    if (X->gather) return 0;
     const size_t k = (size_t)(N - t->nests);
-    mgk_i64 ext[MGK_MAXD + 1], a = X->base, b = X->base;
+    mgk_i64 ext[MGK_MAXD + 1];
     for (int d = 0; d < MGK_MAXD; d++) ext[d] = N->n[d] > 1 ? X->s[d] * (N->n[d] - 1) : 0;
     ext[MGK_MAXD] = X->ts != 0 && t->info[k].seq > 1 ? X->ts * ((mgk_i64)t->info[k].seq - 1) : 0;
+    *lo = *hi = X->base;
     for (int d = 0; d <= MGK_MAXD; d++) {
-        if (ext[d] < 0) a += ext[d];
-        else b += ext[d];
+        if (ext[d] < 0) *lo += ext[d];
+        else *hi += ext[d];
     }
-    return a <= hi && b >= lo;
+    return 1;
+}
+
+/* The refs of the program that can reach a parameter, by extent. Packing asks, for each candidate
+ * pack, which refs touch it: walking every ref's points for each pack took 88% of a freeze with
+ * 18k packable parameters (30 s for 250k values), and comparing every ref's extent with each
+ * pack still grew with packs x refs (1,600 packs: 1 s). Refs spanning up to RI_WIDE slots are
+ * sorted by their first slot and found by binary search; wider and gathered ones are tried for
+ * every pack. */
+enum { RI_WIDE = 4096 };
+typedef struct ri_ref {
+    mgk_i64 lo, hi;
+    uint32_t nest, q; /* q: the ref's place in active_refs */
+} ri_ref;
+typedef struct ref_index {
+    ri_ref *narrow, *wide;
+    size_t nnarrow, nwide;
+} ref_index;
+
+static int ri_less(const void *a, const void *b) {
+    const ri_ref *x = a, *y = b;
+    if (x->lo != y->lo) return x->lo < y->lo ? -1 : 1;
+    if (x->nest != y->nest) return x->nest < y->nest ? -1 : 1;
+    return x->q < y->q ? -1 : x->q > y->q;
+}
+
+static int ri_build(mg_tape *t, ref_index *R) {
+    size_t total = 0;
+    memset(R, 0, sizeof *R);
+    for (size_t m = 0; m < t->nnests; m++) {
+        mgk_ref *rs[6];
+        total += (size_t)active_refs(&t->nests[m], rs);
+    }
+    R->narrow = mg_tape__alloc(t, total ? total : 1, sizeof(ri_ref));
+    R->wide = mg_tape__alloc(t, total ? total : 1, sizeof(ri_ref));
+    if (!R->narrow || !R->wide) return 0;
+    for (size_t m = 0; m < t->nnests; m++) {
+        mgk_nest *M = &t->nests[m];
+        mgk_ref *rs[6];
+        const int nrs = active_refs(M, rs);
+        for (int q = 0; q < nrs; q++) {
+            ri_ref r = {0, (mgk_i64)t->nparams - 1, (uint32_t)m, (uint32_t)q};
+            const int bounded = ref_extent(t, M, rs[q], &r.lo, &r.hi);
+            if (r.hi < 0 || r.lo >= (mgk_i64)t->nparams) continue; /* no parameter in reach */
+            if (bounded && r.hi - r.lo <= RI_WIDE) R->narrow[R->nnarrow++] = r;
+            else R->wide[R->nwide++] = r;
+        }
+    }
+    qsort(R->narrow, R->nnarrow, sizeof(ri_ref), ri_less);
+    return 1;
+}
+
+static void ri_free(mg_tape *t, ref_index *R) {
+    if (R->narrow) t->alloc.free_fn(R->narrow, t->alloc.ctx);
+    if (R->wide) t->alloc.free_fn(R->wide, t->alloc.ctx);
+}
+
+/* Calls fn(t, nest, ref, ctx) for each ref whose extent meets [lo, hi] until fn returns 0; returns
+ * 0 when it did. */
+static int ri_each(mg_tape *t, const ref_index *R, mgk_i64 lo, mgk_i64 hi,
+                   int (*fn)(mg_tape *t, mgk_nest *M, mgk_ref *X, void *ctx), void *ctx) {
+    for (size_t i = 0; i < R->nwide; i++)
+        if (R->wide[i].lo <= hi && R->wide[i].hi >= lo) {
+            mgk_nest *M = &t->nests[R->wide[i].nest];
+            mgk_ref *rs[6];
+            active_refs(M, rs);
+            if (!fn(t, M, rs[R->wide[i].q], ctx)) return 0;
+        }
+    /* the narrow refs starting from lo - RI_WIDE on: the first whose start is not below it */
+    size_t a = 0, b = R->nnarrow;
+    while (a < b) {
+        const size_t mid = a + (b - a) / 2;
+        if (R->narrow[mid].lo < lo - RI_WIDE) a = mid + 1;
+        else b = mid;
+    }
+    for (size_t i = a; i < R->nnarrow && R->narrow[i].lo <= hi; i++)
+        if (R->narrow[i].hi >= lo) {
+            mgk_nest *M = &t->nests[R->narrow[i].nest];
+            mgk_ref *rs[6];
+            active_refs(M, rs);
+            if (!fn(t, M, rs[R->narrow[i].q], ctx)) return 0;
+        }
+    return 1;
 }
 
 /* The first and last slots of pack P. */
@@ -231,14 +313,41 @@ static void rewrite(mgk_nest *N, mgk_ref *X, const mg_pack *P) {
     X->base = base;
 }
 
+typedef struct pack_visit {
+    const mg_pack *P;
+    const uint8_t *cand;
+} pack_visit;
+
+/* ri_each's callbacks: a ref reaching the pack must read a block of it (0 stops: it does not);
+ * then every such ref is pointed at the packed copy. */
+static int reads_block(mg_tape *t, mgk_nest *M, mgk_ref *X, void *ctx) {
+    const pack_visit *v = ctx;
+    mgk_i64 base, strides[MGK_MAXD];
+    if (X->arr == MGK_PW || X->arr == MGK_PG) return 1;
+    return !walk(t, M, X, v->cand) || sub_view(M, X, v->P, &base, strides);
+}
+
+static int point_at_pack(mg_tape *t, mgk_nest *M, mgk_ref *X, void *ctx) {
+    const pack_visit *v = ctx;
+    if (X->arr != MGK_PW && X->arr != MGK_PG && walk(t, M, X, v->cand)) rewrite(M, X, v->P);
+    return 1;
+}
+
 static int plan_packs(mg_tape *t) {
     if (!t->nparams || !t->rerolled) return MG_OK;
     uint8_t *owned = mg_tape__alloc(t, t->nparams, 1), *cand = mg_tape__alloc(t, t->nparams, 1);
+    uint8_t *by_loss = mg_tape__alloc(t, t->nparams, 1); /* parameters the losses read */
+    ref_index RI = {0};
     size_t cap = 0;
     int st = MG_ENOMEM;
-    if (!owned || !cand) goto done;
+    if (!owned || !cand || !by_loss || !ri_build(t, &RI)) goto done;
     memset(owned, 0, t->nparams);
     memset(cand, 0, t->nparams);
+    memset(by_loss, 0, t->nparams);
+    for (size_t i = 0; i < t->nfwd; i++)
+        if (t->fwd[i].kind == MG_I_NARY)
+            for (uint32_t q = 0; q < t->fwd[i].b; q++)
+                if (t->ix[t->fwd[i].a + q] < t->nparams) by_loss[t->ix[t->fwd[i].a + q]] = 1;
     for (size_t k = 0; k < t->nfwd_nests; k++) {
         mgk_nest *N = &t->nests[k];
         const mg_nest_info *I = &t->info[k];
@@ -287,25 +396,15 @@ static int plan_packs(mg_tape *t) {
                 mark_pack(&P, cand, 1);
                 mgk_i64 lo, hi;
                 pack_range(&P, &lo, &hi);
+                pack_visit pv = {&P, cand};
                 /* every ref touching them must read a block of the pack */
-                for (size_t m = 0; m < t->nnests && ok; m++) {
-                    mgk_nest *M = &t->nests[m];
-                    mgk_ref *rs[6];
-                    int nrs = active_refs(M, rs);
-                    for (int q = 0; q < nrs && ok; q++) {
-                        if (rs[q]->arr == MGK_PW || rs[q]->arr == MGK_PG) continue;
-                        mgk_i64 base, strides[MGK_MAXD];
-                        if (may_reach(t, M, rs[q], lo, hi) && walk(t, M, rs[q], cand) &&
-                            !sub_view(M, rs[q], &P, &base, strides))
-                            ok = 0;
-                    }
-                }
+                ok = ri_each(t, &RI, lo, hi, reads_block, &pv);
                 /* the losses read their operands directly */
-                for (size_t i = 0; i < t->nfwd && ok; i++)
-                    if (t->fwd[i].kind == MG_I_NARY)
-                        for (uint32_t q = 0; q < t->fwd[i].b && ok; q++)
-                            ok = !(t->ix[t->fwd[i].a + q] < t->nparams &&
-                                   cand[t->ix[t->fwd[i].a + q]]);
+                {
+                    mgk_i64 idx[MGK_MAXD] = {0};
+                    for (size_t i = 0; i < P.len && ok; i++, mg_pack__next(&P, idx))
+                        ok = !by_loss[mg_pack__slot(&P, idx)];
+                }
                 if (ok) {
                     P.p0 = t->npacked;
                     t->npacked += P.len;
@@ -313,16 +412,7 @@ static int plan_packs(mg_tape *t) {
                         goto done;
                     t->packs[t->npacks++] = P;
                     mark_pack(&P, owned, 1);
-                    for (size_t m = 0; m < t->nnests; m++) {
-                        mgk_nest *M = &t->nests[m];
-                        mgk_ref *rs[6];
-                        int nrs = active_refs(M, rs);
-                        for (int q = 0; q < nrs; q++) {
-                            if (rs[q]->arr == MGK_PW || rs[q]->arr == MGK_PG) continue;
-                            if (may_reach(t, M, rs[q], lo, hi) && walk(t, M, rs[q], cand))
-                                rewrite(M, rs[q], &P);
-                        }
-                    }
+                    ri_each(t, &RI, lo, hi, point_at_pack, &pv);
                 }
                 mark_pack(&P, cand, 0);
                 if (ok) break;
@@ -342,6 +432,8 @@ static int plan_packs(mg_tape *t) {
 done:
     if (owned) t->alloc.free_fn(owned, t->alloc.ctx);
     if (cand) t->alloc.free_fn(cand, t->alloc.ctx);
+    if (by_loss) t->alloc.free_fn(by_loss, t->alloc.ctx);
+    ri_free(t, &RI);
     return st;
 }
 
