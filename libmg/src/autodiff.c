@@ -70,7 +70,7 @@ typedef struct class_probe {
 
 /* A slot that is a parameter or (with `param` 0) a computed value: it needs a gradient. */
 static int in_class(const mg_tape *t, mgk_i64 slot, int param) {
-    return slot < (mgk_i64)t->nparams || (!param && slot >= (mgk_i64)t->first_op);
+    return slot < (mgk_i64)t->nparams || (!param && mg_tape__is_value(t, slot));
 }
 
 static int entry_in_class(void *ctx, mgk_i64 pos) {

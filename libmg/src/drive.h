@@ -83,8 +83,19 @@ typedef struct mg_exec {
     int defer;
     int skip_steps;  /* the fused steps' nests run after the chunks (fit_run::defer) */
     int loss_in_bwd; /* a fit: a cross-entropy loss is computed with its gradient (xent_last) */
+    int batch;       /* a chunk of a batch: the shared values' programs run outside it */
     mg_prefetch pf;  /* input rows brought towards the cache while this run's nests compute */
 } mg_exec;
+
+/* The shared values' nests (ir.h: t->nsh_fwd, t->nsh_bwd) run in every run where a batch does not
+ * run them apart: single samples, and a tape whose shared nests are not all before (after) the
+ * others (then a batch runs on one thread: two chunks would write one slot). Their gradients start
+ * from zero in each backward that runs them; in a batch, in each chunk (run_chunk). */
+static int shared_inline(const mg_tape *t) { return t->shared0 < t->input0 && !t->nsh_fwd; }
+static size_t fwd0(const mg_tape *t, const mg_exec *E) { return E->batch ? t->nsh_fwd : 0; }
+static size_t bwd_len(const mg_tape *t, const mg_exec *E) {
+    return E->batch ? t->nbwd - t->nsh_bwd : t->nbwd;
+}
 
 #define MG_FIT_CHUNKS 2
 #define MG_FIT_SUB 64 /* samples of a chunk in flight at once, at most */
@@ -226,7 +237,7 @@ static void run_one(const mg_tape *t, const mg_instr *in, mg_exec *E) {
                             *slot_at(t, R, 1, in->out, s));
             for (uint32_t i = 0; i < in->b; i++) {
                 mgk_idx slot = t->ix[in->a + i];
-                if (slot >= t->input0 || slot < t->nparams) *slot_at(t, R, 1, slot, s) += sg[i];
+                if (slot >= t->shared0 || slot < t->nparams) *slot_at(t, R, 1, slot, s) += sg[i];
             }
         }
         break;
@@ -280,9 +291,11 @@ static size_t prog_calls(const mg_instr *prog, size_t len, int cone) {
     return n;
 }
 
-/* Nests a fit runs per sample (batch size 1) or per samples in flight. */
-static size_t fit_calls(const mg_tape *t) {
-    return prog_calls(t->fwd, t->nfwd, MG_FZ_LOSS_CONE) + prog_calls(t->bwd, t->nbwd, 0);
+/* Nests a fit runs per sample (batch size 1) or per samples in flight (`batch`: without the
+ * shared values' programs). */
+static size_t fit_calls(const mg_tape *t, int batch) {
+    const size_t f0 = batch ? t->nsh_fwd : 0, nb = batch ? t->nbwd - t->nsh_bwd : t->nbwd;
+    return prog_calls(t->fwd + f0, t->nfwd - f0, MG_FZ_LOSS_CONE) + prog_calls(t->bwd, nb, 0);
 }
 
 /* Batch size 1: the row asked for while a sample runs is this many samples ahead. */
@@ -398,7 +411,9 @@ static void backward(const mg_tape *t, mg_exec *E) {
         else if (t->loss < t->nparams)
             R->a[MGK_G][t->loss] += 1.0; /* the loss is a parameter itself: d loss/d p = 1 */
     }
-    run_prog(t, t->bwd, t->nbwd, E, 0);
+    if (t->shared0 < in0 && (!E->batch || shared_inline(t))) /* fresh, as the values' are */
+        memset(R->a[MGK_G] + t->shared0, 0, (in0 - t->shared0) * sizeof(mgk_real));
+    run_prog(t, t->bwd, bwd_len(t, E), E, 0);
 }
 
 /* ---- targets ----------------------------------------------------------------------------------
@@ -758,6 +773,7 @@ static void run_chunk(fit_run *F, fit_chunk *c, size_t ci) {
     E.scratch_ix = c->scratch_ix;
     E.skip_steps = F->ndefer > 0;
     E.loss_in_bwd = 1;
+    E.batch = 1;
     prefetch_init(&E.pf, t, F->X, F->X32, F->perm, F->sub, F->calls);
     c->loss = 0.0;
     /* this batch's gradients start from zero (step_item only reads them with threads): the
@@ -765,6 +781,8 @@ static void run_chunk(fit_run *F, fit_chunk *c, size_t ci) {
      * parameter's gradient is in pg; its slot in g, like a constant's, is never read, as in
      * step_all), and in packs where the step does not zero them as it goes (threads) */
     for (size_t i = 0; i < t->nstep_d1; i++) c->g[t->step_d1[i]] = 0;
+    if (t->nsh_fwd) /* the shared values' gradients: this chunk's samples' sums (shared_item) */
+        memset(c->g + t->shared0, 0, (t->input0 - t->shared0) * sizeof(mgk_real));
     if (t->nstep_p1 && F->threads > 1) {
         if (t->nstep_p1 == t->npacked) memset(c->pg, 0, t->npacked * sizeof(mgk_real));
         else
@@ -785,7 +803,7 @@ static void run_chunk(fit_run *F, fit_chunk *c, size_t ci) {
         R->nb = (mgk_i64)nb;
         R->first = k0 == c->from;
         R->bstep = c->step && k0 + nb == c->to;
-        run_prog(t, t->fwd, t->nfwd, &E, MG_FZ_LOSS_CONE);
+        run_prog(t, t->fwd + fwd0(t, &E), t->nfwd - fwd0(t, &E), &E, MG_FZ_LOSS_CONE);
         backward(t, &E);
         for (size_t q = 0; q < nb; q++) c->loss += loss_of(t, R, (mgk_i64)q); /* xent_last */
     }
@@ -958,22 +976,62 @@ static void wait_done(fit_run *F, size_t count) {
     }
 }
 
-/* Thread w's part of an epoch: every phase in order, its own items first, then the others'. */
+/* The shared values' programs of a batch (t->nsh_fwd, t->nsh_bwd), each one item of its own phase:
+ * the forward before the chunks (from the stepped parameters), the backward after them, from the
+ * sum of the chunks' gradients of the shared values (in chunk order) into the first chunk's
+ * gradients, which the step adds to the others'. Per batch, not per sample: micrograd's L2 term
+ * at batch 32 is one sum over the parameters instead of 32. */
+static void shared_item(fit_run *F, int backward_prog, size_t nch) {
+    const mg_tape *t = F->t;
+    fit_chunk *c = &F->ch[0];
+    mg_exec E;
+    memset(&E, 0, sizeof E);
+    mgk_run *R = &E.R;
+    R->a[MGK_D] = MG_R_DATA(t);
+    R->a[MGK_G] = c->g;
+    R->a[MGK_PW] = MG_R_PW(t);
+    R->a[MGK_PG] = c->pg;
+    R->a[MGK_BD] = c->bd;
+    R->a[MGK_BG] = c->bg;
+    R->ix = t->ix;
+    R->ss = (mgk_i64)F->ss;
+    R->nb = 1;
+    E.scratch = c->scratch;
+    E.scratch_ix = c->scratch_ix;
+    if (!backward_prog) {
+        run_prog(t, t->fwd, t->nsh_fwd, &E, MG_FZ_LOSS_CONE);
+        return;
+    }
+    if (nch > 1)
+        for (size_t v = t->shared0; v < t->input0; v++) c->g[v] += F->ch[1].g[v];
+    run_prog(t, t->bwd + (t->nbwd - t->nsh_bwd), t->nsh_bwd, &E, 0);
+}
+
+/* Thread w's part of an epoch: every phase in order, its own items first, then the others'. A
+ * batch's phases: its chunks, then the step (with shared values: the shared forward first, and
+ * the shared backward between the chunks and the step). */
+enum { PH_PRE, PH_CHUNKS, PH_POST, PH_STEP };
 static void fit_share(fit_run *F, size_t w) {
     const size_t T = F->threads, S = MG_FIT_STEP_ITEMS + F->ndefer; /* the step phase's items */
     const size_t nbatches = (F->n + F->batch - 1) / F->batch;
-    for (size_t p = 0; p < 2 * nbatches; p++) {
-        const size_t k = p / 2, b0 = k * F->batch;
+    const size_t sh = F->t->nsh_fwd > 0, NP = sh ? 4 : 2, per = F->nch + S + 2 * sh;
+    for (size_t p = 0; p < NP * nbatches; p++) {
+        const size_t k = p / NP, b0 = k * F->batch;
+        const int ph = sh ? (int)(p % NP) : p % NP ? PH_STEP : PH_CHUNKS;
         const size_t bn = F->n - b0 < F->batch ? F->n - b0 : F->batch;
-        const size_t nch = bn < F->nch ? bn : F->nch, items = p % 2 ? S : nch;
-        /* every batch before this one is whole: nch chunks and S step items */
-        wait_done(F, k * (F->nch + S) + (p % 2 ? nch : 0));
+        const size_t nch = bn < F->nch ? bn : F->nch;
+        const size_t items = ph == PH_CHUNKS ? nch : ph == PH_STEP ? S : 1;
+        /* every batch before this one is whole (per items); this one's earlier phases */
+        wait_done(F, k * per + (sh && ph > PH_PRE) + (ph > PH_CHUNKS ? nch : 0) +
+                         (sh && ph > PH_POST));
         for (int pass = 0; pass < 2; pass++)
             for (size_t i = 0; i < items; i++) {
                 if ((i % T == w) != (pass == 0)) continue;
                 size_t v = atomic_load_explicit(&F->claim[i], memory_order_relaxed);
                 if (v > p || !atomic_compare_exchange_strong(&F->claim[i], &v, p + 1)) continue;
-                if (p % 2 == 0) {
+                if (ph == PH_PRE || ph == PH_POST) {
+                    shared_item(F, ph == PH_POST, nch);
+                } else if (ph == PH_CHUNKS) {
                     fit_chunk *c = &F->ch[i];
                     chunk_range(F, b0, i, &c->from, &c->to);
                     c->step = F->fuse && i + 1 == nch;
@@ -1065,7 +1123,7 @@ MG_DRV_LINK int MG_DRV(fit)(mg_tape *t, const double *X, const double *Y, size_t
         E.keep_d = kept;
         E.keep_g = kept ? kept + ss : NULL;
         E.loss_in_bwd = 1;
-        prefetch_init(&E.pf, t, X, o.X32, perm, 1, fit_calls(t));
+        prefetch_init(&E.pf, t, X, o.X32, perm, 1, fit_calls(t, 0));
         for (size_t k = 0; k < n; k++) {
             size_t s = perm[k];
             load_row(t, MG_R_DATA(t) + t->input0, X, o.X32, s);
@@ -1106,10 +1164,11 @@ MG_DRV_LINK int MG_DRV(fit)(mg_tape *t, const double *X, const double *Y, size_t
         sub = up <= cap ? up : (per + parts - 1) / parts;
     }
     F.sub = sub;
-    F.calls = fit_calls(t);
+    F.calls = fit_calls(t, 1);
     /* the per-sample arrays hold whole register tiles of samples (mgk_run) */
     const size_t held = (sub + MGK_TS_MAX - 1) / MGK_TS_MAX * MGK_TS_MAX;
     if (threads > nch) threads = nch;
+    if (shared_inline(t)) threads = 1; /* each chunk would compute the shared values */
     F.threads = threads;
     F.held = held;
     if (!t->kern_contracts && sub >= per &&

@@ -223,11 +223,12 @@ static void emit_header(sbuf *b, const mg_tape *t, int inference) {
          " * %s program %016llx: %zu statements, %zu forward and %zu backward\n"
          " * loop nests, %zu sequential loops. Slots: %zu (parameters [0, %zu), constants [%zu, "
          "%zu),\n"
-         " * inputs [%zu, %zu), targets [%zu, %zu), values [%zu, %zu)). */\n",
+         " * shared values [%zu, %zu), inputs [%zu, %zu), targets [%zu, %zu), values [%zu, %zu)). "
+         "*/\n",
          MG_EMITTER_VERSION, inference ? "Inference" : "Training",
          (unsigned long long)t->fingerprint, s.statements, s.forward_nests, s.backward_nests,
-         s.loops, t->nslots, t->nparams, t->const0, t->input0, t->input0, t->target0, t->target0,
-         t->first_op, t->first_op, t->nslots);
+         s.loops, t->nslots, t->nparams, t->const0, t->shared0, t->shared0, t->input0, t->input0,
+         t->target0, t->target0, t->first_op, t->first_op, t->nslots);
 }
 
 /* Training code compiles as one file, or as MG_NPARTS files in parallel (micrograd_c's
@@ -587,12 +588,16 @@ char *mg_tape_describe(mg_tape *t, size_t *len) {
     putf(&b,
          "%zu values -> %zu statements -> %zu forward and %zu backward loop nests, %zu sequential "
          "loops\n"
-         "slots: parameters [0, %zu), constants [%zu, %zu), inputs [%zu, %zu), targets [%zu, %zu), "
-         "values [%zu, %zu);"
-         " %zu parameters packed%s\n",
+         "slots: parameters [0, %zu), constants [%zu, %zu), ",
          s.nodes, s.statements, s.forward_nests, s.backward_nests, s.loops, t->nparams, t->const0,
-         t->input0, t->input0, t->target0, t->target0, t->first_op, t->first_op, t->nslots,
-         t->npacked, t->in_perm ? "; inputs stored in the order the program reads them" : "");
+         t->shared0);
+    if (t->shared0 < t->input0)
+        putf(&b, "shared values [%zu, %zu) (once per batch: %s), ", t->shared0, t->input0,
+             t->nsh_fwd ? "the first forward and last backward instructions that touch no sample"
+                        : "no, every sample computes them");
+    putf(&b, "inputs [%zu, %zu), targets [%zu, %zu), values [%zu, %zu); %zu parameters packed%s\n",
+         t->input0, t->target0, t->target0, t->first_op, t->first_op, t->nslots, t->npacked,
+         t->in_perm ? "; inputs stored in the order the program reads them" : "");
     puts_(&b, "forward:\n");
     describe_prog(&b, t, t->fwd, t->nfwd);
     if (t->has_loss) {

@@ -265,6 +265,7 @@ static int build_fz(mg_tape *t, mg_value **order, size_t n, const vmap *index, c
     /* the layout: parameters, constants, inputs, targets, then values */
     t->nconsts = nconst;
     t->const0 = P;
+    t->shared0 = P + nconst; /* reroll.c puts the shared values here, moving what follows */
     t->input0 = P + nconst;
     t->target0 = t->input0 + I;
     t->first_op = t->target0 + spec->ntargets;
@@ -272,6 +273,17 @@ static int build_fz(mg_tape *t, mg_value **order, size_t n, const vmap *index, c
         if (f->op[k] != MG_OP_LEAF) continue;
         if (f->cls[k] == MG_C_CONST) f->slot[k] += (uint32_t)t->const0;
         else if (f->cls[k] != MG_C_PARAM) f->slot[k] += (uint32_t)nconst;
+    }
+    /* shared values: computed from parameters and constants alone, for the loss alone (not an
+     * output, which predict computes per row, nor a root, whose slot the driver seeds) */
+    for (size_t k = 0; k < n && !spec->no_raise; k++) {
+        if (f->op[k] == MG_OP_LEAF || f->cone[k] != MG_FZ_LOSS_CONE) continue;
+        int shared = 1;
+        for (uint32_t j = f->off[k]; j < f->off[k + 1] && shared; j++) {
+            const uint8_t c = f->cls[f->opnd[j]];
+            shared = c == MG_C_PARAM || c == MG_C_CONST || c == MG_C_SHARED;
+        }
+        if (shared) f->cls[k] = MG_C_SHARED;
     }
     return MG_OK;
 }
@@ -438,6 +450,7 @@ typedef struct fwd_prog {
     uint32_t *slot; /* the frozen graph's slots */
     size_t nnests, nfwd_nests, nfwd, nix, nslots, nstatements, ngroups, nseq, nfolded;
     int rerolled;
+    size_t shared_slots[3]; /* input0, target0, first_op: where the shared values end */
 } fwd_prog;
 
 static void fwd_take(mg_tape *t, fwd_prog *p) {
@@ -446,6 +459,8 @@ static void fwd_take(mg_tape *t, fwd_prog *p) {
     p->nnests = t->nnests, p->nfwd_nests = t->nfwd_nests, p->nfwd = t->nfwd, p->nix = t->nix;
     p->nslots = t->nslots, p->nstatements = t->nstatements, p->ngroups = t->ngroups;
     p->nseq = t->nseq, p->nfolded = t->nfolded, p->rerolled = t->rerolled;
+    p->shared_slots[0] = t->input0, p->shared_slots[1] = t->target0;
+    p->shared_slots[2] = t->first_op;
     t->nests = NULL, t->info = NULL, t->fwd = NULL, t->ix = NULL, t->in_perm = NULL;
     t->nnests = t->nfwd_nests = t->nfwd = t->nix = t->nslots = 0;
     t->nstatements = t->ngroups = t->nseq = t->nfolded = 0;
@@ -457,6 +472,8 @@ static void fwd_put(mg_tape *t, const fwd_prog *p) {
     t->nnests = p->nnests, t->nfwd_nests = p->nfwd_nests, t->nfwd = p->nfwd, t->nix = p->nix;
     t->nslots = p->nslots, t->nstatements = p->nstatements, t->ngroups = p->ngroups;
     t->nseq = p->nseq, t->nfolded = p->nfolded, t->rerolled = p->rerolled;
+    t->input0 = p->shared_slots[0], t->target0 = p->shared_slots[1];
+    t->first_op = p->shared_slots[2];
 }
 
 static void fwd_free(mg_tape *t, fwd_prog *p) {

@@ -122,7 +122,8 @@ static uint64_t fnv(uint64_t h, const void *p, size_t n) {
 uint64_t mg_ir__fingerprint(const mg_tape *t) {
     uint64_t h = 0xCBF29CE484222325ull;
     size_t sizes[] = {t->nslots,   t->nparams, t->nconsts, t->ninputs, t->ntargets,
-                      t->noutputs, t->nnests,  t->nfwd,    t->nbwd,    t->nix};
+                      t->noutputs, t->nnests,  t->nfwd,    t->nbwd,    t->nix,
+                      t->shared0,  t->nsh_fwd, t->nsh_bwd};
     h = fnv(h, sizes, sizeof sizes);
     if (t->nnests) h = fnv(h, t->nests, t->nnests * sizeof(mgk_nest));
     if (t->nfwd) h = fnv(h, t->fwd, t->nfwd * sizeof(mg_instr));

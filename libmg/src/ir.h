@@ -47,8 +47,18 @@ static inline double mgk_op_db(int op, double A, double B, double K, double Y) {
  * without touching the graph again. Node k's operands are opnd[off[k] .. off[k+1]). */
 
 /* Classes of values: what a slot holds. Part of every grouping signature, so one loop never
- * mixes, say, parameters and computed values in one operand. */
-enum { MG_C_PARAM = 0, MG_C_CONST = 1, MG_C_INPUT = 2, MG_C_TARGET = 3, MG_C_VALUE = 4 };
+ * mixes, say, parameters and computed values in one operand. MG_C_SHARED: a computed value of
+ * the loss's cone alone that no input or target reaches (micrograd's L2 term, sum(p*p)): the
+ * same for every sample of a batch, so it lives among the shared slots and a batch computes it
+ * once (freeze.c marks them; reroll.c lays them out; drive.h runs them once per batch). */
+enum {
+    MG_C_PARAM = 0,
+    MG_C_CONST = 1,
+    MG_C_INPUT = 2,
+    MG_C_TARGET = 3,
+    MG_C_VALUE = 4,
+    MG_C_SHARED = 5
+};
 
 enum { MG_FZ_LOSS_CONE = 1, MG_FZ_OUT_CONE = 2, MG_FZ_ROOT = 4 };
 
@@ -131,9 +141,14 @@ struct mg_tape {
     int status;
     char err[256];
     uint64_t graph_id;
-    /* slot layout: parameters [0, nparams), constants [const0, input0), inputs, targets, values */
+    /* slot layout: parameters [0, nparams), constants [const0, shared0), shared values
+     * [shared0, input0) (MG_C_SHARED), then the per-sample slots: inputs, targets, values */
     size_t nslots, nparams, nconsts, ninputs, ntargets, noutputs;
-    size_t const0, input0, target0, first_op;
+    size_t const0, shared0, input0, target0, first_op;
+    /* the forward program's first `nsh_fwd` instructions compute the shared values and the
+     * backward program's last `nsh_bwd` propagate their gradients (only shared slots in either):
+     * a batch runs them once, before and after its samples (drive.h) */
+    size_t nsh_fwd, nsh_bwd;
     int has_loss;
     uint32_t loss;
     size_t loss_pw; /* the loss's position in pw when it is a packed parameter, else SIZE_MAX */
@@ -261,6 +276,12 @@ int mg_tape__fit_f32(mg_tape *t, const double *X, const double *Y, size_t n,
 enum { MG_F32_DATA = 1, MG_F32_GRAD = 2 };
 void mg_tape__f32_in(mg_tape *t, int what);
 void mg_tape__f32_out(mg_tape *t, int what);
+
+/* Whether slot `slot` is a computed value: one that needs a gradient (autodiff.c). */
+static inline int mg_tape__is_value(const mg_tape *t, mgk_i64 slot) {
+    return slot >= (mgk_i64)t->first_op ||
+           (slot >= (mgk_i64)t->shared0 && slot < (mgk_i64)t->input0);
+}
 
 /* Whether term operand j of nest N is read: dA/dB of a unary op ignore their B operand (the one
  * rule every pass that walks a nest's reads uses: schedule.c, hoist.c). */

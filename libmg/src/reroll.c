@@ -347,9 +347,12 @@ static int make_statements(rr *R, int scalar) {
 static uint32_t stmt_level(const rr *R, const stmt *s) {
     const mg_fz *f = R->f;
     uint32_t lv = 0;
+    /* a per-sample statement's levels count from the shared values' (all before them): a shared
+     * operand is as ready as a parameter */
+    const int own = cls_of(R, s->node) == MG_C_SHARED;
 #define SEE(node)                                                                                  \
     do {                                                                                           \
-        uint32_t l_ = R->level[node];                                                              \
+        uint32_t l_ = own || cls_of(R, node) != MG_C_SHARED ? R->level[node] : 0;                  \
         if (l_ > lv) lv = l_;                                                                      \
     } while (0)
     if (s->kind == S_RED) {
@@ -1252,6 +1255,33 @@ static int input_layout(rr *R, const uint32_t *order, int inputs, int *alt) {
     return ok;
 }
 
+/* The shared values' slots: reroll lays them out first, from first_op on, as the first levels;
+ * then they move to [shared0, shared0 + K) and the inputs and targets K slots on (the values
+ * after them keep theirs), in every slot the program names: its refs, index tables and variadic
+ * operand lists, and the frozen graph's slots. A ref reads one class (signatures keep them
+ * apart), so its slots move by one offset. */
+static mgk_i64 moved_slot(const mg_tape *t, size_t in0, size_t K, mgk_i64 s) {
+    if (s < (mgk_i64)in0 || s >= (mgk_i64)(t->first_op + K)) return s;
+    return s < (mgk_i64)t->first_op ? s + (mgk_i64)K : s - (mgk_i64)t->first_op + (mgk_i64)in0;
+}
+
+static void move_shared(mg_tape *t, const mg_fz *f, size_t K) {
+    const size_t in0 = t->input0;
+    for (size_t k = 0; k < f->n; k++)
+        if (f->slot[k] != UINT32_MAX) f->slot[k] = (uint32_t)moved_slot(t, in0, K, f->slot[k]);
+    for (size_t i = 0; i < t->nix; i++) t->ix[i] = (mgk_idx)moved_slot(t, in0, K, t->ix[i]);
+    for (size_t i = 0; i < t->nfwd; i++)
+        if (t->fwd[i].kind == MG_I_NARY)
+            t->fwd[i].out = (uint32_t)moved_slot(t, in0, K, t->fwd[i].out);
+    for (size_t n = 0; n < t->nnests; n++) {
+        mgk_nest *N = &t->nests[n];
+        mgk_ref *refs[6] = {&N->out, &N->init, &N->x[0], &N->x[1], &N->x[2], &N->x[3]};
+        for (int j = 0; j < 6; j++)
+            if (!refs[j]->gather) refs[j]->base = moved_slot(t, in0, K, refs[j]->base);
+    }
+    t->input0 += K, t->target0 += K, t->first_op += K;
+}
+
 int mg_reroll(mg_tape *t, const mg_fz *f, int scalar, int inputs, int *alt) {
     rr R;
     memset(&R, 0, sizeof R);
@@ -1267,6 +1297,14 @@ int mg_reroll(mg_tape *t, const mg_fz *f, int scalar, int inputs, int *alt) {
     memset(R.stmt_of, 0xff, f->n * sizeof(uint32_t));
     memset(R.absorbed, 0, f->n);
     memset(R.level, 0, f->n * sizeof(uint32_t));
+    if (t->input0 != t->shared0) { /* a second reroll (freeze.c): the leaves where they began */
+        const uint32_t K = (uint32_t)(t->input0 - t->shared0);
+        for (size_t k = 0; k < f->n; k++)
+            if (f->op[k] == MG_OP_LEAF && (f->cls[k] == MG_C_INPUT || f->cls[k] == MG_C_TARGET))
+                f->slot[k] -= K;
+        t->input0 -= K, t->target0 -= K, t->first_op -= K;
+    }
+    size_t shared_end = SIZE_MAX; /* the first slot after the shared values */
     if (!make_statements(&R, scalar)) goto done;
     t->nstatements = R.nst;
     t->rerolled = !scalar;
@@ -1286,16 +1324,27 @@ int mg_reroll(mg_tape *t, const mg_fz *f, int scalar, int inputs, int *alt) {
             if (e <= 0) goto done;
         }
     } else {
+        uint32_t shared_levels = 0;
         for (size_t i = 0; i < R.nst; i++) {
             stmt *s = &R.st[i];
             s->level = stmt_level(&R, s);
             R.level[s->node] = s->level;
             order[i] = (uint32_t)i;
+            if (cls_of(&R, s->node) == MG_C_SHARED && s->level > shared_levels)
+                shared_levels = s->level;
         }
+        if (shared_levels) /* the shared values' levels first */
+            for (size_t i = 0; i < R.nst; i++)
+                if (cls_of(&R, R.st[i].node) != MG_C_SHARED) {
+                    R.st[i].level += shared_levels;
+                    R.level[R.st[i].node] = R.st[i].level;
+                }
         if (!sort_idx(&R, order, R.nst, 0) || !input_layout(&R, order, inputs, alt)) goto done;
         for (size_t lo = 0; lo < R.nst;) {
             size_t hi = lo;
             while (hi < R.nst && R.st[order[hi]].level == R.st[order[lo]].level) hi++;
+            if (shared_end == SIZE_MAX && cls_of(&R, R.st[order[lo]].node) != MG_C_SHARED)
+                shared_end = R.next_slot;
             /* slots for the level, in creation order */
             for (size_t i = lo; i < hi; i++)
                 f->slot[R.st[order[i]].node] = (uint32_t)(R.next_slot + (i - lo));
@@ -1328,6 +1377,8 @@ int mg_reroll(mg_tape *t, const mg_fz *f, int scalar, int inputs, int *alt) {
         goto done;
     }
     t->nslots = R.next_slot;
+    if (shared_end == SIZE_MAX) shared_end = scalar ? t->first_op : R.next_slot;
+    if (shared_end > t->first_op) move_shared(t, f, shared_end - t->first_op);
     t->nfwd_nests = t->nnests;
     st = MG_OK;
 done:

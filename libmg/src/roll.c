@@ -40,13 +40,15 @@ static uint64_t shape_of(const mg_tape *t, const mg_instr *in) {
     return h | 1; /* nonzero */
 }
 
-/* The region a ref's first element lies in: parameters, constants, inputs and targets, values.
- * A loop may only roll nests whose every operand stays in one region: the backward program
- * decides per operand whether it needs a gradient. */
+/* The region a ref's first element lies in: parameters, constants, shared values, inputs and
+ * targets, values. A loop may only roll nests whose every operand stays in one region: the
+ * backward program decides per operand whether it needs a gradient, and the driver runs the
+ * shared values' nests once per batch. */
 static int region(const mg_tape *t, const mgk_ref *X) {
     mgk_i64 slot = X->gather ? (mgk_i64)t->ix[X->base] : X->base;
     return slot < (mgk_i64)t->nparams    ? 0
-           : slot < (mgk_i64)t->input0   ? 1
+           : slot < (mgk_i64)t->shared0  ? 1
+           : slot < (mgk_i64)t->input0   ? 4
            : slot < (mgk_i64)t->first_op ? 2
                                          : 3;
 }

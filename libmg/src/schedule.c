@@ -511,6 +511,76 @@ static void mark_ref(const mg_tape *t, const mgk_nest *N, const mgk_ref *X, uint
     mg_ref__each(t, (size_t)(N - t->nests), X, set_mark, &m);
 }
 
+/* ---- the shared values' programs ---------------------------------------------------------------
+ * Reroll lays the shared values (MG_C_SHARED) out as the first levels, so their nests open the
+ * forward program and their gradients' nests close the backward one: t->nsh_fwd and t->nsh_bwd
+ * count those instructions. Each touches shared slots alone; every other instruction touches a
+ * sample's slots. Where that does not hold (no pass is known to break it), nsh_fwd and nsh_bwd stay
+ * 0 and every run computes them, as a single sample does (drive.h). */
+
+static int below_input0(void *ctx, mgk_i64 pos) {
+    const mg_tape *t = ctx;
+    return t->ix[pos] >= t->input0; /* stops the walk at a per-sample element */
+}
+
+/* Whether instruction `in` (not a SEQ) reads and writes shared slots alone. */
+static int instr_shared(mg_tape *t, const mg_instr *in) {
+    if (in->kind != MG_I_NEST) {
+        if (in->out >= t->input0) return 0;
+        for (uint32_t q = 0; q < in->b; q++)
+            if (t->ix[in->a + q] >= t->input0) return 0;
+        return 1;
+    }
+    mgk_nest *N = &t->nests[in->a];
+    mgk_ref *refs[6];
+    const int nr = active_refs(N, refs);
+    for (int j = 0; j < nr; j++) {
+        if (refs[j]->gather ? mg_ref__each(t, in->a, refs[j], below_input0, t) != 0
+                            : refs[j]->base >= (mgk_i64)t->input0)
+            return 0;
+    }
+    return 1;
+}
+
+/* How many instructions of `prog` lead it (from its end: close it) that are shared, a SEQ with its
+ * whole body; `*stray`: whether any shared instruction is elsewhere. SIZE_MAX: out of memory. */
+static size_t shared_run(mg_tape *t, const mg_instr *prog, size_t len, int from_end, int *stray) {
+    size_t lead = 0, np = 0;
+    int leading = 1;
+    *stray = 0;
+    size_t *pos = mg_tape__alloc(t, len ? len : 1, sizeof(size_t)); /* top-level instructions */
+    if (!pos) return SIZE_MAX;
+    for (size_t i = 0; i < len; i += prog[i].kind == MG_I_SEQ ? prog[i].a + 1 : 1) pos[np++] = i;
+    for (size_t k = 0; k < np; k++) {
+        const size_t at = pos[from_end ? np - 1 - k : k];
+        const size_t width = prog[at].kind == MG_I_SEQ ? prog[at].a + 1 : 1;
+        int sh = 1, some = 0;
+        for (size_t q = prog[at].kind == MG_I_SEQ; q < width; q++) {
+            const int one = instr_shared(t, &prog[at + q]);
+            sh &= one;
+            some |= one;
+        }
+        if (sh && leading) lead += width;
+        else {
+            leading = 0;
+            *stray |= some;
+        }
+    }
+    t->alloc.free_fn(pos, t->alloc.ctx);
+    return lead;
+}
+
+static int plan_shared(mg_tape *t) {
+    t->nsh_fwd = t->nsh_bwd = 0;
+    if (t->shared0 == t->input0) return MG_OK;
+    int stray_f, stray_b;
+    const size_t pre = shared_run(t, t->fwd, t->nfwd, 0, &stray_f);
+    const size_t post = shared_run(t, t->bwd, t->nbwd, 1, &stray_b);
+    if (pre == SIZE_MAX || post == SIZE_MAX) return MG_ENOMEM;
+    if (!stray_f && !stray_b) t->nsh_fwd = pre, t->nsh_bwd = post;
+    return MG_OK;
+}
+
 static int fuse_steps(mg_tape *t) {
     if (!t->has_loss || !t->rerolled || t->nnests > 4096) return MG_OK;
     uint8_t *pm = mg_tape__alloc(t, t->nparams ? t->nparams : 1, 1);
@@ -533,7 +603,7 @@ static int fuse_steps(mg_tape *t) {
         mgk_ref *O = &N->out;
         int packed = O->arr == MGK_PG;
         if (N->mode != MGK_ACC || I->alias || I->has_gather || (N->flags & MGK_F_SCATTER) ||
-            O->gather || O->ts)
+            O->gather || O->ts || i >= t->nbwd - t->nsh_bwd) /* a batch runs those apart */
             continue;
         if (!packed && !(O->arr == MGK_G && O->base >= 0 && O->base < (mgk_i64)t->nparams))
             continue;
@@ -982,6 +1052,8 @@ static void band_flag(mgk_nest *N) {
 }
 
 int mg_schedule(mg_tape *t) {
+    int sst = plan_shared(t);
+    if (sst != MG_OK) return sst;
     for (size_t k = 0; k < t->nnests; k++) choose_vector_dim(t, &t->nests[k], &t->info[k], 0);
     int st = plan_packs(t);
     if (st != MG_OK) return st;

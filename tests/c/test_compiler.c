@@ -555,10 +555,11 @@ static void test_compiler__an_l2_run_is_cut_at_the_weight_blocks(void) {
     mg_tape *t = mg_tape_freeze(g, &spec);
     CHECK(t != NULL);
     if (!t) return;
-    int pieces = 0;
+    int pieces = 0; /* the sum is a shared value: parameters alone, for the loss alone */
     for (size_t k = 0; k < t->nfwd_nests; k++)
-        pieces += t->nests[k].mode == MGK_ACC && t->nests[k].out.arr == MGK_BD;
+        pieces += t->nests[k].mode == MGK_ACC && t->nests[k].out.arr == MGK_D;
     CHECK(pieces >= 1);
+    CHECK(t->shared0 < t->input0 && t->nsh_fwd > (size_t)pieces && t->nsh_bwd > 0);
     CHECK(t->npacked >= M * NT);
     mg_tape_free(t);
     double xs[NT], yv = 0.0;
