@@ -343,9 +343,25 @@ static int make_statements(rr *R, int scalar) {
     return 1;
 }
 
-/* Nodes a statement reads. */
+/* Runs DO(node) for every node statement s reads (a reduction's init and term operands, an
+ * elementwise statement's operands), repeats included. */
+#define EACH_READ(R, s, DO)                                                                        \
+    do {                                                                                           \
+        if ((s)->kind == S_RED) {                                                                  \
+            if ((s)->init != UINT32_MAX) DO((s)->init);                                            \
+            for (uint32_t q_ = 0; q_ < (s)->nt; q_++) {                                            \
+                const term *tm_ = &(R)->terms[(s)->t0 + q_];                                       \
+                DO(tm_->a);                                                                        \
+                if (tm_->kind == MGK_T_MUL) DO(tm_->b);                                            \
+            }                                                                                      \
+        } else {                                                                                   \
+            for (uint32_t j_ = (R)->f->off[(s)->node]; j_ < (R)->f->off[(s)->node + 1]; j_++)      \
+                DO((R)->f->opnd[j_]);                                                              \
+        }                                                                                          \
+    } while (0)
+
+/* A statement's level: one more than the highest of the statements it reads (leaves: 0). */
 static uint32_t stmt_level(const rr *R, const stmt *s) {
-    const mg_fz *f = R->f;
     uint32_t lv = 0;
     /* a per-sample statement's levels count from the shared values' (all before them): a shared
      * operand is as ready as a parameter */
@@ -355,16 +371,7 @@ static uint32_t stmt_level(const rr *R, const stmt *s) {
         uint32_t l_ = own || cls_of(R, node) != MG_C_SHARED ? R->level[node] : 0;                  \
         if (l_ > lv) lv = l_;                                                                      \
     } while (0)
-    if (s->kind == S_RED) {
-        if (s->init != UINT32_MAX) SEE(s->init);
-        for (uint32_t i = 0; i < s->nt; i++) {
-            const term *tm = &R->terms[s->t0 + i];
-            SEE(tm->a);
-            if (tm->kind == MGK_T_MUL) SEE(tm->b);
-        }
-    } else {
-        for (uint32_t j = f->off[s->node]; j < f->off[s->node + 1]; j++) SEE(f->opnd[j]);
-    }
+    EACH_READ(R, s, SEE);
 #undef SEE
     return lv + 1;
 }
@@ -888,29 +895,15 @@ static int sort_idx(rr *R, uint32_t *v, size_t n, int by_hash) {
     return 1;
 }
 
-/* Stores statements v[0..len) kind-major from slot `base`: statement j, of kind j % P and unit
- * j / P, at base + (j % P) * (len / P) + j / P. */
+/* Where the j-th of `len` values of a level with P kinds (kind j % P, unit j / P) is stored
+ * kind-major, from the level's first slot. */
+static size_t kind_major_at(size_t j, size_t len, size_t P) { return (j % P) * (len / P) + j / P; }
+
+/* Stores statements v[0..len) kind-major from slot `base` (kind_major_at). */
 static void kind_major(rr *R, const uint32_t *v, size_t len, size_t P, size_t base) {
     for (size_t j = 0; j < len; j++)
-        R->f->slot[R->st[v[j]].node] = (uint32_t)(base + (j % P) * (len / P) + j / P);
+        R->f->slot[R->st[v[j]].node] = (uint32_t)(base + kind_major_at(j, len, P));
 }
-
-/* Runs DO(node) for every node statement s reads (a reduction's init and term operands, an
- * elementwise statement's operands), repeats included. */
-#define EACH_READ(R, s, DO)                                                                        \
-    do {                                                                                           \
-        if ((s)->kind == S_RED) {                                                                  \
-            if ((s)->init != UINT32_MAX) DO((s)->init);                                            \
-            for (uint32_t q_ = 0; q_ < (s)->nt; q_++) {                                            \
-                const term *tm_ = &(R)->terms[(s)->t0 + q_];                                       \
-                DO(tm_->a);                                                                        \
-                if (tm_->kind == MGK_T_MUL) DO(tm_->b);                                            \
-            }                                                                                      \
-        } else {                                                                                   \
-            for (uint32_t j_ = (R)->f->off[(s)->node]; j_ < (R)->f->off[(s)->node + 1]; j_++)      \
-                DO((R)->f->opnd[j_]);                                                              \
-        }                                                                                          \
-    } while (0)
 
 /* The reader lists (rd_off, rd): one pass to count, one to fill. Returns 0 out of memory. */
 static int build_readers(rr *R) {
@@ -962,19 +955,18 @@ static size_t seq_cost(rr *R, size_t len, int maxd) {
  * strides, with the level stored in creation order (P == 0) or kind-major with P kinds: per
  * reduction that reads it (with `reductions`), each run of consecutive terms of one shape reading
  * it, per operand (a, b); per level and op of its elementwise readers, in creation order, each
- * operand position. *cost is the sum of those sequences' costs (seq_cost). With `strides`, the
- * elementwise readers' sequences give candidate periods instead (up to 4 distinct steps of at
- * least 5 between their first two values) and *cost is left 0. Returns 0 out of memory. */
+ * operand position. *cost is the sum of those sequences' costs (seq_cost). With `steps_by`, it
+ * says instead whether any elementwise reader's sequence steps by `period` between its first two
+ * values, and *cost is left 0. Returns 0 out of memory. */
 static int reader_cost(rr *R, const uint32_t *v, size_t n, size_t start, size_t P,
-                       const uint32_t *rdv, size_t nrd, int reductions, size_t *cost,
-                       int64_t *strides) {
+                       const uint32_t *rdv, size_t nrd, int reductions, size_t *cost, size_t period,
+                       int *steps_by) {
     const mg_fz *f = R->f;
     const uint32_t lv = R->st[v[0]].level;
     *cost = 0;
 #define MEMBER(node) (R->stmt_of[node] != UINT32_MAX && R->level[node] == lv)
 #define MAPPED(node)                                                                               \
-    ((int64_t)(P ? start + ((f->slot[node] - start) % P) * (n / P) + (f->slot[node] - start) / P   \
-                 : f->slot[node]))
+    ((int64_t)(P ? start + kind_major_at(f->slot[node] - start, n, P) : f->slot[node]))
     for (size_t i = 0; reductions && i < nrd; i++) {
         const stmt *s = &R->st[rdv[i]];
         /* a reduction far longer than the level reads little of it (and scanning it once per
@@ -1007,18 +999,12 @@ static int reader_cost(rr *R, const uint32_t *v, size_t n, size_t start, size_t 
             const int reads = s && s->kind == S_ELEM && f->off[s->node] + j < f->off[s->node + 1] &&
                               MEMBER(f->opnd[f->off[s->node] + j]);
             if (len && (!reads || s->level != first->level || s->op != first->op)) {
-                if (!strides) *cost += seq_cost(R, len, MGK_MAXO);
-                /* or the candidate periods: the steps between the first two values each reader
-                 * reads (a full fit of every sequence took 4% of a 1M-value CNN's freeze) */
-                int64_t str = len > 1 ? R->seqbuf[1] - R->seqbuf[0] : 0;
-                str = str < 0 ? -str : str;
-                for (int c = 0; strides && c < 4 && str >= 5; c++) {
-                    if (strides[c] == str) break;
-                    if (strides[c] == 0) {
-                        strides[c] = str;
-                        break;
-                    }
-                }
+                if (!steps_by) *cost += seq_cost(R, len, MGK_MAXO);
+                /* or the step between the first two values (a full fit of every sequence took 4%
+                 * of a 1M-value CNN's freeze) */
+                else if (len > 1 && (R->seqbuf[1] - R->seqbuf[0] == (int64_t)period ||
+                                     R->seqbuf[0] - R->seqbuf[1] == (int64_t)period))
+                    *steps_by = 1;
                 len = 0;
             }
             if (!reads) continue;
@@ -1066,15 +1052,13 @@ static int kinds_for_readers(rr *R, const uint32_t *v, size_t n, size_t start, s
     }
     /* the readers as the program orders them: by level, then creation */
     if (!sort_idx(R, R->rdbuf, nrd, 0)) return 0;
-    int64_t steps[4] = {0};
     size_t creation, kinds;
-    /* the steps first (elementwise readers alone): most levels have no reader stepping by P */
-    if (!reader_cost(R, v, n, start, 0, R->rdbuf, nrd, 0, &creation, steps)) return 0;
     int seen = 0;
-    for (int c = 0; c < 4; c++) seen |= steps[c] == (int64_t)P;
+    /* the steps first (elementwise readers alone): most levels have no reader stepping by P */
+    if (!reader_cost(R, v, n, start, 0, R->rdbuf, nrd, 0, &creation, P, &seen)) return 0;
     if (!seen) return 1;
-    if (!reader_cost(R, v, n, start, 0, R->rdbuf, nrd, 1, &creation, NULL) ||
-        !reader_cost(R, v, n, start, P, R->rdbuf, nrd, 1, &kinds, NULL))
+    if (!reader_cost(R, v, n, start, 0, R->rdbuf, nrd, 1, &creation, 0, NULL) ||
+        !reader_cost(R, v, n, start, P, R->rdbuf, nrd, 1, &kinds, 0, NULL))
         return 0;
     *yes = kinds < creation;
     return 1;
