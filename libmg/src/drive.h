@@ -167,6 +167,10 @@ static int xent_last(const mg_tape *t, const mg_instr *in, const mg_exec *E) {
 
 static void run_one(const mg_tape *t, const mg_instr *in, mg_exec *E) {
     mgk_run *R = &E->R;
+    const mgk_i64 nb = R->nb;
+    /* shared slots alone (a batch that runs them in its chunks, shared_inline): once, not once
+     * per sample, whose sums into a shared output would count it nb times */
+    if (nb > 1 && (in->kind == MG_I_NEST ? t->info[in->a].shared : in->out < t->input0)) R->nb = 1;
     switch (in->kind) {
     case MG_I_NEST:
         if (E->defer && t->info[in->a].pre) keep(&t->pre[t->info[in->a].pre - 1], E);
@@ -243,6 +247,7 @@ static void run_one(const mg_tape *t, const mg_instr *in, mg_exec *E) {
         break;
     default: break;
     }
+    R->nb = nb;
 }
 
 /* Runs a program; with `cone` nonzero, only instructions with one of those cone flags. */

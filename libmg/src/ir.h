@@ -100,10 +100,11 @@ typedef struct mg_nest_info {
     uint8_t grad;  /* 1 for a gradient nest */
     uint8_t alias; /* outputs may repeat across outer points */
     uint8_t has_gather;
-    uint32_t seq; /* iterations of the sequential loop it runs in (1: none) */
-    uint32_t pre; /* a gradient nest a batch-1 fit may defer to the next forward: 1 + its entry in
-                     mg_tape::pre (schedule.c's pre-steps); 0 otherwise */
-    double work;  /* estimated terms per sample, for the emitter's budget */
+    uint8_t shared; /* reads and writes shared slots alone: one run per batch, never per sample */
+    uint32_t seq;   /* iterations of the sequential loop it runs in (1: none) */
+    uint32_t pre;   /* a gradient nest a batch-1 fit may defer to the next forward: 1 + its entry in
+                       mg_tape::pre (schedule.c's pre-steps); 0 otherwise */
+    double work;    /* estimated terms per sample, for the emitter's budget */
 } mg_nest_info;
 
 /* A deferred step (schedule.c's pre-steps): gradient nest `bwd` applies SGD to weights that

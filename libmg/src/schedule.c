@@ -557,6 +557,7 @@ static size_t shared_run(mg_tape *t, const mg_instr *prog, size_t len, int from_
         int sh = 1, some = 0;
         for (size_t q = prog[at].kind == MG_I_SEQ; q < width; q++) {
             const int one = instr_shared(t, &prog[at + q]);
+            if (one && prog[at + q].kind == MG_I_NEST) t->info[prog[at + q].a].shared = 1;
             sh &= one;
             some |= one;
         }
@@ -603,7 +604,7 @@ static int fuse_steps(mg_tape *t) {
         mgk_ref *O = &N->out;
         int packed = O->arr == MGK_PG;
         if (N->mode != MGK_ACC || I->alias || I->has_gather || (N->flags & MGK_F_SCATTER) ||
-            O->gather || O->ts || i >= t->nbwd - t->nsh_bwd) /* a batch runs those apart */
+            O->gather || O->ts || I->shared) /* a batch runs those once, apart */
             continue;
         if (!packed && !(O->arr == MGK_G && O->base >= 0 && O->base < (mgk_i64)t->nparams))
             continue;

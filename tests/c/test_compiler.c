@@ -568,6 +568,70 @@ static void test_compiler__an_l2_run_is_cut_at_the_weight_blocks(void) {
     mg_graph_free(g);
 }
 
+/* The shared values (an L2 term: parameters alone, for the loss alone) run once per batch, in
+ * phases of their own (drive.h). Were they found anywhere but at the programs' ends, a batch would
+ * compute them in its chunks on one thread instead (shared_inline): forced here, both plans give
+ * the definition of a batch (each sample's forward and backward, then one step of the mean) to
+ * rounding, and each is bitwise the same for 1 and 2 threads. */
+static void test_compiler__shared_values_run_once_per_batch_or_in_every_chunk(void) {
+    enum { NT = 3, M = 4, NP = M * NT + M, N = 13, B = 5 };
+    mg_graph *g = mg_graph_new();
+    mg_value *x[NT], *p[NP], *y = mg_scalar(g, 0.0), *out = mg_scalar(g, 0.0);
+    for (int i = 0; i < NT; i++) x[i] = mg_scalar(g, 0.0);
+    for (int i = 0; i < NP; i++) p[i] = mg_scalar(g, 0.05 * ((i * 7) % 11) - 0.25);
+    for (int j = 0; j < M; j++) {
+        mg_value *s = p[M * NT + j];
+        for (int r = 0; r < NT; r++) s = mg_add(g, s, mg_mul(g, p[j * NT + r], x[r]));
+        out = mg_add(g, out, mg_tanh(g, s));
+    }
+    mg_value *reg = mg_scalar(g, 0.0);
+    for (int i = 0; i < NP; i++) reg = mg_add(g, reg, mg_mul(g, p[i], p[i]));
+    mg_value *err = mg_sub(g, out, y);
+    mg_value *loss = mg_add(g, mg_mul(g, err, err), mg_mul(g, mg_scalar(g, 1e-2), reg));
+    mg_tape_spec spec = {loss, x, NT, &y, 1, p, NP, NULL, 0, 0};
+    double X[N * NT], Y[N], want[NP], got[2][2][NP];
+    for (int i = 0; i < N * NT; i++) X[i] = 0.1 * ((i * 5) % 17) - 0.8;
+    for (int i = 0; i < N; i++) Y[i] = 0.2 * (i % 7) - 0.6;
+    for (int plan = 0; plan < 2; plan++) {
+        mg_tape *t = mg_tape_freeze(g, &spec);
+        CHECK(t != NULL);
+        if (!t) break;
+        CHECK(t->shared0 < t->input0 && t->nsh_fwd > 0 && t->nsh_bwd > 0);
+        if (plan) t->nsh_fwd = t->nsh_bwd = 0; /* as if found elsewhere: every chunk runs them */
+        double p0[NP];
+        for (int i = 0; i < NP; i++) p0[i] = mg_tape_data(t)[i];
+        if (!plan) { /* the definition */
+            for (int b = 0; b < N; b += B) {
+                int n = N - b < B ? N - b : B;
+                for (int s = b; s < b + n; s++) {
+                    CHECK(mg_tape_forward(t, X + s * NT, Y + s) == MG_OK);
+                    CHECK(mg_tape_backward(t) == MG_OK);
+                }
+                CHECK(mg_tape_step(t, 0.1, (size_t)n) == MG_OK);
+            }
+            for (int i = 0; i < NP; i++) want[i] = mg_tape_data(t)[i];
+        }
+        for (int th = 0; th < 2; th++) {
+            for (int i = 0; i < NP; i++) mg_tape_data(t)[i] = p0[i];
+            mg_fit_options o = {B, 0.1, 0, 0, 0, (size_t)th + 1, NULL};
+            double l = 0.0;
+            CHECK(mg_tape_fit(t, X, Y, N, &o, &l) == MG_OK);
+            for (int i = 0; i < NP; i++) got[plan][th][i] = mg_tape_data(t)[i];
+        }
+        mg_tape_free(t);
+    }
+    int moved = 0;
+    for (int i = 0; i < NP; i++) {
+        moved |= want[i] != spec.params[i]->data;
+        for (int plan = 0; plan < 2; plan++) {
+            CHECK(got[plan][0][i] == got[plan][1][i]);
+            CHECK(fabs(got[plan][0][i] - want[i]) <= 1e-12 * (1.0 + fabs(want[i])));
+        }
+    }
+    CHECK(moved);
+    mg_graph_free(g);
+}
+
 /* ---- big graphs: freezing is linear
  * ---------------------------------------------------------------- */
 
@@ -627,6 +691,7 @@ int main(void) {
     RUN(test_compiler__scrambled_operands_read_through_tables);
     RUN(test_compiler__inputs_are_stored_in_the_order_the_program_reads_them);
     RUN(test_compiler__an_l2_run_is_cut_at_the_weight_blocks);
+    RUN(test_compiler__shared_values_run_once_per_batch_or_in_every_chunk);
     RUN(test_compiler__million_value_conv_freezes_to_a_few_nests);
     RUN(test_compiler__kernel_isa_names_the_build_it_runs);
     TAP_DONE();

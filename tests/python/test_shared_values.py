@@ -49,8 +49,9 @@ def l2_mlp(backend: str, seed: int = 0, alpha: float = 1e-3):
     x, y = mc.inputs(2), mc.inputs(1)
     out = model(x)
     loss = (1 + -y[0] * out).relu() + alpha * F.vsum([p * p for p in model.parameters()])
-    prog = mc.compile(loss, inputs=x, targets=y, params=model.parameters(), outputs=[out],
-                      backend=backend)
+    prog = mc.compile(
+        loss, inputs=x, targets=y, params=model.parameters(), outputs=[out], backend=backend
+    )
     return model, prog
 
 
@@ -167,8 +168,9 @@ def test_shared_values_inside_nonlinear_terms():
     ring = (F.vsum([p * p for p in w]) - 1.0) ** 2  # shared chain
     loss = gate * err * err + 0.1 * ring + 0.05 * (a * c).tanh() + 0.01 * gate
     params = w + [a, c]
-    progs = {be: mc.compile(loss, inputs=x, targets=y, params=params, backend=be)
-             for be in BACKENDS}
+    progs = {
+        be: mc.compile(loss, inputs=x, targets=y, params=params, backend=be) for be in BACKENDS
+    }
     X = np.random.default_rng(2).uniform(-1, 1, size=(23, 4))
     Y = np.random.default_rng(3).uniform(-1, 1, size=(23, 1))
     got = {}
@@ -227,8 +229,9 @@ def test_float32_storage_with_shared_values():
     x, y = mc.inputs(2), mc.inputs(1)
     out = model(x)
     loss = (1 + -y[0] * out).relu() + 1e-3 * F.vsum([p * p for p in model.parameters()])
-    p32 = mc.compile(loss, inputs=x, targets=y, params=model.parameters(), backend="c",
-                     float32=True)
+    p32 = mc.compile(
+        loss, inputs=x, targets=y, params=model.parameters(), backend="c", float32=True
+    )
     assert once_per_batch(p32)
     p32.parameters[:] = p64.parameters
     p0 = p64.parameters.copy()
