@@ -92,6 +92,11 @@ typedef struct mg_exec {
  * others (then a batch runs on one thread: two chunks would write one slot). Their gradients start
  * from zero in each backward that runs them; in a batch, in each chunk (run_chunk). */
 static int shared_inline(const mg_tape *t) { return t->shared0 < t->input0 && !t->nsh_fwd; }
+/* Zeroes the shared values' gradients in g that a nest adds into before any writes them. */
+static void zero_shared(const mg_tape *t, mgk_real *g) {
+    for (size_t i = 0; i < t->nzero_sh; i += 2)
+        memset(g + t->zero[i], 0, (t->zero[i + 1] - t->zero[i]) * sizeof(mgk_real));
+}
 static size_t fwd0(const mg_tape *t, const mg_exec *E) { return E->batch ? t->nsh_fwd : 0; }
 static size_t bwd_len(const mg_tape *t, const mg_exec *E) {
     return E->batch ? t->nbwd - t->nsh_bwd : t->nbwd;
@@ -406,7 +411,7 @@ static void backward(const mg_tape *t, mg_exec *E) {
     for (mgk_i64 s = 0; s < R->nb; s++) {
         mgk_real *bg = R->a[MGK_BG] + s * R->ss; /* slot k of this sample at bg[k - input0] */
         if (t->rerolled) /* only what is not written first by a nest (schedule.c) */
-            for (size_t i = 0; i < t->nzero; i += 2)
+            for (size_t i = t->nzero_sh; i < t->nzero; i += 2)
                 memset(bg + (t->zero[i] - in0), 0,
                        (t->zero[i + 1] - t->zero[i]) * sizeof(mgk_real));
         else memset(bg + (t->first_op - in0), 0, (t->nslots - t->first_op) * sizeof(mgk_real));
@@ -416,8 +421,7 @@ static void backward(const mg_tape *t, mg_exec *E) {
         else if (t->loss < t->nparams)
             R->a[MGK_G][t->loss] += 1.0; /* the loss is a parameter itself: d loss/d p = 1 */
     }
-    if (t->shared0 < in0 && (!E->batch || shared_inline(t))) /* fresh, as the values' are */
-        memset(R->a[MGK_G] + t->shared0, 0, (in0 - t->shared0) * sizeof(mgk_real));
+    if (!E->batch || shared_inline(t)) zero_shared(t, R->a[MGK_G]); /* fresh, as the values' */
     run_prog(t, t->bwd, bwd_len(t, E), E, 0);
 }
 
@@ -786,8 +790,7 @@ static void run_chunk(fit_run *F, fit_chunk *c, size_t ci) {
      * parameter's gradient is in pg; its slot in g, like a constant's, is never read, as in
      * step_all), and in packs where the step does not zero them as it goes (threads) */
     for (size_t i = 0; i < t->nstep_d1; i++) c->g[t->step_d1[i]] = 0;
-    if (t->nsh_fwd) /* the shared values' gradients: this chunk's samples' sums (shared_item) */
-        memset(c->g + t->shared0, 0, (t->input0 - t->shared0) * sizeof(mgk_real));
+    if (t->nsh_fwd) zero_shared(t, c->g); /* this chunk's samples' sums (shared_item) */
     if (t->nstep_p1 && F->threads > 1) {
         if (t->nstep_p1 == t->npacked) memset(c->pg, 0, t->npacked * sizeof(mgk_real));
         else
@@ -1007,8 +1010,8 @@ static void shared_item(fit_run *F, int backward_prog, size_t nch) {
         run_prog(t, t->fwd, t->nsh_fwd, &E, MG_FZ_LOSS_CONE);
         return;
     }
-    if (nch > 1)
-        for (size_t v = t->shared0; v < t->input0; v++) c->g[v] += F->ch[1].g[v];
+    for (size_t i = 0; nch > 1 && i < t->nzero_sh; i += 2) /* what the chunks added into */
+        for (size_t v = t->zero[i]; v < t->zero[i + 1]; v++) c->g[v] += F->ch[1].g[v];
     run_prog(t, t->bwd + (t->nbwd - t->nsh_bwd), t->nsh_bwd, &E, 0);
 }
 

@@ -184,6 +184,7 @@ struct mg_tape {
     /* gradient slots backward must zero first: ranges [zero[2i], zero[2i+1]) */
     mgk_idx *zero;
     size_t nzero;
+    size_t nzero_sh; /* the first nzero_sh entries: ranges of shared values' gradients */
     /* statistics */
     size_t nstatements, ngroups, nseq, nfolded;
     size_t nhoisted; /* nests hoist.c moved out of sequential loops (both programs) */

@@ -668,7 +668,7 @@ typedef struct elem_marker {
 static int mark_elem(void *ctx, mgk_i64 pos) {
     elem_marker *m = ctx;
     mgk_i64 slot = m->gather ? (mgk_i64)m->t->ix[pos] : pos;
-    if (slot >= (mgk_i64)m->t->first_op && slot < (mgk_i64)m->t->nslots) {
+    if (slot < (mgk_i64)m->t->nslots && mg_tape__is_value(m->t, slot)) {
         if (!m->mark[slot] && m->zero) m->zero[slot] = 1;
         m->mark[slot] = 1;
     }
@@ -712,8 +712,8 @@ static int plan_zeroing(mg_tape *t) {
         if (in->kind == MG_I_NARY_BWD) {
             for (uint32_t q = 0; q < in->b; q++) {
                 mgk_idx s = t->ix[in->a + q];
-                if (s >= t->first_op && !written[s]) zero[s] = 1;
-                if (s >= t->first_op) written[s] = 1;
+                if (mg_tape__is_value(t, s) && !written[s]) zero[s] = 1;
+                if (mg_tape__is_value(t, s)) written[s] = 1;
             }
             continue;
         }
@@ -726,8 +726,12 @@ static int plan_zeroing(mg_tape *t) {
             if (N->x[j].arr == MGK_G && mg_nest__x_used(N, j))
                 mark_elems(t, N, &N->x[j], written, zero);
         if (N->out.arr != MGK_G) continue; /* a parameter's packed gradient */
+        /* a shared value's gradient only from the shared backward, which a batch runs once: the
+         * others add each sample's into it */
+        const int sh_out = N->out.base >= (mgk_i64)t->shared0 && N->out.base < (mgk_i64)t->input0;
         if (N->mode == MGK_ACC && !I->alias && !N->out.gather &&
-            N->out.base >= (mgk_i64)t->first_op && !(N->flags & (MGK_F_SCATTER | MGK_F_STEP))) {
+            (N->out.base >= (mgk_i64)t->first_op || (sh_out && I->shared)) &&
+            !(N->flags & (MGK_F_SCATTER | MGK_F_STEP))) {
             /* fresh when none of its outputs was written: then SUM0, nothing to zero */
             int dims[MGK_MAXD], nd = 0;
             for (int d = 0; d < MGK_MAXO; d++)
@@ -749,18 +753,21 @@ static int plan_zeroing(mg_tape *t) {
         }
         mark_elems(t, N, &N->out, written, zero);
     }
-    for (size_t s = t->first_op; s < t->nslots;) {
+    for (size_t s = t->shared0; s < t->nslots;) { /* the shared values', then the samples' */
+        if (s == t->input0) t->nzero_sh = t->nzero;
         if (!zero[s]) {
             s++;
             continue;
         }
         size_t e = s;
-        while (e < t->nslots && zero[e]) e++;
+        const size_t end = s < t->input0 ? t->input0 : t->nslots;
+        while (e < end && zero[e]) e++;
         if (!mg_tape__grow(t, (void **)&t->zero, &cap, sizeof(mgk_idx), t->nzero + 2)) goto done;
         t->zero[t->nzero++] = (mgk_idx)s;
         t->zero[t->nzero++] = (mgk_idx)e;
         s = e;
     }
+    if (t->input0 == t->nslots) t->nzero_sh = t->nzero;
     st = MG_OK;
 done:
     if (written) t->alloc.free_fn(written, t->alloc.ctx);
