@@ -760,26 +760,35 @@ static void chunk_range(const fit_run *F, size_t b0, size_t i, size_t *from, siz
     *to = b0 + bn * (i + 1) / nch;
 }
 
-/* Chunk ci's samples, F->sub at a time, through forward and backward. */
-static void run_chunk(fit_run *F, fit_chunk *c, size_t ci) {
+/* A run over chunk c's arrays (the parameters, read only during the batch; its gradients and
+ * per-sample slots), one sample until the caller says more. */
+static void chunk_exec(const fit_run *F, fit_chunk *c, mg_exec *E) {
     const mg_tape *t = F->t;
-    const size_t ss = F->ss;
-    mg_exec E;
-    memset(&E, 0, sizeof E);
-    mgk_run *R = &E.R;
-    R->a[MGK_D] = MG_R_DATA(t); /* read only during the batch */
+    memset(E, 0, sizeof *E);
+    mgk_run *R = &E->R;
+    R->a[MGK_D] = MG_R_DATA(t);
     R->a[MGK_G] = c->g;
     R->a[MGK_PW] = MG_R_PW(t);
     R->a[MGK_PG] = c->pg;
     R->a[MGK_BD] = c->bd;
     R->a[MGK_BG] = c->bg;
     R->ix = t->ix;
-    R->ss = (mgk_i64)ss;
+    R->ss = (mgk_i64)F->ss;
+    R->nb = 1;
+    E->scratch = c->scratch;
+    E->scratch_ix = c->scratch_ix;
+}
+
+/* Chunk ci's samples, F->sub at a time, through forward and backward. */
+static void run_chunk(fit_run *F, fit_chunk *c, size_t ci) {
+    const mg_tape *t = F->t;
+    const size_t ss = F->ss;
+    mg_exec E;
+    chunk_exec(F, c, &E);
+    mgk_run *R = &E.R;
     R->lr = c->scale;
     R->og[0] = c->other ? c->other->g : NULL;
     R->og[1] = c->other ? c->other->pg : NULL;
-    E.scratch = c->scratch;
-    E.scratch_ix = c->scratch_ix;
     E.skip_steps = F->ndefer > 0;
     E.loss_in_bwd = 1;
     E.batch = 1;
@@ -993,19 +1002,7 @@ static void shared_item(fit_run *F, int backward_prog, size_t nch) {
     const mg_tape *t = F->t;
     fit_chunk *c = &F->ch[0];
     mg_exec E;
-    memset(&E, 0, sizeof E);
-    mgk_run *R = &E.R;
-    R->a[MGK_D] = MG_R_DATA(t);
-    R->a[MGK_G] = c->g;
-    R->a[MGK_PW] = MG_R_PW(t);
-    R->a[MGK_PG] = c->pg;
-    R->a[MGK_BD] = c->bd;
-    R->a[MGK_BG] = c->bg;
-    R->ix = t->ix;
-    R->ss = (mgk_i64)F->ss;
-    R->nb = 1;
-    E.scratch = c->scratch;
-    E.scratch_ix = c->scratch_ix;
+    chunk_exec(F, c, &E);
     if (!backward_prog) {
         run_prog(t, t->fwd, t->nsh_fwd, &E, MG_FZ_LOSS_CONE);
         return;
