@@ -98,6 +98,8 @@ static void zero_shared(const mg_tape *t, mgk_real *g) {
         memset(g + t->zero[i], 0, (t->zero[i + 1] - t->zero[i]) * sizeof(mgk_real));
 }
 static size_t fwd0(const mg_tape *t, const mg_exec *E) { return E->batch ? t->nsh_fwd : 0; }
+/* Instruction i of a program on (a program without instructions may be NULL). */
+static const mg_instr *from(const mg_instr *prog, size_t i) { return prog ? prog + i : prog; }
 static size_t bwd_len(const mg_tape *t, const mg_exec *E) {
     return E->batch ? t->nbwd - t->nsh_bwd : t->nbwd;
 }
@@ -305,7 +307,7 @@ static size_t prog_calls(const mg_instr *prog, size_t len, int cone) {
  * shared values' programs). */
 static size_t fit_calls(const mg_tape *t, int batch) {
     const size_t f0 = batch ? t->nsh_fwd : 0, nb = batch ? t->nbwd - t->nsh_bwd : t->nbwd;
-    return prog_calls(t->fwd + f0, t->nfwd - f0, MG_FZ_LOSS_CONE) + prog_calls(t->bwd, nb, 0);
+    return prog_calls(from(t->fwd, f0), t->nfwd - f0, MG_FZ_LOSS_CONE) + prog_calls(t->bwd, nb, 0);
 }
 
 /* Batch size 1: the row asked for while a sample runs is this many samples ahead. */
@@ -820,7 +822,7 @@ static void run_chunk(fit_run *F, fit_chunk *c, size_t ci) {
         R->nb = (mgk_i64)nb;
         R->first = k0 == c->from;
         R->bstep = c->step && k0 + nb == c->to;
-        run_prog(t, t->fwd + fwd0(t, &E), t->nfwd - fwd0(t, &E), &E, MG_FZ_LOSS_CONE);
+        run_prog(t, from(t->fwd, fwd0(t, &E)), t->nfwd - fwd0(t, &E), &E, MG_FZ_LOSS_CONE);
         backward(t, &E);
         for (size_t q = 0; q < nb; q++) c->loss += loss_of(t, R, (mgk_i64)q); /* xent_last */
     }
@@ -1009,7 +1011,7 @@ static void shared_item(fit_run *F, int backward_prog, size_t nch) {
     }
     for (size_t i = 0; nch > 1 && i < t->nzero_sh; i += 2) /* what the chunks added into */
         for (size_t v = t->zero[i]; v < t->zero[i + 1]; v++) c->g[v] += F->ch[1].g[v];
-    run_prog(t, t->bwd + (t->nbwd - t->nsh_bwd), t->nsh_bwd, &E, 0);
+    run_prog(t, from(t->bwd, t->nbwd - t->nsh_bwd), t->nsh_bwd, &E, 0);
 }
 
 /* Thread w's part of an epoch: every phase in order, its own items first, then the others'. A
