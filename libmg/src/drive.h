@@ -97,12 +97,14 @@ static void zero_shared(const mg_tape *t, mgk_real *g) {
     for (size_t i = 0; i < t->nzero_sh; i += 2)
         memset(g + t->zero[i], 0, (t->zero[i + 1] - t->zero[i]) * sizeof(mgk_real));
 }
-static size_t fwd0(const mg_tape *t, const mg_exec *E) { return E->batch ? t->nsh_fwd : 0; }
+/* Where a run's forward program starts and how much of the backward one it runs: a batch's
+ * chunks leave the shared values' programs out. */
+static size_t fwd0(const mg_tape *t, int batch) { return batch ? t->nsh_fwd : 0; }
+static size_t bwd_len(const mg_tape *t, int batch) {
+    return batch ? t->nbwd - t->nsh_bwd : t->nbwd;
+}
 /* Instruction i of a program on (a program without instructions may be NULL). */
 static const mg_instr *from(const mg_instr *prog, size_t i) { return prog ? prog + i : prog; }
-static size_t bwd_len(const mg_tape *t, const mg_exec *E) {
-    return E->batch ? t->nbwd - t->nsh_bwd : t->nbwd;
-}
 
 #define MG_FIT_CHUNKS 2
 #define MG_FIT_SUB 64 /* samples of a chunk in flight at once, at most */
@@ -306,8 +308,9 @@ static size_t prog_calls(const mg_instr *prog, size_t len, int cone) {
 /* Nests a fit runs per sample (batch size 1) or per samples in flight (`batch`: without the
  * shared values' programs). */
 static size_t fit_calls(const mg_tape *t, int batch) {
-    const size_t f0 = batch ? t->nsh_fwd : 0, nb = batch ? t->nbwd - t->nsh_bwd : t->nbwd;
-    return prog_calls(from(t->fwd, f0), t->nfwd - f0, MG_FZ_LOSS_CONE) + prog_calls(t->bwd, nb, 0);
+    const size_t f0 = fwd0(t, batch);
+    return prog_calls(from(t->fwd, f0), t->nfwd - f0, MG_FZ_LOSS_CONE) +
+           prog_calls(t->bwd, bwd_len(t, batch), 0);
 }
 
 /* Batch size 1: the row asked for while a sample runs is this many samples ahead. */
@@ -424,7 +427,7 @@ static void backward(const mg_tape *t, mg_exec *E) {
             R->a[MGK_G][t->loss] += 1.0; /* the loss is a parameter itself: d loss/d p = 1 */
     }
     if (!E->batch || shared_inline(t)) zero_shared(t, R->a[MGK_G]); /* fresh, as the values' */
-    run_prog(t, t->bwd, bwd_len(t, E), E, 0);
+    run_prog(t, t->bwd, bwd_len(t, E->batch), E, 0);
 }
 
 /* ---- targets ----------------------------------------------------------------------------------
@@ -822,7 +825,7 @@ static void run_chunk(fit_run *F, fit_chunk *c, size_t ci) {
         R->nb = (mgk_i64)nb;
         R->first = k0 == c->from;
         R->bstep = c->step && k0 + nb == c->to;
-        run_prog(t, from(t->fwd, fwd0(t, &E)), t->nfwd - fwd0(t, &E), &E, MG_FZ_LOSS_CONE);
+        run_prog(t, from(t->fwd, fwd0(t, 1)), t->nfwd - fwd0(t, 1), &E, MG_FZ_LOSS_CONE);
         backward(t, &E);
         for (size_t q = 0; q < nb; q++) c->loss += loss_of(t, R, (mgk_i64)q); /* xent_last */
     }
