@@ -8,7 +8,9 @@
  * row) become its reduction dims. So the gradient of a shared weight is one reduction per
  * weight with a fixed order, whatever the thread count or the backend. Where X's elements may
  * repeat across outer points (a convolution's input, read by overlapping windows) the nest is
- * marked `alias` and runs one point after another, reading each sum's start fresh. */
+ * marked `alias` and runs one point after another, reading each sum's start fresh. A max over a
+ * window (MGK_T_MAXR) has one gradient nest with its own dims (MGK_T_DMAXR), writing every
+ * element of the window from its point. */
 #include "ir.h"
 
 #include <string.h>
@@ -133,8 +135,15 @@ static int grad_nest(ad *A, size_t f, const mgk_ref *X, int term, const mgk_ref 
     }
     mgk_nest G;
     memset(&G, 0, sizeof G);
-    int scatter = no > MGK_MAXO || nr > MGK_MAXR;
-    if (scatter) {
+    /* a max's gradient keeps F's dims: each point replays its window (mgk_maxr) */
+    const int window = term == MGK_T_DMAXR;
+    int scatter = !window && (no > MGK_MAXO || nr > MGK_MAXR);
+    if (window) {
+        for (int d = 0; d < MGK_MAXD; d++) {
+            pos[d] = d;
+            G.n[d] = F->n[d];
+        }
+    } else if (scatter) {
         /* more moving dims than outer dims: F's own dims, each term added into its element */
         for (int d = 0; d < MGK_MAXD; d++) {
             pos[d] = d;
@@ -200,6 +209,11 @@ static int backward_of_nest(ad *A, size_t f) {
                 mgk_ref x[2] = {gout, F.x[1 - j]};
                 if (grad_nest(A, f, &F.x[j], MGK_T_MUL, x, 2, 0) < 0) return 0;
             }
+        }
+    } else if (F.term == MGK_T_MAXR) {
+        if (needs_grad(t, f, &F.x[0])) {
+            mgk_ref x[2] = {F.x[0], gout};
+            if (grad_nest(A, f, &F.x[0], MGK_T_DMAXR, x, 2, 0) < 0) return 0;
         }
     } else { /* MGK_T_OP: dA and dB from the op table */
         int ar = mg_op__arity[F.op];

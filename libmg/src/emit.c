@@ -524,7 +524,8 @@ static void describe_ref(sbuf *b, const mgk_nest *N, const mgk_ref *X, const cha
 
 static void describe_nest(sbuf *b, const mg_tape *t, size_t k, const char *indent) {
     const mgk_nest *N = &t->nests[k];
-    static const char *const term_names[MGK_NTERMS] = {"x0", "x0*x1", "op", "dA*x3", "dB*x3"};
+    static const char *const term_names[MGK_NTERMS] = {"x0",    "x0*x1", "op",  "dA*x3",
+                                                       "dB*x3", "max",   "max'"};
     putf(b, "%snest %zu: (", indent, k);
     int first = 1;
     for (int d = 0; d < MGK_MAXO; d++)
@@ -536,7 +537,8 @@ static void describe_nest(sbuf *b, const mg_tape *t, size_t k, const char *inden
     putf(b, ") %s ", N->mode == MGK_SET ? "set" : N->mode == MGK_ACC ? "acc" : "sum");
     describe_ref(b, N, &N->out, "out");
     putf(b, " %s %s", mode_names[N->mode],
-         N->term >= MGK_T_OP ? mg_op_name(N->op) : term_names[N->term]);
+         N->term >= MGK_T_OP && N->term <= MGK_T_DB ? mg_op_name(N->op) : term_names[N->term]);
+    if (N->term >= MGK_T_MAXR) puts_(b, " over r");
     if (N->term == MGK_T_DA || N->term == MGK_T_DB) puts_(b, N->term == MGK_T_DA ? "'A" : "'B");
     puts_(b, "  ");
     if (N->mode == MGK_SUMI) {
@@ -544,8 +546,8 @@ static void describe_nest(sbuf *b, const mg_tape *t, size_t k, const char *inden
         puts_(b, " ");
     }
     static const char *const xn[4] = {"x0", "x1", "x2", "x3"};
-    int nx = N->term == MGK_T_ONE   ? 1
-             : N->term == MGK_T_MUL ? 2
+    int nx = N->term == MGK_T_ONE || N->term == MGK_T_MAXR ? 1
+             : N->term == MGK_T_MUL || N->term == MGK_T_DMAXR ? 2
              : N->term == MGK_T_OP  ? mg_op__arity[N->op]
                                     : 4;
     for (int j = 0; j < nx; j++) {

@@ -40,6 +40,13 @@ static void nest_mul(const mgk_nest *N, const mgk_run *R) {
     if (MG__SMALL(N)) mgk_nest_shape(N, R, MGK_T_MUL, 0, 1);
     else mgk_nest_shape(N, R, MGK_T_MUL, 0, 0);
 }
+/* max reductions (reroll.c folds chains of max alone) */
+static void nest_maxr(const mgk_nest *N, const mgk_run *R) {
+    mgk_nest_shape(N, R, MGK_T_MAXR, MG_OP_MAX, 0);
+}
+static void nest_dmaxr(const mgk_nest *N, const mgk_run *R) {
+    mgk_nest_shape(N, R, MGK_T_DMAXR, MG_OP_MAX, 0);
+}
 
 #if defined(MG_FEW_KERNELS)
 /* sanitizer builds: the per-term instances only (instrumenting ~50 inlined kernels takes minutes);
@@ -85,6 +92,8 @@ void MG__CAT(mg__run_nest_, MG_ISA)(const mgk_nest *N, const mgk_run *R) {
     case MGK_T_OP: fn = small ? op_fns[N->op] : general_op; break;
     case MGK_T_DA: fn = small ? da_fns[N->op] : general_da; break;
     case MGK_T_DB: fn = small ? db_fns[N->op] : general_db; break;
+    case MGK_T_MAXR: fn = nest_maxr; break;
+    case MGK_T_DMAXR: fn = nest_dmaxr; break;
     default: break;
     }
     if (fn) fn(N, R);

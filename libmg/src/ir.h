@@ -293,6 +293,8 @@ static inline int mg_nest__x_used(const mgk_nest *N, int j) {
     case MGK_T_ONE: return j == 0;
     case MGK_T_MUL: return j < 2;
     case MGK_T_OP: return j < ar;
+    case MGK_T_MAXR: return j == 0;
+    case MGK_T_DMAXR: return j < 2;
     default: return j != 1 || ar == 2;
     }
 }

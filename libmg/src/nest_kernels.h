@@ -32,7 +32,8 @@
  * it is read, x0 -= lr * (0 + g * x) with g the previous sample's gradient at this point's
  * output and x its x1 here: the deferred nest's arithmetic, so the same bits, with one pass
  * over the weights per sample instead of two.
- * Terms: ONE x0, MUL x0*x1, OP op(x0, x1, k), DA dA(x0, x1, k, x2)*x3, DB dB(...)*x3. An operand
+ * Terms: ONE x0, MUL x0*x1, OP op(x0, x1, k), DA dA(x0, x1, k, x2)*x3, DB dB(...)*x3; MAXR and
+ * DMAXR, a max over the reduction points and its gradient, run apart (mgk_maxr). An operand
  * is element base + t*ts + sum_k s[k]*i_k of array `arr` (t: the enclosing sequential loop's
  * iteration), or, with `gather`, the element that position of the index table names.
  * MGK_F_SPLIT (gradient sums over shared weights, never forward values) adds the innermost
@@ -66,7 +67,16 @@
 typedef long long mgk_i64;
 
 enum { MGK_SET = 0, MGK_SUM0 = 1, MGK_SUMI = 2, MGK_ACC = 3 };
-enum { MGK_T_ONE = 0, MGK_T_MUL = 1, MGK_T_OP = 2, MGK_T_DA = 3, MGK_T_DB = 4, MGK_NTERMS = 5 };
+enum {
+    MGK_T_ONE = 0,
+    MGK_T_MUL = 1,
+    MGK_T_OP = 2,
+    MGK_T_DA = 3,
+    MGK_T_DB = 4,
+    MGK_T_MAXR = 5,  /* a max over the reduction points (mgk_maxr) */
+    MGK_T_DMAXR = 6, /* its gradient (mgk_maxr) */
+    MGK_NTERMS = 7
+};
 /* Arrays: the shared slots (parameters, constants) and their gradients, the packed parameters and
  * theirs, and the per-sample slots (inputs, targets, values) and their gradients. A batch holds
  * `nb` samples' per-sample slots `ss` elements apart; at batch size 1, BD is the tape's own data
@@ -1782,9 +1792,201 @@ MGK_HOT void mgk_split_row(const mgk_nest *N, const mgk_run *R, const int term, 
             }                                                                                      \
     }
 
+/* Max reductions. MGK_T_MAXR (mode MGK_SET): out = x0(r0) max x0(r1) max ... over the reduction
+ * points in row-major order, the op table's max applied left to right: a chain a.max(b).max(c)
+ * as written, so the same bits (reroll.c folds such chains, a max-pool's windows). MGK_T_DMAXR,
+ * its gradient, has the forward nest's dims: per outer point it replays the chain's backward over
+ * the window x0 and the output's gradient x1, from the last element down, and stores (MGK_SUM0:
+ * 0 + g) or adds (MGK_ACC) each element's gradient at out, which moves along every dim x0 does:
+ * one pass over the window instead of one nest per max and operand. Windows of at most
+ * MGK_MAXWIN elements (reroll.c folds no longer chain). Points run in row-major order, samples
+ * outermost, or with MGK_F_BLOCK (set where no two points write one element) MGK_LANES points
+ * along dim 3 at a time, their lanes computed by loops the C compiler vectorises: the maxima and
+ * derivatives become compares and blends, where point by point they were branches that random
+ * data mispredicts (3x slower than the separate elementwise nests). */
+#define MGK_MAXWIN 32
+/* The lanes of one step of the chain, m = a max b, and of its backward: f = dB * g, then
+ * g = 0 + dA * g. With vectors, as compares and blends: gcc leaves the op table's `max` and its
+ * derivatives as branches in these loops (not if-converted, "control flow in loop"), and branches
+ * on random data mispredict (the nests ran 3x slower than the elementwise ones they replace). The
+ * blends are the op table's formulas lane by lane, `(A > B || A != A) ? A : B`, `A > B ? 1 :
+ * (A == B ? 0.5 : 0)`, `B > A ? 1 : (A == B ? 0.5 : 0)`: the same bits as the scalar path, which
+ * a test checks over ties, signed zeros and NaNs (tests/c/test_compiler.c). */
+#if MGK_VECTOR
+#if MGK_REAL_BYTES == 8
+typedef long long mgk_vmask __attribute__((vector_size(MGK_VBYTES)));
+#else
+typedef int mgk_vmask __attribute__((vector_size(MGK_VBYTES)));
+#endif
+#define MGK_VSEL(c, x, y) ((mgk_vec)(((mgk_vmask)(x) & (c)) | ((mgk_vmask)(y) & ~(c))))
+#endif
+MGK_HOT void mgk_maxr_fwd(mgk_real *restrict m, const mgk_real *restrict a,
+                          const mgk_real *restrict b, const int op, const double k) {
+#if MGK_VECTOR
+    (void)op;
+    (void)k;
+    MGK_UNROLL
+    for (int q = 0; q < MGK_NV; q++) {
+        mgk_vec A, B;
+        MGK_VLOAD(A, a + q * MGK_VW);
+        MGK_VLOAD(B, b + q * MGK_VW);
+        MGK_VSTORE(m + q * MGK_VW, MGK_VSEL((A > B) | (A != A), A, B));
+    }
+#else
+    for (int l = 0; l < MGK_LANES; l++) m[l] = (mgk_real)mgk_op_fwd(op, a[l], b[l], k);
+#endif
+}
+MGK_HOT void mgk_maxr_bwd(mgk_real *restrict f, mgk_real *restrict g,
+                          const mgk_real *restrict a, const mgk_real *restrict b,
+                          const mgk_real *restrict y, const int op, const double k) {
+#if MGK_VECTOR
+    (void)y;
+    (void)op;
+    (void)k;
+    const mgk_vec one = MGK_VSPLAT((mgk_real)1), half = MGK_VSPLAT((mgk_real)0.5),
+                  zero = MGK_VSPLAT((mgk_real)0);
+    MGK_UNROLL
+    for (int q = 0; q < MGK_NV; q++) {
+        mgk_vec A, B, G;
+        MGK_VLOAD(A, a + q * MGK_VW);
+        MGK_VLOAD(B, b + q * MGK_VW);
+        MGK_VLOAD(G, g + q * MGK_VW);
+        const mgk_vec tie = MGK_VSEL(A == B, half, zero);
+        MGK_VSTORE(f + q * MGK_VW, MGK_VSEL(B > A, one, tie) * G);
+        MGK_VSTORE(g + q * MGK_VW, zero + MGK_VSEL(A > B, one, tie) * G);
+    }
+#else
+    for (int l = 0; l < MGK_LANES; l++) f[l] = (mgk_real)mgk_op_db(op, a[l], b[l], k, y[l]) * g[l];
+    for (int l = 0; l < MGK_LANES; l++)
+        g[l] = (mgk_real)0 + (mgk_real)mgk_op_da(op, a[l], b[l], k, y[l]) * g[l];
+#endif
+}
+#if MGK_VECTOR
+/* lanes x[l * st], l < nv, into B (zeros after), a native vector at a time; lanes 2 apart in a
+ * block that is not its row's last as the even lanes of whole vectors (MGK_EVEN2) */
+#define MGK_MAXR_LANES(B, x, st)                                                                   \
+    do {                                                                                           \
+        MGK_UNROLL                                                                                 \
+        for (int k_ = 0; k_ < MGK_NV; k_++)                                                        \
+            MGK_VSTORE((B) + k_ * MGK_VW,                                                          \
+                       (st) == 2 && inner ? MGK_EVEN2((x) + k_ * MGK_VW * 2)                       \
+                                          : MGK_VGATHER((x) + k_ * MGK_VW * (st), (st),            \
+                                                        nv - k_ * MGK_VW));                        \
+    } while (0)
+#endif
+MGK_HOT void mgk_maxr(const mgk_nest *N, const mgk_run *R, const int term, const int op) {
+    /* every sample's: a max's values and gradients are a sample's own (reroll.c folds windows
+     * of per-sample values alone), also where a table names them */
+    const mgk_i64 *n = N->n, t = R->t, nb = R->nb > 1 ? R->nb : 1;
+    const mgk_ref *O = &N->out, *X = N->x;
+    mgk_i64 sm, i0, i1, i2, i3, r4, r5, r6, r7;
+    for (sm = 0; sm < nb; sm++) {
+        const mgk_i64 so = sm * R->ss;
+        for (i0 = 0; i0 < n[0]; i0++)
+            for (i1 = 0; i1 < n[1]; i1++)
+                for (i2 = 0; i2 < n[2]; i2++) {
+                    i3 = 0;
+#if MGK_VECTOR
+                    if (N->flags & MGK_F_BLOCK) {
+                        /* direct refs (a blocked nest has no tables) */
+                        mgk_real *o = R->a[O->arr] + MGK_OPOS(O, t, i0, i1, i2, 0) +
+                                      (MGK_PS(O) ? so : 0);
+                        const mgk_real *x0 = R->a[X[0].arr] + MGK_OPOS(&X[0], t, i0, i1, i2, 0) +
+                                             (MGK_PS(&X[0]) ? so : 0);
+                        const mgk_real *x1 = R->a[X[1].arr] + MGK_OPOS(&X[1], t, i0, i1, i2, 0) +
+                                             (MGK_PS(&X[1]) ? so : 0);
+                        const mgk_i64 s0 = X[0].s[3], s1 = X[1].s[3], os = O->s[3];
+                        for (; i3 < n[3]; i3 += MGK_LANES) {
+                            const int nv = n[3] - i3 < MGK_LANES ? (int)(n[3] - i3) : MGK_LANES;
+                            const int inner = MGK_STRIDE2 && i3 + MGK_LANES < n[3];
+                            mgk_real v[MGK_MAXWIN][MGK_LANES], m[MGK_MAXWIN][MGK_LANES];
+                            mgk_real g[MGK_LANES], f[MGK_LANES];
+                            mgk_i64 qo[MGK_MAXWIN];
+                            int w = 0, k, l;
+                            (void)inner;
+                            for (r4 = 0; r4 < n[4]; r4++)
+                                for (r5 = 0; r5 < n[5]; r5++)
+                                    for (r6 = 0; r6 < n[6]; r6++)
+                                        for (r7 = 0; r7 < n[7] && w < MGK_MAXWIN; r7++, w++) {
+                                            MGK_MAXR_LANES(
+                                                v[w], x0 + MGK_RPOS(&X[0], r4, r5, r6, r7), s0);
+                                            qo[w] = MGK_RPOS(O, r4, r5, r6, r7);
+                                            if (w) mgk_maxr_fwd(m[w], m[w - 1], v[w], op, N->k);
+                                            else
+                                                for (l = 0; l < MGK_LANES; l++) m[0][l] = v[0][l];
+                                        }
+                            if (term == MGK_T_MAXR) {
+                                for (l = 0; l < nv; l++) o[l * os] = m[w - 1][l];
+                            } else {
+                                MGK_MAXR_LANES(g, x1, s1);
+                                for (k = w - 1; k >= 0; k--) {
+                                    mgk_real *const ok = o + qo[k];
+                                    if (k) mgk_maxr_bwd(f, g, m[k - 1], v[k], m[k], op, N->k);
+                                    else
+                                        for (l = 0; l < MGK_LANES; l++) f[l] = g[l];
+                                    if (N->mode == MGK_SUM0)
+                                        for (l = 0; l < nv; l++) ok[l * os] = (mgk_real)0 + f[l];
+                                    else
+                                        for (l = 0; l < nv; l++) ok[l * os] = ok[l * os] + f[l];
+                                }
+                            }
+                            o += MGK_LANES * os;
+                            x0 += MGK_LANES * s0;
+                            x1 += MGK_LANES * s1;
+                        }
+                        continue;
+                    }
+#endif
+                    for (; i3 < n[3]; i3++) {
+                        const mgk_i64 po = MGK_OPOS(O, t, i0, i1, i2, i3),
+                                      p0 = MGK_OPOS(&X[0], t, i0, i1, i2, i3);
+                        mgk_real v[MGK_MAXWIN], m[MGK_MAXWIN], g;
+                        mgk_i64 qo[MGK_MAXWIN];
+                        int w = 0, k;
+                        for (r4 = 0; r4 < n[4]; r4++)
+                            for (r5 = 0; r5 < n[5]; r5++)
+                                for (r6 = 0; r6 < n[6]; r6++)
+                                    for (r7 = 0; r7 < n[7] && w < MGK_MAXWIN; r7++, w++) {
+                                        v[w] = *MGK_ATS(R, &X[0],
+                                                        p0 + MGK_RPOS(&X[0], r4, r5, r6, r7), so);
+                                        m[w] = w ? (mgk_real)mgk_op_fwd(op, m[w - 1], v[w], N->k)
+                                                 : v[w];
+                                        qo[w] = po + MGK_RPOS(O, r4, r5, r6, r7);
+                                    }
+                        if (term == MGK_T_MAXR) {
+                            *MGK_ATS(R, O, po, so) = m[w - 1];
+                            continue;
+                        }
+                        g = *MGK_ATS(R, &X[1], MGK_OPOS(&X[1], t, i0, i1, i2, i3), so);
+                        for (k = w - 1; k >= 0; k--) {
+                            const mgk_real gk =
+                                k ? (mgk_real)mgk_op_db(op, m[k - 1], v[k], N->k, m[k]) * g : g;
+                            mgk_real *const o = MGK_ATS(R, O, qo[k], so);
+                            *o = N->mode == MGK_SUM0 ? (mgk_real)0 + gk : *o + gk;
+                            if (k)
+                                g = (mgk_real)0 +
+                                    (mgk_real)mgk_op_da(op, m[k - 1], v[k], N->k, m[k]) * g;
+                        }
+                    }
+                }
+    }
+}
+#if MGK_VECTOR
+#undef MGK_MAXR_LANES
+#undef MGK_VSEL
+#endif
+
 MGK_HOT void mgk_nest_path(const mgk_nest *N, const mgk_run *R, const int term, const int op,
                            const int small, const int ps, const int tile, const int block,
-                           const mgk_i64 n3){MGK_NEST_PATH_BODY}
+                           const mgk_i64 n3) {
+    if (term == MGK_T_MAXR || term == MGK_T_DMAXR) {
+        mgk_maxr(N, R, term, op);
+        return;
+    }
+    {
+        MGK_NEST_PATH_BODY
+    }
+}
 
 /* A nest function of generated code: the body above with the nest's descriptor, its term and op
  * and its paths as constants. The body's names are locals initialised from the arguments, so an
@@ -1797,7 +1999,11 @@ MGK_HOT void mgk_nest_path(const mgk_nest *N, const mgk_run *R, const int term, 
         const int term = (term_), op = (op_), small = (small_), ps = (ps_), tile = (tile_),        \
                   block = (block_);                                                                \
         const mgk_i64 n3 = (n3_);                                                                  \
-        MGK_NEST_PATH_BODY                                                                         \
+        if (term == MGK_T_MAXR || term == MGK_T_DMAXR) {                                           \
+            mgk_maxr(N, R, term, op);                                                              \
+        } else {                                                                                   \
+            MGK_NEST_PATH_BODY                                                                     \
+        }                                                                                          \
     } while (0)
 
 /* The same, the paths taken read from the descriptor (the interpreter's instances). */

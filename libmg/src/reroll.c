@@ -2,7 +2,9 @@
  *
  * 1. Statements. A left-leaning chain of additions whose inner nodes have one use,
  *    `((b + w0*x0) + w1*x1) + ...`, becomes one reduction `b + sum_r term_r` (a single-use
- *    product is absorbed into its term); libmg's DOT and SUM nodes are reductions already. Every
+ *    product is absorbed into its term); libmg's DOT and SUM nodes are reductions already. A
+ *    chain of max over per-sample values, `a.max(b).max(c).max(d)`, becomes a max over its
+ *    elements (MGK_T_MAXR: a max-pool's window, one nest and one gradient nest). Every
  *    other op node is an elementwise statement; the losses (variadic ops) stay as they are.
  * 2. Levels. A statement's level is one more than its operands' highest, so statements of one
  *    level never depend on each other.
@@ -310,6 +312,39 @@ static int make_statements(rr *R, int scalar) {
                 continue;
             }
         }
+        if (!scalar && op == MG_OP_MAX) {
+            /* a chain of max, `a.max(b).max(c).max(d)` (a max-pool's window): the left spine
+             * while its nodes are max used once, every element a per-sample value; one
+             * reduction over all of them, the leftmost first (a window, however it is laid out,
+             * is one run of terms) */
+            size_t nt = 1;
+            uint32_t cur = k;
+            int ok = cls_of(R, f->opnd[f->off[k] + 1]) == MG_C_VALUE;
+            while (ok && f->op[cur] == MG_OP_MAX &&
+                   (cur == k || (f->uses[cur] == 1 && !R->absorbed[cur]))) {
+                ok = cls_of(R, f->opnd[f->off[cur] + 1]) == MG_C_VALUE && nt < MGK_MAXWIN;
+                nt++;
+                cur = f->opnd[f->off[cur]];
+            }
+            if (ok && nt >= 3 && cls_of(R, cur) == MG_C_VALUE) {
+                stmt *s = new_stmt(R, k, S_RED);
+                if (!s) return 0;
+                s->mode = MGK_SET;
+                if (!GROW(R, terms, capterms, R->nterms + nt)) return 0;
+                const size_t t0 = R->nterms;
+                R->nterms += nt;
+                uint32_t c = k;
+                for (size_t i = nt - 1; i > 0; i--) { /* right operands, from the top down */
+                    if (c != k) R->absorbed[c] = 1;
+                    R->terms[t0 + i] = (term){MGK_T_ONE, f->opnd[f->off[c] + 1], UINT32_MAX};
+                    c = f->opnd[f->off[c]];
+                }
+                R->terms[t0] = (term){MGK_T_ONE, c, UINT32_MAX};
+                s = &R->st[R->stmt_of[k]];
+                s->nt = (uint32_t)nt;
+                continue;
+            }
+        }
         if (!scalar && (op == MG_OP_DOT || op == MG_OP_SUM) && f->k[k] > 0 && no > 0 &&
             class_runs(R, k) <= MAXSEG) {
             stmt *s = new_stmt(R, k, S_RED);
@@ -461,7 +496,8 @@ static int make_segments(rr *R, stmt *s) {
             int budget = MAXSEG - (int)s->ns - (int)(nruns - 1 - q);
             if (!mixed && fit(seqs, use, 2, len, MGK_MAXR, 0, &fr, str)) {
                 g.len = len;
-            } else if (!mixed && budget > 1 && prefix_pieces(sa, sb, len, 3) <= 3) {
+            } else if (!mixed && s->op != MG_OP_MAX && budget > 1 &&
+                       prefix_pieces(sa, sb, len, 3) <= 3) {
                 /* a few runs of constant differences (a 2x2 window written as a + b + c + d):
                  * the first as its own segment */
                 uint32_t L = prefix_len(sa, sb, len);
@@ -795,6 +831,10 @@ static int emit_group(rr *R, const uint32_t *members, size_t N, int split) {
             const term *tm = &R->terms[s0->t0 + g->r0];
             nest.mode = q == 0 ? s0->mode : MGK_ACC;
             nest.term = tm->kind;
+            if (s0->op == MG_OP_MAX) { /* one segment: make_segments never cuts a window */
+                nest.term = MGK_T_MAXR;
+                nest.op = MG_OP_MAX;
+            }
             nr = g->nd;
             for (int d = 0; d < nr; d++) {
                 nest.n[MGK_MAXO + d] = g->n[d];
@@ -951,10 +991,21 @@ static size_t seq_cost(rr *R, size_t len, int maxd) {
     return str[fr.nd - 1] == 1 || str[fr.nd - 1] == -1 ? 0 : len;
 }
 
+/* Operand j of statement s as an elementwise reader reads it: an elementwise statement's
+ * operands, a max's elements (its loop runs along the windows, as an elementwise one's does);
+ * UINT32_MAX for none. */
+static uint32_t elem_operand(const rr *R, const stmt *s, uint32_t j) {
+    const mg_fz *f = R->f;
+    if (s && s->kind == S_ELEM && f->off[s->node] + j < f->off[s->node + 1])
+        return f->opnd[f->off[s->node] + j];
+    if (s && s->kind == S_RED && s->op == MG_OP_MAX && j < s->nt) return R->terms[s->t0 + j].a;
+    return UINT32_MAX;
+}
+
 /* Reads of the level v[0..n) (slots start + creation position) that do not run along unit
  * strides, with the level stored in creation order (P == 0) or kind-major with P kinds: per
  * reduction that reads it (with `reductions`), each run of consecutive terms of one shape reading
- * it, per operand (a, b); per level and op of its elementwise readers, in creation order, each
+ * it, per operand (a, b); per level and op of its elementwise readers (and maxima over windows), in creation order, each
  * operand position. *cost is the sum of those sequences' costs (seq_cost). With `steps_by`, it
  * says instead whether any elementwise reader's sequence steps by `period` between its first two
  * values, and *cost is left 0. Returns 0 out of memory. */
@@ -971,7 +1022,7 @@ static int reader_cost(rr *R, const uint32_t *v, size_t n, size_t start, size_t 
         const stmt *s = &R->st[rdv[i]];
         /* a reduction far longer than the level reads little of it (and scanning it once per
          * level it reads could take quadratic time) */
-        if (s->kind != S_RED || s->nt > 4 * n) continue;
+        if (s->kind != S_RED || s->op == MG_OP_MAX || s->nt > 4 * n) continue;
         for (int w = 0; w < 2; w++) {
             size_t len = 0;
             const term *prev = NULL;
@@ -991,13 +1042,17 @@ static int reader_cost(rr *R, const uint32_t *v, size_t n, size_t start, size_t 
             *cost += seq_cost(R, len, MGK_MAXR);
         }
     }
-    for (uint32_t j = 0; j < 2; j++) { /* elementwise readers' operand j */
+    uint32_t nops = 2; /* a max over a window reads its elements as operands 0, 1, ... */
+    for (size_t i = 0; i < nrd; i++)
+        if (R->st[rdv[i]].op == MG_OP_MAX && R->st[rdv[i]].kind == S_RED && R->st[rdv[i]].nt > nops)
+            nops = R->st[rdv[i]].nt;
+    for (uint32_t j = 0; j < nops; j++) { /* elementwise readers' operand j */
         size_t len = 0;
         const stmt *first = NULL;
         for (size_t i = 0; i <= nrd; i++) {
             const stmt *s = i < nrd ? &R->st[rdv[i]] : NULL;
-            const int reads = s && s->kind == S_ELEM && f->off[s->node] + j < f->off[s->node + 1] &&
-                              MEMBER(f->opnd[f->off[s->node] + j]);
+            const uint32_t node = elem_operand(R, s, j);
+            const int reads = node != UINT32_MAX && MEMBER(node);
             if (len && (!reads || s->level != first->level || s->op != first->op)) {
                 if (!steps_by) *cost += seq_cost(R, len, MGK_MAXO);
                 /* or the step between the first two values (a full fit of every sequence took 4%
@@ -1010,7 +1065,7 @@ static int reader_cost(rr *R, const uint32_t *v, size_t n, size_t start, size_t 
             if (!reads) continue;
             if (!len) first = s;
             if (!GROW(R, seqbuf, capseq, len + 1)) return 0;
-            R->seqbuf[len++] = MAPPED(f->opnd[f->off[s->node] + j]);
+            R->seqbuf[len++] = MAPPED(node);
         }
     }
 #undef MAPPED

@@ -732,9 +732,10 @@ static int plan_zeroing(mg_tape *t) {
         if (N->mode == MGK_ACC && !I->alias && !N->out.gather &&
             (N->out.base >= (mgk_i64)t->first_op || (sh_out && I->shared)) &&
             !(N->flags & (MGK_F_SCATTER | MGK_F_STEP))) {
-            /* fresh when none of its outputs was written: then SUM0, nothing to zero */
+            /* fresh when none of its outputs was written: then SUM0, nothing to zero (a max's
+             * gradient writes along its reduction dims too) */
             int dims[MGK_MAXD], nd = 0;
-            for (int d = 0; d < MGK_MAXO; d++)
+            for (int d = 0; d < MGK_MAXD; d++)
                 if (N->n[d] > 1 && N->out.s[d] != 0) dims[nd++] = d;
             mgk_i64 idx[MGK_MAXD] = {0};
             for (;;) {
@@ -1075,6 +1076,10 @@ int mg_schedule(mg_tape *t) {
         orient_product(N);
         N->flags &= ~(MGK_F_BLOCK | MGK_F_SPLIT);
         if (N->flags & MGK_F_SCATTER) continue;
+        if (N->term >= MGK_T_MAXR) { /* in blocks where no two points write one element */
+            if (!I->alias && !I->has_gather && N->n[3] >= 2) N->flags |= MGK_F_BLOCK;
+            continue;
+        }
         int can_split = I->grad && !I->has_gather && N->mode != MGK_SET && N->n[7] >= MGK_LANES;
         /* a vector dim narrower than a block: one partial block per row, worth it where every
          * operand is consecutive or broadcast along it and split sums are not the better plan */
