@@ -173,6 +173,9 @@ static int grad_nest(ad *A, size_t f, const mgk_ref *X, int term, const mgk_ref 
     mg_nest_info info = t->info[f];
     info.grad = 1;
     info.alias = scatter || !mg_ref__injective(&G.out, G.n, t->ix);
+    /* a window's gradient writes at every point, also along dims its element stays put (a window
+     * naming one element twice, a pool's edge repeated): then two points write one element */
+    for (int d = 0; window && d < MGK_MAXD; d++) info.alias |= G.n[d] > 1 && G.out.s[d] == 0;
     info.has_gather = 0;
     const mgk_ref *refs[6] = {&G.out, &G.init, &G.x[0], &G.x[1], &G.x[2], &G.x[3]};
     for (int j = 0; j < 6; j++) info.has_gather |= refs[j]->gather != 0;

@@ -1811,7 +1811,8 @@ MGK_HOT void mgk_split_row(const mgk_nest *N, const mgk_run *R, const int term, 
  * on random data mispredict (the nests ran 3x slower than the elementwise ones they replace). The
  * blends are the op table's formulas lane by lane, `(A > B || A != A) ? A : B`, `A > B ? 1 :
  * (A == B ? 0.5 : 0)`, `B > A ? 1 : (A == B ? 0.5 : 0)`: the same bits as the scalar path, which
- * a test checks over ties, signed zeros and NaNs (tests/c/test_compiler.c). */
+ * tests/python/test_reroll.py checks (test_max_windows_...: generated code with and without
+ * vectors and the tape, over ReLU's ties and windows of +0, -0 and equal values). */
 #if MGK_VECTOR
 #if MGK_REAL_BYTES == 8
 typedef long long mgk_vmask __attribute__((vector_size(MGK_VBYTES)));

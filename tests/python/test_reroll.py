@@ -2553,14 +2553,21 @@ def windows_case(seed: int = 0) -> Case:
 
 
 @needs_cc
-@pytest.mark.parametrize("name", ["cnn", "cnn-zeros", "cnn-s2", "windows"])
+@pytest.mark.parametrize("name", ["pairs", "cnn-zeros", "windows"])
 def test_unblocked_rows_of_single_terms_run_as_elementwise_rows_in_the_interpreter(name):
-    """A row of points too short for a block that sums nothing (a 2x2 pool's maxima, sums and
-    their gradients, 4 or 6 wide, every other element; overlapping windows' gradients, rows of 3
-    adding into the outputs of the row before) runs as an elementwise row in the interpreter
-    (nest_kernels.h, MGK_NP_POINT_ROWS) and point by point in generated code: the same bits, at
-    batch sizes 1 and 4 on two threads."""
-    case = windows_case() if name == "windows" else zoo_case(name)
+    """A row of points too short for a block that sums nothing (pairs' maxima and their
+    gradients, a 2x2 average pool's sums, 6 wide, every other element; overlapping windows'
+    gradients, rows of 3 adding into the outputs of the row before) runs as an elementwise row in
+    the interpreter (nest_kernels.h, MGK_NP_POINT_ROWS) and point by point in generated code: the
+    same bits, at batch sizes 1 and 4 on two threads. (A max-pool's windows are one max each,
+    test_max_windows_are_one_nest_and_one_gradient_with_the_lane_loops_bits.)"""
+    case = (
+        windows_case()
+        if name == "windows"
+        else pairs_case(6)
+        if name == "pairs"
+        else zoo_case(name)
+    )
     tape = compile_case(case)
     rows = r"\+2\*i3\]" if name != "windows" else r"acc out\[sample_grad\d+ \+1\*i2 \+1\*i3\]"
     unblocked = [
@@ -3325,3 +3332,118 @@ def _regression(name: str) -> Case:
 )
 def test_regressions(name):
     check_case(_regression(name), with_c=HAVE_CC)
+
+
+def overlapping_windows_case(seed: int = 0) -> Case:
+    """A 3x3 max over every position of a 6x6 ReLU map (stride 1: neighbouring windows share
+    elements), each ReLU value also read by a skip sum: the windows' gradient adds into elements
+    that other windows and the skip wrote (an alias nest, never blocked)."""
+    r = np.random.default_rng(seed)
+    X = r.uniform(-1, 1, size=(6, 36))
+    x = [Value(float(q)) for q in X[0]]
+    w = [Value(float(q)) for q in r.uniform(-1, 1, size=36)]
+    h = [(xi * wi).relu() for xi, wi in zip(x, w)]
+    feats = []
+    for i in range(4):
+        for j in range(4):
+            win = [h[(i + a) * 6 + j + b] for a in range(3) for b in range(3)]
+            m = win[0]
+            for v in win[1:]:
+                m = m.max(v)
+            feats.append(m)
+    feats.append(sum(h, Value(0.0)))
+    return dense3_case(r, X, x, feats, w)
+
+
+def tied_windows_case(seed: int = 0, repeat_edge: bool = False) -> Case:
+    """2x2 windows, stride 2, over a 6x6 (or, with `repeat_edge`, 6x7) map of x*w with x drawn from
+    {-1, -0.0, +0.0, 1} and w starting at 1: most windows tie, between equal values and between
+    the two zeros (max keeps the second of equal operands, -0.0 or +0.0). With `repeat_edge` the
+    odd last column's windows repeat their edge element (a pool in "ceil mode"): one element twice
+    in a window, its two gradients added."""
+    r = np.random.default_rng(seed)
+    H, W = 6, 7 if repeat_edge else 6
+    X = r.choice(np.array([-1.0, -0.0, 0.0, 1.0]), size=(6, H * W))
+    x = [Value(float(q)) for q in X[0]]
+    w = [Value(1.0) for _ in range(H * W)]
+    h = [xi * wi for xi, wi in zip(x, w)]
+
+    def at(i: int, j: int) -> Value:
+        return h[i * W + min(j, W - 1)]
+
+    feats = [
+        at(i, j).max(at(i, j + 1)).max(at(i + 1, j)).max(at(i + 1, j + 1))
+        for i in range(0, H, 2)
+        for j in range(0, W, 2)
+    ]
+    return dense3_case(r, X, x, feats, w)
+
+
+@needs_cc
+@pytest.mark.parametrize(
+    "name", ["cnn", "cnn-s1", "cnn-pad", "cnn-s2", "overlapping", "ties", "repeated edge"]
+)
+def test_max_windows_are_one_nest_and_one_gradient_with_the_lane_loops_bits(name):
+    """A max-pool written as `a.max(b).max(c).max(d)` is one max over each window (MGK_T_MAXR)
+    and one gradient nest replaying the chain's backward per window (MGK_T_DMAXR), not an
+    elementwise nest per max and a derivative nest per operand. The vector path (compares and
+    blends) computes the bits of the plain lane loops (-DMGK_NO_VECTOR: the op table's max and
+    its derivatives), with ReLU's zeros tying in most windows (half the gradient to each), at
+    batch sizes 1 and 4 on two threads; windows that overlap (stride-1 pooling) add their
+    gradients point by point into what a skip sum wrote, and so do windows that name an element
+    twice. Values and gradients agree with the scalar program and eager as every case does
+    (check_case)."""
+    case = (
+        overlapping_windows_case()
+        if name == "overlapping"
+        else tied_windows_case(repeat_edge=name == "repeated edge")
+        if name in ("ties", "repeated edge")
+        else zoo_case(name)
+    )
+    check_case(case, with_c=True)
+    tape = compile_case(case)
+    listing = tape.describe()
+    window = r"\| 3, 3\)" if name == "overlapping" else r"\| 2, 2\)"
+    assert re.search(window + r" set out\[sample\d+ .*= max over r  x0\[sample", listing), listing
+    # windows that share elements, or name one twice, add their gradients in
+    mode = "acc" if name in ("overlapping", "repeated edge") else r"sum"
+    assert re.search(window + rf" {mode} out\[sample_grad\d+ .*max' over r  x0\[sample", listing), (
+        listing
+    )
+    assert " = max  x0" not in listing and "max'A" not in listing, listing  # nothing elementwise
+    flags = [*compiler.default_flags(compiler.find_compiler()), "-DMGK_NO_VECTOR"]
+    plain = compile_case(case, backend="c", flags=flags)
+    assert_tape_bits(plain, tape, case, f"{name} lane loops", batches=(1, 4), threads=2)
+    assert_tape_bits(compile_case(case, backend="c"), compile_case(case), case, name, (1, 4), 2)
+
+
+def test_max_chains_fold_only_over_a_samples_values():
+    """A max of two stays elementwise; chains of 3 to 32 per-sample values fold into one window.
+    A chain with a parameter or a constant on top, or longer than a window (33 elements), keeps
+    its top elementwise and folds the chain below it (3 and 32 values); every program agrees
+    with eager."""
+    r = np.random.default_rng(3)
+    X = r.uniform(-1, 1, size=(6, 80))
+    x = [Value(float(q)) for q in X[0]]
+    w = [Value(float(q)) for q in r.uniform(-1, 1, size=80)]
+    h = [(xi * wi).tanh() for xi, wi in zip(x, w)]
+
+    def chain(vals: list[Value]) -> Value:
+        m = vals[0]
+        for v in vals[1:]:
+            m = m.max(v)
+        return m
+
+    feats = [chain(h[0:2]), chain(h[2:5]), chain(h[5:37]), chain(h[37:70])]
+    feats += [chain([*h[70:73], w[0]]), chain([*h[73:76], Value(0.25)])]
+    case = dense3_case(r, X, x, feats, w)
+    check_case(case)
+    listing = compile_case(case).describe()
+    nests = re.findall(r"\(([\d, ]*) \| (\d+)\) set out\[\S+ .*= max over r", listing)
+    windows = [
+        int(size)
+        for outer, size in nests
+        for _ in range(math.prod(map(int, outer.split(",") if outer else [])))
+    ]
+    assert sorted(windows) == [3, 3, 3, 32, 32], listing
+    assert len(re.findall(r"\| \) set out\[\S+ .*= max  x0", listing)) == 4, listing
