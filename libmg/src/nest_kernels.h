@@ -1805,75 +1805,147 @@ MGK_HOT void mgk_split_row(const mgk_nest *N, const mgk_run *R, const int term, 
  * derivatives become compares and blends, where point by point they were branches that random
  * data mispredicts (3x slower than the separate elementwise nests). */
 #define MGK_MAXWIN 32
-/* The lanes of one step of the chain, m = a max b, and of its backward: f = dB * g, then
- * g = 0 + dA * g. With vectors, as compares and blends: gcc leaves the op table's `max` and its
- * derivatives as branches in these loops (not if-converted, "control flow in loop"), and branches
- * on random data mispredict (the nests ran 3x slower than the elementwise ones they replace). The
- * blends are the op table's formulas lane by lane, `(A > B || A != A) ? A : B`, `A > B ? 1 :
- * (A == B ? 0.5 : 0)`, `B > A ? 1 : (A == B ? 0.5 : 0)`: the same bits as the scalar path, which
- * tests/python/test_reroll.py checks (test_max_windows_...: generated code with and without
- * vectors and the tape, over ReLU's ties and windows of +0, -0 and equal values). */
 #if MGK_VECTOR
+/* A block's lanes as native vectors, the chain's steps as compares and blends: in lane loops gcc
+ * leaves the op table's `max` and its derivatives as branches ("control flow in loop", not
+ * if-converted), which random data mispredicts (such lanes ran 3x slower than the elementwise
+ * nests they replace). The blends are the op table's formulas lane by lane, `(A > B || A != A) ?
+ * A : B`, `A > B ? 1 : (A == B ? 0.5 : 0)`, `B > A ? 1 : (A == B ? 0.5 : 0)`: the same bits as
+ * the scalar path below (the one place an op's formulas are written twice; test_reroll.py's
+ * test_max_windows_... holds generated code with and without vectors and the tape to the same
+ * bits over ReLU's ties and windows of +0, -0 and equal values). */
 #if MGK_REAL_BYTES == 8
 typedef long long mgk_vmask __attribute__((vector_size(MGK_VBYTES)));
 #else
 typedef int mgk_vmask __attribute__((vector_size(MGK_VBYTES)));
 #endif
 #define MGK_VSEL(c, x, y) ((mgk_vec)(((mgk_vmask)(x) & (c)) | ((mgk_vmask)(y) & ~(c))))
-#endif
-MGK_HOT void mgk_maxr_fwd(mgk_real *restrict m, const mgk_real *restrict a,
-                          const mgk_real *restrict b, const int op, const double k) {
-#if MGK_VECTOR
-    (void)op;
-    (void)k;
-    MGK_UNROLL
-    for (int q = 0; q < MGK_NV; q++) {
-        mgk_vec A, B;
-        MGK_VLOAD(A, a + q * MGK_VW);
-        MGK_VLOAD(B, b + q * MGK_VW);
-        MGK_VSTORE(m + q * MGK_VW, MGK_VSEL((A > B) | (A != A), A, B));
-    }
-#else
-    for (int l = 0; l < MGK_LANES; l++) m[l] = (mgk_real)mgk_op_fwd(op, a[l], b[l], k);
-#endif
-}
-MGK_HOT void mgk_maxr_bwd(mgk_real *restrict f, mgk_real *restrict g,
-                          const mgk_real *restrict a, const mgk_real *restrict b,
-                          const mgk_real *restrict y, const int op, const double k) {
-#if MGK_VECTOR
-    (void)y;
-    (void)op;
-    (void)k;
-    const mgk_vec one = MGK_VSPLAT((mgk_real)1), half = MGK_VSPLAT((mgk_real)0.5),
-                  zero = MGK_VSPLAT((mgk_real)0);
-    MGK_UNROLL
-    for (int q = 0; q < MGK_NV; q++) {
-        mgk_vec A, B, G;
-        MGK_VLOAD(A, a + q * MGK_VW);
-        MGK_VLOAD(B, b + q * MGK_VW);
-        MGK_VLOAD(G, g + q * MGK_VW);
-        const mgk_vec tie = MGK_VSEL(A == B, half, zero);
-        MGK_VSTORE(f + q * MGK_VW, MGK_VSEL(B > A, one, tie) * G);
-        MGK_VSTORE(g + q * MGK_VW, zero + MGK_VSEL(A > B, one, tie) * G);
-    }
-#else
-    for (int l = 0; l < MGK_LANES; l++) f[l] = (mgk_real)mgk_op_db(op, a[l], b[l], k, y[l]) * g[l];
-    for (int l = 0; l < MGK_LANES; l++)
-        g[l] = (mgk_real)0 + (mgk_real)mgk_op_da(op, a[l], b[l], k, y[l]) * g[l];
-#endif
-}
-#if MGK_VECTOR
-/* lanes x[l * st], l < nv, into B (zeros after), a native vector at a time; lanes 2 apart in a
- * block that is not its row's last as the even lanes of whole vectors (MGK_EVEN2) */
-#define MGK_MAXR_LANES(B, x, st)                                                                   \
+#define MGK_VMAX(A, B) MGK_VSEL(((A) > (B)) | ((A) != (A)), A, B)
+/* lanes x[l * st], l < nv, into the native vectors V[0 .. MGK_NV) (zeros after); lanes 2 apart
+ * in a block that is not its row's last as the even lanes of whole vectors (MGK_EVEN2) */
+#define MGK_MAXR_LOAD(V, x, st)                                                                    \
     do {                                                                                           \
         MGK_UNROLL                                                                                 \
-        for (int k_ = 0; k_ < MGK_NV; k_++)                                                        \
-            MGK_VSTORE((B) + k_ * MGK_VW,                                                          \
-                       (st) == 2 && inner ? MGK_EVEN2((x) + k_ * MGK_VW * 2)                       \
-                                          : MGK_VGATHER((x) + k_ * MGK_VW * (st), (st),            \
-                                                        nv - k_ * MGK_VW));                        \
+        for (int k_ = 0; k_ < MGK_NV; k_++) {                                                      \
+            if ((st) == 1 && nv == MGK_LANES) MGK_VLOAD((V)[k_], (x) + k_ * MGK_VW);               \
+            else                                                                                   \
+                (V)[k_] = (st) == 2 && inner ? MGK_EVEN2((x) + k_ * MGK_VW * 2)                    \
+                                             : MGK_VGATHER((x) + k_ * MGK_VW * (st), (st),         \
+                                                           nv - k_ * MGK_VW);                      \
+        }                                                                                          \
     } while (0)
+#if MGK_STRIDE2 /* two vectors' lanes interleaved: a, b -> a0 b0 a1 b1 ... (low, high halves) */
+#if MGK_VW == 2
+#define MGK_ILV_LO(a, b) MGK_SV(a, b, 0, 2)
+#define MGK_ILV_HI(a, b) MGK_SV(a, b, 1, 3)
+#elif MGK_VW == 4
+#define MGK_ILV_LO(a, b) MGK_SV(a, b, 0, 4, 1, 5)
+#define MGK_ILV_HI(a, b) MGK_SV(a, b, 2, 6, 3, 7)
+#elif MGK_VW == 8
+#define MGK_ILV_LO(a, b) MGK_SV(a, b, 0, 8, 1, 9, 2, 10, 3, 11)
+#define MGK_ILV_HI(a, b) MGK_SV(a, b, 4, 12, 5, 13, 6, 14, 7, 15)
+#else
+#define MGK_ILV_LO(a, b) MGK_SV(a, b, 0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23)
+#define MGK_ILV_HI(a, b) MGK_SV(a, b, 8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31)
+#endif
+#endif
+/* One block of nv points along dim 3 (o, x0, x1 at its first point; `inner`: another block
+ * follows in the row). A gradient stored 2 apart whose window's innermost dim is a pair of
+ * neighbours (a 2x2 pool's columns) is stored as whole vectors, the pair's lanes interleaved. */
+MGK_HOT void mgk_maxr_block(const mgk_nest *N, const int term, const int nv, const int inner,
+                            mgk_real *o, const mgk_real *x0, const mgk_real *x1) {
+    const mgk_i64 *n = N->n;
+    const mgk_ref *O = &N->out, *X = N->x;
+    const mgk_i64 s0 = X[0].s[3], s1 = X[1].s[3], os = O->s[3];
+    const mgk_vec one = MGK_VSPLAT((mgk_real)1), half = MGK_VSPLAT((mgk_real)0.5),
+                  zero = MGK_VSPLAT((mgk_real)0);
+    mgk_vec v[MGK_MAXWIN][MGK_NV], m[MGK_MAXWIN][MGK_NV], g[MGK_NV], f[MGK_NV], h[MGK_NV];
+    mgk_i64 qo[MGK_MAXWIN], r4, r5, r6, r7;
+    int w = 0, k, q, l;
+    (void)inner;
+    MGK_UNROLL
+    for (q = 0; q < MGK_NV; q++) h[q] = zero; /* (set before it is read: w is even with pairs) */
+    /* every loop unrolled in generated code (constant sizes): the window in registers */
+    MGK_UNROLL
+    for (r4 = 0; r4 < n[4]; r4++)
+        MGK_UNROLL
+    for (r5 = 0; r5 < n[5]; r5++)
+        MGK_UNROLL
+    for (r6 = 0; r6 < n[6]; r6++)
+        MGK_UNROLL
+    for (r7 = 0; r7 < n[7]; r7++, w++) {
+                    MGK_MAXR_LOAD(v[w], x0 + MGK_RPOS(&X[0], r4, r5, r6, r7), s0);
+                    qo[w] = MGK_RPOS(O, r4, r5, r6, r7);
+                    MGK_UNROLL
+                    for (q = 0; q < MGK_NV; q++) m[w][q] = w ? MGK_VMAX(m[w - 1][q], v[w][q]) : v[w][q];
+                }
+    if (term == MGK_T_MAXR) {
+        if (os == 1 && nv == MGK_LANES) {
+            MGK_UNROLL
+            for (q = 0; q < MGK_NV; q++) MGK_VSTORE(o + q * MGK_VW, m[w - 1][q]);
+        } else {
+            for (l = 0; l < nv; l++) o[l * os] = m[w - 1][l / MGK_VW][l % MGK_VW];
+        }
+        return;
+    }
+    MGK_MAXR_LOAD(g, x1, s1);
+#if MGK_STRIDE2
+    const int pairs = os == 2 && n[7] == 2 && O->s[7] == 1 && nv == MGK_LANES;
+#else
+    const int pairs = 0;
+#endif
+    MGK_UNROLL
+    for (k = w - 1; k >= 0; k--) {
+        mgk_real *const ok = o + qo[k];
+        MGK_UNROLL
+        for (q = 0; q < MGK_NV; q++) {
+            if (k) {
+                const mgk_vec A = m[k - 1][q], B = v[k][q], tie = MGK_VSEL(A == B, half, zero);
+                f[q] = MGK_VSEL(B > A, one, tie) * g[q];
+                g[q] = zero + MGK_VSEL(A > B, one, tie) * g[q];
+            } else {
+                f[q] = g[q];
+            }
+            if (N->mode == MGK_SUM0) f[q] = zero + f[q];
+        }
+#if MGK_STRIDE2
+        if (pairs) { /* k odd: the pair's second, stored with the first (k - 1) */
+            MGK_UNROLL
+            for (q = 0; q < MGK_NV; q++) {
+                if (k & 1) {
+                    h[q] = f[q];
+                    continue;
+                }
+                mgk_vec lo = MGK_ILV_LO(f[q], h[q]), hi = MGK_ILV_HI(f[q], h[q]), a, b;
+                if (N->mode != MGK_SUM0) {
+                    MGK_VLOAD(a, ok + 2 * q * MGK_VW);
+                    MGK_VLOAD(b, ok + 2 * q * MGK_VW + MGK_VW);
+                    lo = a + lo;
+                    hi = b + hi;
+                }
+                MGK_VSTORE(ok + 2 * q * MGK_VW, lo);
+                MGK_VSTORE(ok + 2 * q * MGK_VW + MGK_VW, hi);
+            }
+            continue;
+        }
+#endif
+        if (os == 1 && nv == MGK_LANES) {
+            MGK_UNROLL
+            for (q = 0; q < MGK_NV; q++) {
+                mgk_vec a = f[q];
+                if (N->mode != MGK_SUM0) {
+                    MGK_VLOAD(a, ok + q * MGK_VW);
+                    a = a + f[q];
+                }
+                MGK_VSTORE(ok + q * MGK_VW, a);
+            }
+        } else if (N->mode == MGK_SUM0) {
+            for (l = 0; l < nv; l++) ok[l * os] = f[l / MGK_VW][l % MGK_VW];
+        } else {
+            for (l = 0; l < nv; l++) ok[l * os] = ok[l * os] + f[l / MGK_VW][l % MGK_VW];
+        }
+    }
+}
 #endif
 MGK_HOT void mgk_maxr(const mgk_nest *N, const mgk_run *R, const int term, const int op) {
     /* every sample's: a max's values and gradients are a sample's own (reroll.c folds windows
@@ -1881,6 +1953,7 @@ MGK_HOT void mgk_maxr(const mgk_nest *N, const mgk_run *R, const int term, const
     const mgk_i64 *n = N->n, t = R->t, nb = R->nb > 1 ? R->nb : 1;
     const mgk_ref *O = &N->out, *X = N->x;
     mgk_i64 sm, i0, i1, i2, i3, r4, r5, r6, r7;
+    if (n[4] * n[5] * n[6] * n[7] > MGK_MAXWIN) return; /* never made (reroll.c) */
     for (sm = 0; sm < nb; sm++) {
         const mgk_i64 so = sm * R->ss;
         for (i0 = 0; i0 < n[0]; i0++)
@@ -1888,52 +1961,22 @@ MGK_HOT void mgk_maxr(const mgk_nest *N, const mgk_run *R, const int term, const
                 for (i2 = 0; i2 < n[2]; i2++) {
                     i3 = 0;
 #if MGK_VECTOR
-                    if (N->flags & MGK_F_BLOCK) {
-                        /* direct refs (a blocked nest has no tables) */
+                    if (N->flags & MGK_F_BLOCK) { /* direct refs: a blocked nest has no tables */
                         mgk_real *o = R->a[O->arr] + MGK_OPOS(O, t, i0, i1, i2, 0) +
                                       (MGK_PS(O) ? so : 0);
                         const mgk_real *x0 = R->a[X[0].arr] + MGK_OPOS(&X[0], t, i0, i1, i2, 0) +
                                              (MGK_PS(&X[0]) ? so : 0);
                         const mgk_real *x1 = R->a[X[1].arr] + MGK_OPOS(&X[1], t, i0, i1, i2, 0) +
                                              (MGK_PS(&X[1]) ? so : 0);
-                        const mgk_i64 s0 = X[0].s[3], s1 = X[1].s[3], os = O->s[3];
                         for (; i3 < n[3]; i3 += MGK_LANES) {
-                            const int nv = n[3] - i3 < MGK_LANES ? (int)(n[3] - i3) : MGK_LANES;
                             const int inner = MGK_STRIDE2 && i3 + MGK_LANES < n[3];
-                            mgk_real v[MGK_MAXWIN][MGK_LANES], m[MGK_MAXWIN][MGK_LANES];
-                            mgk_real g[MGK_LANES], f[MGK_LANES];
-                            mgk_i64 qo[MGK_MAXWIN];
-                            int w = 0, k, l;
-                            (void)inner;
-                            for (r4 = 0; r4 < n[4]; r4++)
-                                for (r5 = 0; r5 < n[5]; r5++)
-                                    for (r6 = 0; r6 < n[6]; r6++)
-                                        for (r7 = 0; r7 < n[7] && w < MGK_MAXWIN; r7++, w++) {
-                                            MGK_MAXR_LANES(
-                                                v[w], x0 + MGK_RPOS(&X[0], r4, r5, r6, r7), s0);
-                                            qo[w] = MGK_RPOS(O, r4, r5, r6, r7);
-                                            if (w) mgk_maxr_fwd(m[w], m[w - 1], v[w], op, N->k);
-                                            else
-                                                for (l = 0; l < MGK_LANES; l++) m[0][l] = v[0][l];
-                                        }
-                            if (term == MGK_T_MAXR) {
-                                for (l = 0; l < nv; l++) o[l * os] = m[w - 1][l];
-                            } else {
-                                MGK_MAXR_LANES(g, x1, s1);
-                                for (k = w - 1; k >= 0; k--) {
-                                    mgk_real *const ok = o + qo[k];
-                                    if (k) mgk_maxr_bwd(f, g, m[k - 1], v[k], m[k], op, N->k);
-                                    else
-                                        for (l = 0; l < MGK_LANES; l++) f[l] = g[l];
-                                    if (N->mode == MGK_SUM0)
-                                        for (l = 0; l < nv; l++) ok[l * os] = (mgk_real)0 + f[l];
-                                    else
-                                        for (l = 0; l < nv; l++) ok[l * os] = ok[l * os] + f[l];
-                                }
-                            }
-                            o += MGK_LANES * os;
-                            x0 += MGK_LANES * s0;
-                            x1 += MGK_LANES * s1;
+                            if (n[3] - i3 >= MGK_LANES)
+                                mgk_maxr_block(N, term, MGK_LANES, inner, o, x0, x1);
+                            else /* the row's partial last block */
+                                mgk_maxr_block(N, term, (int)(n[3] - i3), 0, o, x0, x1);
+                            o += MGK_LANES * O->s[3];
+                            x0 += MGK_LANES * X[0].s[3];
+                            x1 += MGK_LANES * X[1].s[3];
                         }
                         continue;
                     }
@@ -1947,7 +1990,7 @@ MGK_HOT void mgk_maxr(const mgk_nest *N, const mgk_run *R, const int term, const
                         for (r4 = 0; r4 < n[4]; r4++)
                             for (r5 = 0; r5 < n[5]; r5++)
                                 for (r6 = 0; r6 < n[6]; r6++)
-                                    for (r7 = 0; r7 < n[7] && w < MGK_MAXWIN; r7++, w++) {
+                                    for (r7 = 0; r7 < n[7]; r7++, w++) {
                                         v[w] = *MGK_ATS(R, &X[0],
                                                         p0 + MGK_RPOS(&X[0], r4, r5, r6, r7), so);
                                         m[w] = w ? (mgk_real)mgk_op_fwd(op, m[w - 1], v[w], N->k)
@@ -1973,8 +2016,13 @@ MGK_HOT void mgk_maxr(const mgk_nest *N, const mgk_run *R, const int term, const
     }
 }
 #if MGK_VECTOR
-#undef MGK_MAXR_LANES
+#undef MGK_MAXR_LOAD
+#undef MGK_VMAX
 #undef MGK_VSEL
+#endif
+#if MGK_STRIDE2
+#undef MGK_ILV_LO
+#undef MGK_ILV_HI
 #endif
 
 MGK_HOT void mgk_nest_path(const mgk_nest *N, const mgk_run *R, const int term, const int op,
