@@ -546,10 +546,10 @@ static void describe_nest(sbuf *b, const mg_tape *t, size_t k, const char *inden
         puts_(b, " ");
     }
     static const char *const xn[4] = {"x0", "x1", "x2", "x3"};
-    int nx = N->term == MGK_T_ONE || N->term == MGK_T_MAXR ? 1
+    int nx = N->term == MGK_T_ONE || N->term == MGK_T_MAXR    ? 1
              : N->term == MGK_T_MUL || N->term == MGK_T_DMAXR ? 2
-             : N->term == MGK_T_OP  ? mg_op__arity[N->op]
-                                    : 4;
+             : N->term == MGK_T_OP                            ? mg_op__arity[N->op]
+                                                              : 4;
     for (int j = 0; j < nx; j++) {
         describe_ref(b, N, &N->x[j], xn[j]);
         puts_(b, " ");

@@ -1829,9 +1829,9 @@ typedef int mgk_vmask __attribute__((vector_size(MGK_VBYTES)));
         for (int k_ = 0; k_ < MGK_NV; k_++) {                                                      \
             if ((st) == 1 && nv == MGK_LANES) MGK_VLOAD((V)[k_], (x) + k_ * MGK_VW);               \
             else                                                                                   \
-                (V)[k_] = (st) == 2 && inner ? MGK_EVEN2((x) + k_ * MGK_VW * 2)                    \
-                                             : MGK_VGATHER((x) + k_ * MGK_VW * (st), (st),         \
-                                                           nv - k_ * MGK_VW);                      \
+                (V)[k_] = (st) == 2 && inner                                                       \
+                              ? MGK_EVEN2((x) + k_ * MGK_VW * 2)                                   \
+                              : MGK_VGATHER((x) + k_ * MGK_VW * (st), (st), nv - k_ * MGK_VW);     \
         }                                                                                          \
     } while (0)
 #if MGK_STRIDE2 /* two vectors' lanes interleaved: a, b -> a0 b0 a1 b1 ... (low, high halves) */
@@ -1867,18 +1867,22 @@ MGK_HOT void mgk_maxr_block(const mgk_nest *N, const int term, const int nv, con
     for (q = 0; q < MGK_NV; q++) h[q] = zero; /* (set before it is read: w is even with pairs) */
     /* every loop unrolled in generated code (constant sizes): the window in registers */
     MGK_UNROLL
-    for (r4 = 0; r4 < n[4]; r4++)
+    for (r4 = 0; r4 < n[4]; r4++) {
         MGK_UNROLL
-    for (r5 = 0; r5 < n[5]; r5++)
-        MGK_UNROLL
-    for (r6 = 0; r6 < n[6]; r6++)
-        MGK_UNROLL
-    for (r7 = 0; r7 < n[7]; r7++, w++) {
+        for (r5 = 0; r5 < n[5]; r5++) {
+            MGK_UNROLL
+            for (r6 = 0; r6 < n[6]; r6++) {
+                MGK_UNROLL
+                for (r7 = 0; r7 < n[7]; r7++, w++) {
                     MGK_MAXR_LOAD(v[w], x0 + MGK_RPOS(&X[0], r4, r5, r6, r7), s0);
                     qo[w] = MGK_RPOS(O, r4, r5, r6, r7);
                     MGK_UNROLL
-                    for (q = 0; q < MGK_NV; q++) m[w][q] = w ? MGK_VMAX(m[w - 1][q], v[w][q]) : v[w][q];
+                    for (q = 0; q < MGK_NV; q++)
+                        m[w][q] = w ? MGK_VMAX(m[w - 1][q], v[w][q]) : v[w][q];
                 }
+            }
+        }
+    }
     if (term == MGK_T_MAXR) {
         if (os == 1 && nv == MGK_LANES) {
             MGK_UNROLL
@@ -1962,8 +1966,8 @@ MGK_HOT void mgk_maxr(const mgk_nest *N, const mgk_run *R, const int term, const
                     i3 = 0;
 #if MGK_VECTOR
                     if (N->flags & MGK_F_BLOCK) { /* direct refs: a blocked nest has no tables */
-                        mgk_real *o = R->a[O->arr] + MGK_OPOS(O, t, i0, i1, i2, 0) +
-                                      (MGK_PS(O) ? so : 0);
+                        mgk_real *o =
+                            R->a[O->arr] + MGK_OPOS(O, t, i0, i1, i2, 0) + (MGK_PS(O) ? so : 0);
                         const mgk_real *x0 = R->a[X[0].arr] + MGK_OPOS(&X[0], t, i0, i1, i2, 0) +
                                              (MGK_PS(&X[0]) ? so : 0);
                         const mgk_real *x1 = R->a[X[1].arr] + MGK_OPOS(&X[1], t, i0, i1, i2, 0) +
@@ -2032,9 +2036,7 @@ MGK_HOT void mgk_nest_path(const mgk_nest *N, const mgk_run *R, const int term, 
         mgk_maxr(N, R, term, op);
         return;
     }
-    {
-        MGK_NEST_PATH_BODY
-    }
+    MGK_NEST_PATH_BODY
 }
 
 /* A nest function of generated code: the body above with the nest's descriptor, its term and op

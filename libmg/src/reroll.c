@@ -1005,10 +1005,10 @@ static uint32_t elem_operand(const rr *R, const stmt *s, uint32_t j) {
 /* Reads of the level v[0..n) (slots start + creation position) that do not run along unit
  * strides, with the level stored in creation order (P == 0) or kind-major with P kinds: per
  * reduction that reads it (with `reductions`), each run of consecutive terms of one shape reading
- * it, per operand (a, b); per level and op of its elementwise readers (and maxima over windows), in creation order, each
- * operand position. *cost is the sum of those sequences' costs (seq_cost). With `steps_by`, it
- * says instead whether any elementwise reader's sequence steps by `period` between its first two
- * values, and *cost is left 0. Returns 0 out of memory. */
+ * it, per operand (a, b); per level and op of its elementwise readers (and maxima over windows), in
+ * creation order, each operand position. *cost is the sum of those sequences' costs (seq_cost).
+ * With `steps_by`, it says instead whether any elementwise reader's sequence steps by `period`
+ * between its first two values, and *cost is left 0. Returns 0 out of memory. */
 static int reader_cost(rr *R, const uint32_t *v, size_t n, size_t start, size_t P,
                        const uint32_t *rdv, size_t nrd, int reductions, size_t *cost, size_t period,
                        int *steps_by) {
