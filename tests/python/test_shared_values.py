@@ -98,19 +98,26 @@ def test_l2_term_is_computed_once_per_batch_and_trains_as_the_definition(batch):
 
 
 def test_l2_term_matches_micrograd_eager_arithmetic():
-    """The compiled program's loss and gradients are micrograd's eager ones (Value.backward over
-    the same graph) to 1e-12, shared values or not."""
+    """The compiled program's loss and gradients are micrograd's (the `micrograd` package, the
+    reference: its own MLP from the same seed, its Value.backward over the demo's loss) and
+    micrograd_c's eager ones, to 1e-12, the L2 term's values shared or not."""
+    from micrograd.nn import MLP as RefMLP
+
     model, prog = l2_mlp("tape", seed=4, alpha=0.01)
     xs, ys = [0.3, -0.8], [1.0]
     prog.forward(xs, ys)
     prog.backward()
-    out = model([Value(v) for v in xs])
-    loss = (1 + -ys[0] * out).relu() + 0.01 * sum((p * p for p in model.parameters()), Value(0.0))
-    model.zero_grad()
-    loss.backward()
-    assert abs(prog.loss - loss.data) <= 1e-12 * max(1.0, abs(loss.data))
-    eager = np.array([p.grad for p in model.parameters()])
-    assert np.allclose(prog.grad, eager, rtol=1e-12, atol=1e-15)
+    random.seed(4)  # micrograd's initialisation, in micrograd's order: the same parameters
+    ref = RefMLP(2, [8, 8, 1])
+    assert [p.data for p in ref.parameters()] == [p.data for p in model.parameters()]
+    for m, V in ((model, Value), (ref, type(ref.parameters()[0]))):
+        out = m([V(v) for v in xs])
+        loss = (1 + -ys[0] * out).relu() + 0.01 * sum((p * p for p in m.parameters()), V(0.0))
+        m.zero_grad()
+        loss.backward()
+        assert abs(prog.loss - loss.data) <= 1e-12 * max(1.0, abs(loss.data))
+        grads = np.array([p.grad for p in m.parameters()])
+        assert np.allclose(prog.grad, grads, rtol=1e-12, atol=1e-15)
 
 
 def test_backward_twice_adds_the_parameters_gradients_twice():
