@@ -1801,9 +1801,7 @@ MGK_HOT void mgk_split_row(const mgk_nest *N, const mgk_run *R, const int term, 
  * one pass over the window instead of one nest per max and operand. Windows of at most
  * MGK_MAXWIN elements (reroll.c folds no longer chain). Points run in row-major order, samples
  * outermost, or with MGK_F_BLOCK (set where no two points write one element) MGK_LANES points
- * along dim 3 at a time, their lanes computed by loops the C compiler vectorises: the maxima and
- * derivatives become compares and blends, where point by point they were branches that random
- * data mispredicts (3x slower than the separate elementwise nests). */
+ * along dim 3 at a time as native vectors (mgk_maxr_block). */
 #define MGK_MAXWIN 32
 #if MGK_VECTOR
 /* A block's lanes as native vectors, the chain's steps as compares and blends: in lane loops gcc
@@ -1862,7 +1860,6 @@ MGK_HOT void mgk_maxr_block(const mgk_nest *N, const int term, const int nv, con
     mgk_vec v[MGK_MAXWIN][MGK_NV], m[MGK_MAXWIN][MGK_NV], g[MGK_NV], f[MGK_NV], h[MGK_NV];
     mgk_i64 qo[MGK_MAXWIN], r4, r5, r6, r7;
     int w = 0, k, q, l;
-    (void)inner;
     MGK_UNROLL
     for (q = 0; q < MGK_NV; q++) h[q] = zero; /* (set before it is read: w is even with pairs) */
     /* every loop unrolled in generated code (constant sizes): the window in registers */

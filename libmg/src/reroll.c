@@ -54,6 +54,9 @@ typedef struct stmt {
     uint64_t hash;
 } stmt;
 
+/* Whether statement s is a max over a window (a folded chain of max, make_statements). */
+static int is_window(const stmt *s) { return s->kind == S_RED && s->op == MG_OP_MAX; }
+
 typedef struct rr {
     mg_tape *t;
     const mg_fz *f;
@@ -496,7 +499,7 @@ static int make_segments(rr *R, stmt *s) {
             int budget = MAXSEG - (int)s->ns - (int)(nruns - 1 - q);
             if (!mixed && fit(seqs, use, 2, len, MGK_MAXR, 0, &fr, str)) {
                 g.len = len;
-            } else if (!mixed && s->op != MG_OP_MAX && budget > 1 &&
+            } else if (!mixed && !is_window(s) && budget > 1 &&
                        prefix_pieces(sa, sb, len, 3) <= 3) {
                 /* a few runs of constant differences (a 2x2 window written as a + b + c + d):
                  * the first as its own segment */
@@ -831,7 +834,7 @@ static int emit_group(rr *R, const uint32_t *members, size_t N, int split) {
             const term *tm = &R->terms[s0->t0 + g->r0];
             nest.mode = q == 0 ? s0->mode : MGK_ACC;
             nest.term = tm->kind;
-            if (s0->op == MG_OP_MAX) { /* one segment: make_segments never cuts a window */
+            if (is_window(s0)) { /* one segment: make_segments never cuts a window */
                 nest.term = MGK_T_MAXR;
                 nest.op = MG_OP_MAX;
             }
@@ -998,7 +1001,7 @@ static uint32_t elem_operand(const rr *R, const stmt *s, uint32_t j) {
     const mg_fz *f = R->f;
     if (s && s->kind == S_ELEM && f->off[s->node] + j < f->off[s->node + 1])
         return f->opnd[f->off[s->node] + j];
-    if (s && s->kind == S_RED && s->op == MG_OP_MAX && j < s->nt) return R->terms[s->t0 + j].a;
+    if (s && is_window(s) && j < s->nt) return R->terms[s->t0 + j].a;
     return UINT32_MAX;
 }
 
@@ -1022,7 +1025,7 @@ static int reader_cost(rr *R, const uint32_t *v, size_t n, size_t start, size_t 
         const stmt *s = &R->st[rdv[i]];
         /* a reduction far longer than the level reads little of it (and scanning it once per
          * level it reads could take quadratic time) */
-        if (s->kind != S_RED || s->op == MG_OP_MAX || s->nt > 4 * n) continue;
+        if (s->kind != S_RED || is_window(s) || s->nt > 4 * n) continue;
         for (int w = 0; w < 2; w++) {
             size_t len = 0;
             const term *prev = NULL;
@@ -1044,8 +1047,7 @@ static int reader_cost(rr *R, const uint32_t *v, size_t n, size_t start, size_t 
     }
     uint32_t nops = 2; /* a max over a window reads its elements as operands 0, 1, ... */
     for (size_t i = 0; i < nrd; i++)
-        if (R->st[rdv[i]].op == MG_OP_MAX && R->st[rdv[i]].kind == S_RED && R->st[rdv[i]].nt > nops)
-            nops = R->st[rdv[i]].nt;
+        if (is_window(&R->st[rdv[i]]) && R->st[rdv[i]].nt > nops) nops = R->st[rdv[i]].nt;
     for (uint32_t j = 0; j < nops; j++) { /* elementwise readers' operand j */
         size_t len = 0;
         const stmt *first = NULL;
