@@ -163,6 +163,7 @@ static int grad_nest(ad *A, size_t f, const mgk_ref *X, int term, const mgk_ref 
     G.mode = MGK_ACC;
     G.term = term;
     G.op = F->op;
+    G.pre = F->pre;
     G.k = F->k;
     G.out = as_grad(*X);
     remap(&G.out, pos);

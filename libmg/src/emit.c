@@ -135,6 +135,8 @@ static void emit_ops(sbuf *b) {
         puts_(b, "    default: return NAN;\n    }\n}\n");
     }
     puts_(b, "#undef pow\n");
+    /* the op a max's window may apply to its elements in vector blocks (nest_kernels.h) */
+    putf(b, "#define MGK_OP_RELU %d\n", (int)MG_OP_RELU);
 }
 
 static void emit_ref(sbuf *b, const mgk_ref *X) {
@@ -158,7 +160,7 @@ static void emit_ref(sbuf *b, const mgk_ref *X) {
 }
 
 static void emit_nest(sbuf *b, const mgk_nest *N) {
-    putf(b, "    {%d, %d, %d, %d, ", N->mode, N->term, N->op, N->flags);
+    putf(b, "    {%d, %d, %d, %d, %d, ", N->mode, N->term, N->op, N->flags, N->pre);
     put_double(b, N->k);
     puts_(b, ", {");
     for (int d = 0; d < MGK_MAXD; d++) {
@@ -539,6 +541,7 @@ static void describe_nest(sbuf *b, const mg_tape *t, size_t k, const char *inden
     putf(b, " %s %s", mode_names[N->mode],
          N->term >= MGK_T_OP && N->term <= MGK_T_DB ? mg_op_name(N->op) : term_names[N->term]);
     if (N->term >= MGK_T_MAXR) puts_(b, " over r");
+    if (N->term >= MGK_T_MAXR && N->pre) putf(b, " of %s", mg_op_name(N->pre));
     if (N->term == MGK_T_DA || N->term == MGK_T_DB) puts_(b, N->term == MGK_T_DA ? "'A" : "'B");
     puts_(b, "  ");
     if (N->mode == MGK_SUMI) {

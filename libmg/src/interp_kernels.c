@@ -40,12 +40,16 @@ static void nest_mul(const mgk_nest *N, const mgk_run *R) {
     if (MG__SMALL(N)) mgk_nest_shape(N, R, MGK_T_MUL, 0, 1);
     else mgk_nest_shape(N, R, MGK_T_MUL, 0, 0);
 }
-/* max reductions (reroll.c folds chains of max alone) */
+/* max reductions (reroll.c folds chains of max alone), of their elements or of their ReLUs */
 static void nest_maxr(const mgk_nest *N, const mgk_run *R) {
-    mgk_nest_shape(N, R, MGK_T_MAXR, MG_OP_MAX, 0);
+    if (N->pre == MG_OP_RELU) mgk_maxr(N, R, MGK_T_MAXR, MG_OP_MAX, MG_OP_RELU);
+    else if (!N->pre) mgk_maxr(N, R, MGK_T_MAXR, MG_OP_MAX, 0);
+    else mgk_maxr(N, R, MGK_T_MAXR, MG_OP_MAX, N->pre);
 }
 static void nest_dmaxr(const mgk_nest *N, const mgk_run *R) {
-    mgk_nest_shape(N, R, MGK_T_DMAXR, MG_OP_MAX, 0);
+    if (N->pre == MG_OP_RELU) mgk_maxr(N, R, MGK_T_DMAXR, MG_OP_MAX, MG_OP_RELU);
+    else if (!N->pre) mgk_maxr(N, R, MGK_T_DMAXR, MG_OP_MAX, 0);
+    else mgk_maxr(N, R, MGK_T_DMAXR, MG_OP_MAX, N->pre);
 }
 
 #if defined(MG_FEW_KERNELS)

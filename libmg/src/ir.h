@@ -40,6 +40,8 @@ static inline double mgk_op_db(int op, double A, double B, double K, double Y) {
     mg_op__derivs(op, A, B, K, Y, &dA, &dB);
     return dB;
 }
+_Static_assert(MG_OP_LEAF == 0, "a nest's pre 0 is none");
+#define MGK_OP_RELU MG_OP_RELU
 #include "nest_kernels.h"
 
 /* ---- frozen graphs ---------------------------------------------------------------------------

@@ -33,7 +33,8 @@
  * output and x its x1 here: the deferred nest's arithmetic, so the same bits, with one pass
  * over the weights per sample instead of two.
  * Terms: ONE x0, MUL x0*x1, OP op(x0, x1, k), DA dA(x0, x1, k, x2)*x3, DB dB(...)*x3; MAXR and
- * DMAXR, a max over the reduction points and its gradient, run apart (mgk_maxr). An operand
+ * DMAXR, a max over the reduction points (of pre(x0) with `pre` set) and its gradient, run apart
+ * (mgk_maxr). An operand
  * is element base + t*ts + sum_k s[k]*i_k of array `arr` (t: the enclosing sequential loop's
  * iteration), or, with `gather`, the element that position of the index table names.
  * MGK_F_SPLIT (gradient sums over shared weights, never forward values) adds the innermost
@@ -105,7 +106,8 @@ typedef struct mgk_ref {
 
 typedef struct mgk_nest {
     int mode, term, op, flags;
-    double k;            /* the op's constant (POW's exponent) */
+    int pre;             /* MAXR, DMAXR: the unary op applied to each element first (0: none) */
+    double k;            /* the op's constant (POW's exponent; pre's, for a max's elements) */
     mgk_i64 n[MGK_MAXD]; /* sizes: outer dims 0..3, reduction dims 4..7 */
     mgk_ref out, init, x[4];
 } mgk_nest;
@@ -1799,19 +1801,29 @@ MGK_HOT void mgk_split_row(const mgk_nest *N, const mgk_run *R, const int term, 
  * the window x0 and the output's gradient x1, from the last element down, and stores (MGK_SUM0:
  * 0 + g) or adds (MGK_ACC) each element's gradient at out, which moves along every dim x0 does:
  * one pass over the window instead of one nest per max and operand. Windows of at most
- * MGK_MAXWIN elements (reroll.c folds no longer chain). Points run in row-major order, samples
- * outermost, or with MGK_F_BLOCK (set where no two points write one element) MGK_LANES points
- * along dim 3 at a time as native vectors (mgk_maxr_block). */
+ * MGK_MAXWIN elements (reroll.c folds no longer chain). With `pre` (a unary op; reroll.c folds
+ * ReLU, MGK_OP_RELU, where each element is a ReLU read by its window alone) the elements are
+ * pre(x0): the forward computes each as pre's own nest would, and the gradient multiplies each
+ * element's share, 0 + g as pre's gradient slot would have held it, by pre's derivative at x0 and
+ * pre(x0), as pre's gradient nest would: the same bits as the ReLU nest, the window and the two
+ * gradient nests they replace, without the ReLU's values and gradients in memory. Points run in
+ * row-major order, samples outermost, or with MGK_F_BLOCK (set where no two points write one
+ * element) and `pre` none or ReLU, MGK_LANES points along dim 3 at a time as native vectors
+ * (mgk_maxr_block). */
 #define MGK_MAXWIN 32
+#ifndef MGK_OP_RELU
+#error "the includer defines MGK_OP_RELU, the op table's relu"
+#endif
 #if MGK_VECTOR
 /* A block's lanes as native vectors, the chain's steps as compares and blends: in lane loops gcc
  * leaves the op table's `max` and its derivatives as branches ("control flow in loop", not
  * if-converted), which random data mispredicts (such lanes ran 3x slower than the elementwise
  * nests they replace). The blends are the op table's formulas lane by lane, `(A > B || A != A) ?
- * A : B`, `A > B ? 1 : (A == B ? 0.5 : 0)`, `B > A ? 1 : (A == B ? 0.5 : 0)`: the same bits as
- * the scalar path below (the one place an op's formulas are written twice; test_reroll.py's
- * test_max_windows_... holds generated code with and without vectors and the tape to the same
- * bits over ReLU's ties and windows of +0, -0 and equal values). */
+ * A : B`, `A > B ? 1 : (A == B ? 0.5 : 0)`, `B > A ? 1 : (A == B ? 0.5 : 0)`, and a ReLU
+ * element's `A < 0 ? 0 : A` and `Y > 0 ? 1 : 0`: the same bits as the scalar path below (the one
+ * place ops' formulas are written twice; test_reroll.py's test_max_windows_... holds generated
+ * code with and without vectors and the tape to the same bits over ReLU's ties and windows of
+ * +0, -0 and equal values). */
 #if MGK_REAL_BYTES == 8
 typedef long long mgk_vmask __attribute__((vector_size(MGK_VBYTES)));
 #else
@@ -1850,8 +1862,8 @@ typedef int mgk_vmask __attribute__((vector_size(MGK_VBYTES)));
 /* One block of nv points along dim 3 (o, x0, x1 at its first point; `inner`: another block
  * follows in the row). A gradient stored 2 apart whose window's innermost dim is a pair of
  * neighbours (a 2x2 pool's columns) is stored as whole vectors, the pair's lanes interleaved. */
-MGK_HOT void mgk_maxr_block(const mgk_nest *N, const int term, const int nv, const int inner,
-                            mgk_real *o, const mgk_real *x0, const mgk_real *x1) {
+MGK_HOT void mgk_maxr_block(const mgk_nest *N, const int term, const int relu, const int nv,
+                            const int inner, mgk_real *o, const mgk_real *x0, const mgk_real *x1) {
     const mgk_i64 *n = N->n;
     const mgk_ref *O = &N->out, *X = N->x;
     const mgk_i64 s0 = X[0].s[3], s1 = X[1].s[3], os = O->s[3];
@@ -1874,8 +1886,10 @@ MGK_HOT void mgk_maxr_block(const mgk_nest *N, const int term, const int nv, con
                     MGK_MAXR_LOAD(v[w], x0 + MGK_RPOS(&X[0], r4, r5, r6, r7), s0);
                     qo[w] = MGK_RPOS(O, r4, r5, r6, r7);
                     MGK_UNROLL
-                    for (q = 0; q < MGK_NV; q++)
+                    for (q = 0; q < MGK_NV; q++) {
+                        if (relu) v[w][q] = MGK_VSEL(v[w][q] < zero, zero, v[w][q]);
                         m[w][q] = w ? MGK_VMAX(m[w - 1][q], v[w][q]) : v[w][q];
+                    }
                 }
             }
         }
@@ -1907,6 +1921,7 @@ MGK_HOT void mgk_maxr_block(const mgk_nest *N, const int term, const int nv, con
             } else {
                 f[q] = g[q];
             }
+            if (relu) f[q] = MGK_VSEL(v[k][q] > zero, one, zero) * (zero + f[q]);
             if (N->mode == MGK_SUM0) f[q] = zero + f[q];
         }
 #if MGK_STRIDE2
@@ -1948,7 +1963,8 @@ MGK_HOT void mgk_maxr_block(const mgk_nest *N, const int term, const int nv, con
     }
 }
 #endif
-MGK_HOT void mgk_maxr(const mgk_nest *N, const mgk_run *R, const int term, const int op) {
+MGK_HOT void mgk_maxr(const mgk_nest *N, const mgk_run *R, const int term, const int op,
+                      const int pre) {
     /* every sample's: a max's values and gradients are a sample's own (reroll.c folds windows
      * of per-sample values alone), also where a table names them */
     const mgk_i64 *n = N->n, t = R->t, nb = R->nb > 1 ? R->nb : 1;
@@ -1962,7 +1978,9 @@ MGK_HOT void mgk_maxr(const mgk_nest *N, const mgk_run *R, const int term, const
                 for (i2 = 0; i2 < n[2]; i2++) {
                     i3 = 0;
 #if MGK_VECTOR
-                    if (N->flags & MGK_F_BLOCK) { /* direct refs: a blocked nest has no tables */
+                    if ((N->flags & MGK_F_BLOCK) && (!pre || pre == MGK_OP_RELU)) {
+                        /* direct refs: a blocked nest has no tables */
+                        const int relu = pre == MGK_OP_RELU;
                         mgk_real *o =
                             R->a[O->arr] + MGK_OPOS(O, t, i0, i1, i2, 0) + (MGK_PS(O) ? so : 0);
                         const mgk_real *x0 = R->a[X[0].arr] + MGK_OPOS(&X[0], t, i0, i1, i2, 0) +
@@ -1972,9 +1990,9 @@ MGK_HOT void mgk_maxr(const mgk_nest *N, const mgk_run *R, const int term, const
                         for (; i3 < n[3]; i3 += MGK_LANES) {
                             const int inner = MGK_STRIDE2 && i3 + MGK_LANES < n[3];
                             if (n[3] - i3 >= MGK_LANES)
-                                mgk_maxr_block(N, term, MGK_LANES, inner, o, x0, x1);
+                                mgk_maxr_block(N, term, relu, MGK_LANES, inner, o, x0, x1);
                             else /* the row's partial last block */
-                                mgk_maxr_block(N, term, (int)(n[3] - i3), 0, o, x0, x1);
+                                mgk_maxr_block(N, term, relu, (int)(n[3] - i3), 0, o, x0, x1);
                             o += MGK_LANES * O->s[3];
                             x0 += MGK_LANES * X[0].s[3];
                             x1 += MGK_LANES * X[1].s[3];
@@ -1985,17 +2003,19 @@ MGK_HOT void mgk_maxr(const mgk_nest *N, const mgk_run *R, const int term, const
                     for (; i3 < n[3]; i3++) {
                         const mgk_i64 po = MGK_OPOS(O, t, i0, i1, i2, i3),
                                       p0 = MGK_OPOS(&X[0], t, i0, i1, i2, i3);
-                        mgk_real v[MGK_MAXWIN], m[MGK_MAXWIN], g;
+                        mgk_real x[MGK_MAXWIN], v[MGK_MAXWIN], m[MGK_MAXWIN], g;
                         mgk_i64 qo[MGK_MAXWIN];
                         int w = 0, k;
                         for (r4 = 0; r4 < n[4]; r4++)
                             for (r5 = 0; r5 < n[5]; r5++)
                                 for (r6 = 0; r6 < n[6]; r6++)
                                     for (r7 = 0; r7 < n[7]; r7++, w++) {
-                                        v[w] = *MGK_ATS(R, &X[0],
+                                        x[w] = *MGK_ATS(R, &X[0],
                                                         p0 + MGK_RPOS(&X[0], r4, r5, r6, r7), so);
-                                        m[w] = w ? (mgk_real)mgk_op_fwd(op, m[w - 1], v[w], N->k)
-                                                 : v[w];
+                                        v[w] =
+                                            pre ? (mgk_real)mgk_op_fwd(pre, x[w], 0, N->k) : x[w];
+                                        m[w] =
+                                            w ? (mgk_real)mgk_op_fwd(op, m[w - 1], v[w], 0) : v[w];
                                         qo[w] = po + MGK_RPOS(O, r4, r5, r6, r7);
                                     }
                         if (term == MGK_T_MAXR) {
@@ -2004,13 +2024,16 @@ MGK_HOT void mgk_maxr(const mgk_nest *N, const mgk_run *R, const int term, const
                         }
                         g = *MGK_ATS(R, &X[1], MGK_OPOS(&X[1], t, i0, i1, i2, i3), so);
                         for (k = w - 1; k >= 0; k--) {
-                            const mgk_real gk =
-                                k ? (mgk_real)mgk_op_db(op, m[k - 1], v[k], N->k, m[k]) * g : g;
+                            mgk_real gk =
+                                k ? (mgk_real)mgk_op_db(op, m[k - 1], v[k], 0, m[k]) * g : g;
+                            if (pre)
+                                gk = (mgk_real)mgk_op_da(pre, x[k], 0, N->k, v[k]) *
+                                     ((mgk_real)0 + gk);
                             mgk_real *const o = MGK_ATS(R, O, qo[k], so);
                             *o = N->mode == MGK_SUM0 ? (mgk_real)0 + gk : *o + gk;
                             if (k)
                                 g = (mgk_real)0 +
-                                    (mgk_real)mgk_op_da(op, m[k - 1], v[k], N->k, m[k]) * g;
+                                    (mgk_real)mgk_op_da(op, m[k - 1], v[k], 0, m[k]) * g;
                         }
                     }
                 }
@@ -2030,7 +2053,7 @@ MGK_HOT void mgk_nest_path(const mgk_nest *N, const mgk_run *R, const int term, 
                            const int small, const int ps, const int tile, const int block,
                            const mgk_i64 n3) {
     if (term == MGK_T_MAXR || term == MGK_T_DMAXR) {
-        mgk_maxr(N, R, term, op);
+        mgk_maxr(N, R, term, op, N->pre);
         return;
     }
     MGK_NEST_PATH_BODY
@@ -2048,7 +2071,7 @@ MGK_HOT void mgk_nest_path(const mgk_nest *N, const mgk_run *R, const int term, 
                   block = (block_);                                                                \
         const mgk_i64 n3 = (n3_);                                                                  \
         if (term == MGK_T_MAXR || term == MGK_T_DMAXR) {                                           \
-            mgk_maxr(N, R, term, op);                                                              \
+            mgk_maxr(N, R, term, op, N->pre);                                                      \
         } else {                                                                                   \
             MGK_NEST_PATH_BODY                                                                     \
         }                                                                                          \

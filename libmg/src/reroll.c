@@ -4,7 +4,8 @@
  *    `((b + w0*x0) + w1*x1) + ...`, becomes one reduction `b + sum_r term_r` (a single-use
  *    product is absorbed into its term); libmg's DOT and SUM nodes are reductions already. A
  *    chain of max over per-sample values, `a.max(b).max(c).max(d)`, becomes a max over its
- *    elements (MGK_T_MAXR: a max-pool's window, one nest and one gradient nest). Every
+ *    elements (MGK_T_MAXR: a max-pool's window, one nest and one gradient nest), of their
+ *    ReLUs' operands when each element is a ReLU it alone reads (the nest's `pre`). Every
  *    other op node is an elementwise statement; the losses (variadic ops) stay as they are.
  * 2. Levels. A statement's level is one more than its operands' highest, so statements of one
  *    level never depend on each other.
@@ -47,6 +48,7 @@ typedef struct stmt {
     uint32_t node; /* the node it computes */
     uint32_t level;
     uint8_t kind, op, mode, cone;
+    uint8_t pre;   /* a window: the op its elements are of (MG_OP_RELU), folded in; 0 none */
     uint32_t init; /* SUMI: the initial value's node */
     uint32_t t0, nt;
     uint32_t s0, ns; /* segments */
@@ -330,19 +332,34 @@ static int make_statements(rr *R, int scalar) {
                 cur = f->opnd[f->off[cur]];
             }
             if (ok && nt >= 3 && cls_of(R, cur) == MG_C_VALUE) {
+                /* every element a ReLU of a per-sample value that this window alone reads (a
+                 * CNN's conv -> relu -> pool): the window applies it, and the ReLUs' values and
+                 * gradients are never stored */
+                int relu = 1;
+                for (uint32_t c = k, i = 0; relu && i < nt; i++) {
+                    const uint32_t e = i + 1 < nt ? f->opnd[f->off[c] + 1] : c;
+                    relu = f->op[e] == MG_OP_RELU && f->uses[e] == 1 && !R->absorbed[e] &&
+                           cls_of(R, f->opnd[f->off[e]]) == MG_C_VALUE;
+                    if (i + 1 < nt) c = f->opnd[f->off[c]];
+                }
                 stmt *s = new_stmt(R, k, S_RED);
                 if (!s) return 0;
                 s->mode = MGK_SET;
+                s->pre = relu ? MG_OP_RELU : 0;
                 if (!GROW(R, terms, capterms, R->nterms + nt)) return 0;
                 const size_t t0 = R->nterms;
                 R->nterms += nt;
                 uint32_t c = k;
-                for (size_t i = nt - 1; i > 0; i--) { /* right operands, from the top down */
-                    if (c != k) R->absorbed[c] = 1;
-                    R->terms[t0 + i] = (term){MGK_T_ONE, f->opnd[f->off[c] + 1], UINT32_MAX};
-                    c = f->opnd[f->off[c]];
+                for (size_t i = nt; i-- > 0;) { /* right operands from the top down, then c */
+                    if (c != k && i) R->absorbed[c] = 1;
+                    uint32_t e = i ? f->opnd[f->off[c] + 1] : c;
+                    if (relu) {
+                        R->absorbed[e] = 1;
+                        e = f->opnd[f->off[e]];
+                    }
+                    R->terms[t0 + i] = (term){MGK_T_ONE, e, UINT32_MAX};
+                    if (i) c = f->opnd[f->off[c]];
                 }
-                R->terms[t0] = (term){MGK_T_ONE, c, UINT32_MAX};
                 s = &R->st[R->stmt_of[k]];
                 s->nt = (uint32_t)nt;
                 continue;
@@ -547,7 +564,8 @@ static int make_signature(rr *R, stmt *s) {
     size_t cap0 = R->nsig;
     uint64_t w[16];
     size_t nw = 0;
-    w[nw++] = s->kind | (uint64_t)s->op << 8 | (uint64_t)s->mode << 16 | (uint64_t)s->cone << 24;
+    w[nw++] = s->kind | (uint64_t)s->op << 8 | (uint64_t)s->mode << 16 | (uint64_t)s->cone << 24 |
+              (uint64_t)s->pre << 32;
     if (s->kind == S_NARY) {
         w[nw++] = s->node; /* never grouped */
     } else if (s->kind == S_ELEM) {
@@ -837,6 +855,7 @@ static int emit_group(rr *R, const uint32_t *members, size_t N, int split) {
             if (is_window(s0)) { /* one segment: make_segments never cuts a window */
                 nest.term = MGK_T_MAXR;
                 nest.op = MG_OP_MAX;
+                nest.pre = s0->pre;
             }
             nr = g->nd;
             for (int d = 0; d < nr; d++) {

@@ -32,7 +32,7 @@ static uint64_t shape_of(const mg_tape *t, const mg_instr *in) {
     memcpy(&kb, &N->k, sizeof kb);
     uint64_t h = mix(0x9E37ull, (uint64_t)N->mode | (uint64_t)N->term << 8 | (uint64_t)N->op << 16 |
                                     (uint64_t)N->flags << 24 | (uint64_t)in->cone << 32);
-    h = mix(h, kb);
+    h = mix(h, kb ^ (uint64_t)N->pre);
     for (int d = 0; d < MGK_MAXD; d++) h = mix(h, (uint64_t)N->n[d]);
     h = ref_shape(h, &N->out);
     h = ref_shape(h, &N->init);

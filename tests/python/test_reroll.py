@@ -44,7 +44,7 @@ import re
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -3355,18 +3355,19 @@ def overlapping_windows_case(seed: int = 0) -> Case:
     return dense3_case(r, X, x, feats, w)
 
 
-def tied_windows_case(seed: int = 0, repeat_edge: bool = False) -> Case:
+def tied_windows_case(seed: int = 0, repeat_edge: bool = False, relu: bool = False) -> Case:
     """2x2 windows, stride 2, over a 6x6 (or, with `repeat_edge`, 6x7) map of x*w with x drawn from
     {-1, -0.0, +0.0, 1} and w starting at 1: most windows tie, between equal values and between
     the two zeros (max keeps the second of equal operands, -0.0 or +0.0). With `repeat_edge` the
     odd last column's windows repeat their edge element (a pool in "ceil mode"): one element twice
-    in a window, its two gradients added."""
+    in a window, its two gradients added. With `relu` the map is relu(x*w): windows of ReLUs, most
+    of them tied at zeros whose ReLU' is 0, others at ones."""
     r = np.random.default_rng(seed)
     H, W = 6, 7 if repeat_edge else 6
     X = r.choice(np.array([-1.0, -0.0, 0.0, 1.0]), size=(6, H * W))
     x = [Value(float(q)) for q in X[0]]
     w = [Value(1.0) for _ in range(H * W)]
-    h = [xi * wi for xi, wi in zip(x, w)]
+    h = [(xi * wi).relu() if relu else xi * wi for xi, wi in zip(x, w)]
 
     def at(i: int, j: int) -> Value:
         return h[i * W + min(j, W - 1)]
@@ -3381,7 +3382,8 @@ def tied_windows_case(seed: int = 0, repeat_edge: bool = False) -> Case:
 
 @needs_cc
 @pytest.mark.parametrize(
-    "name", ["cnn", "cnn-s1", "cnn-pad", "cnn-s2", "overlapping", "ties", "repeated edge"]
+    "name",
+    ["cnn", "cnn-s1", "cnn-pad", "cnn-s2", "overlapping", "ties", "relu ties", "repeated edge"],
 )
 def test_max_windows_are_one_nest_and_one_gradient_with_the_lane_loops_bits(name):
     """A max-pool written as `a.max(b).max(c).max(d)` is one max over each window (MGK_T_MAXR)
@@ -3391,26 +3393,34 @@ def test_max_windows_are_one_nest_and_one_gradient_with_the_lane_loops_bits(name
     its derivatives), with ReLU's zeros tying in most windows (half the gradient to each), at
     batch sizes 1 and 4 on two threads; windows that overlap (stride-1 pooling) add their
     gradients point by point into what a skip sum wrote, and so do windows that name an element
-    twice. Values and gradients agree with the scalar program and eager as every case does
+    twice. A window of ReLUs that it alone reads (the CNNs' conv -> relu -> pool; the windows of
+    "relu ties") applies the ReLU itself: no ReLU nest and no ReLU' nest is left, with the same
+    bits. Values and gradients agree with the scalar program and eager as every case does
     (check_case)."""
     case = (
         overlapping_windows_case()
         if name == "overlapping"
-        else tied_windows_case(repeat_edge=name == "repeated edge")
-        if name in ("ties", "repeated edge")
+        else tied_windows_case(repeat_edge=name == "repeated edge", relu=name == "relu ties")
+        if name in ("ties", "relu ties", "repeated edge")
         else zoo_case(name)
     )
     check_case(case, with_c=True)
     tape = compile_case(case)
     listing = tape.describe()
     window = r"\| 3, 3\)" if name == "overlapping" else r"\| 2, 2\)"
-    assert re.search(window + r" set out\[sample\d+ .*= max over r  x0\[sample", listing), listing
+    fused = name.startswith("cnn") or name == "relu ties"  # ReLUs read by their windows alone
+    of = " of relu" if fused else ""
+    assert re.search(window + rf" set out\[sample\d+ .*= max over r{of}  x0\[sample", listing), listing
     # windows that share elements, or name one twice, add their gradients in
     mode = "acc" if name in ("overlapping", "repeated edge") else r"sum"
-    assert re.search(window + rf" {mode} out\[sample_grad\d+ .*max' over r  x0\[sample", listing), (
-        listing
-    )
+    assert re.search(
+        window + rf" {mode} out\[sample_grad\d+ .*max' over r{of}  x0\[sample", listing
+    ), listing
     assert " = max  x0" not in listing and "max'A" not in listing, listing  # nothing elementwise
+    # the overlapping windows' ReLUs are read by a skip sum too: they stay, and so do the first
+    # conv layer's of cnn-s2 (read by the second conv)
+    relus = name in ("overlapping", "cnn-s2")
+    assert (" = relu  x0" in listing) == relus and ("relu'A" in listing) == relus, listing
     flags = [*compiler.default_flags(compiler.find_compiler()), "-DMGK_NO_VECTOR"]
     plain = compile_case(case, backend="c", flags=flags)
     assert_tape_bits(plain, tape, case, f"{name} lane loops", batches=(1, 4), threads=2)
@@ -3447,3 +3457,40 @@ def test_max_chains_fold_only_over_a_samples_values():
     ]
     assert sorted(windows) == [3, 3, 3, 32, 32], listing
     assert len(re.findall(r"\| \) set out\[\S+ .*= max  x0", listing)) == 4, listing
+
+
+def test_relus_fold_into_a_window_only_when_it_alone_reads_them():
+    """A window whose every element is a ReLU of a per-sample value, read by that window alone,
+    applies the ReLU itself (`max over r of relu`). It keeps its ReLUs as values when one element
+    is not a ReLU, when a ReLU is also a requested output, or when a window names one ReLU twice;
+    every program agrees with eager."""
+    r = np.random.default_rng(5)
+    X = r.uniform(-1, 1, size=(6, 16))
+    x = [Value(float(q)) for q in X[0]]
+    w = [Value(float(q)) for q in r.uniform(-1, 1, size=16)]
+    h = [(xi * wi).relu() for xi, wi in zip(x, w)]
+
+    def chain(vals: list[Value]) -> Value:
+        m = vals[0]
+        for v in vals[1:]:
+            m = m.max(v)
+        return m
+
+    def listing_of(feats: list[Value], outputs: Sequence[Value] = ()) -> str:
+        case = dense3_case(np.random.default_rng(6), X, x, feats, w)
+        case = replace(case, outputs=[*case.outputs, *outputs])
+        check_case(case)
+        return compile_case(case).describe()
+
+    folded = listing_of([chain(h[0:4]), chain(h[4:8]), chain(h[8:12]), chain(h[12:16])])
+    assert len(re.findall(r"= max over r of relu  x0", folded)) == 1, folded
+    assert "= relu  x0" not in folded and "relu'A" not in folded, folded
+    t = (x[0] * w[0]).tanh()
+    mixed = listing_of([chain([*h[0:3], t]), chain(h[4:8])])  # one window of three ReLUs and a tanh
+    assert "= max over r of relu  x0" in mixed and "= max over r  x0" in mixed, mixed
+    assert "= relu  x0" in mixed, mixed
+    shown = listing_of([chain(h[0:4]), chain(h[4:8])], outputs=[h[5]])  # a ReLU also an output
+    assert "= max over r of relu  x0" in shown and "= max over r  x0" in shown, shown
+    assert "= relu  x0" in shown, shown
+    twice = listing_of([chain([h[0], h[1], h[1], h[2]])])  # one ReLU twice in its window
+    assert "of relu" not in twice and "= max over r  x0" in twice, twice
