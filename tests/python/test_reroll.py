@@ -3410,7 +3410,9 @@ def test_max_windows_are_one_nest_and_one_gradient_with_the_lane_loops_bits(name
     window = r"\| 3, 3\)" if name == "overlapping" else r"\| 2, 2\)"
     fused = name.startswith("cnn") or name == "relu ties"  # ReLUs read by their windows alone
     of = " of relu" if fused else ""
-    assert re.search(window + rf" set out\[sample\d+ .*= max over r{of}  x0\[sample", listing), listing
+    assert re.search(window + rf" set out\[sample\d+ .*= max over r{of}  x0\[sample", listing), (
+        listing
+    )
     # windows that share elements, or name one twice, add their gradients in
     mode = "acc" if name in ("overlapping", "repeated edge") else r"sum"
     assert re.search(
