@@ -86,7 +86,7 @@ def measure(name: str, tc: compiler.Toolchain, flags: list[str], rounds: int, wo
         )
     )
     table = re.findall(
-        r"/\* nest \d+ \*/\n\s*\{(\d+), (\d+), (\d+), (\d+), \d+, [^,]+, \{([^}]*)\}", src
+        r"/\* nest \d+ \*/\n\s*\{(\d+), (\d+), (\d+), (\d+), \d+, 0, [^,]+, \{([^}]*)\}", src
     )
     if not paths or len(table) != len(paths):
         print(f"{name}: no nest functions found in the source; skipped")

@@ -160,7 +160,7 @@ static void emit_ref(sbuf *b, const mgk_ref *X) {
 }
 
 static void emit_nest(sbuf *b, const mgk_nest *N) {
-    putf(b, "    {%d, %d, %d, %d, %d, ", N->mode, N->term, N->op, N->flags, N->pre);
+    putf(b, "    {%d, %d, %d, %d, %d, 0, ", N->mode, N->term, N->op, N->flags, N->pre);
     put_double(b, N->k);
     puts_(b, ", {");
     for (int d = 0; d < MGK_MAXD; d++) {

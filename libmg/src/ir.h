@@ -43,6 +43,9 @@ static inline double mgk_op_db(int op, double A, double B, double K, double Y) {
 _Static_assert(MG_OP_LEAF == 0, "a nest's pre 0 is none");
 #define MGK_OP_RELU MG_OP_RELU
 #include "nest_kernels.h"
+_Static_assert(offsetof(mgk_nest, k) == 6 * sizeof(int) &&
+                   offsetof(mgk_nest, n) == offsetof(mgk_nest, k) + sizeof(double),
+               "mgk_nest has no padding bytes: nests are hashed and compared as bytes");
 
 /* ---- frozen graphs ---------------------------------------------------------------------------
  * The graph reachable from the roots in topological order, as flat arrays the passes read

@@ -107,6 +107,7 @@ typedef struct mgk_ref {
 typedef struct mgk_nest {
     int mode, term, op, flags;
     int pre;             /* MAXR, DMAXR: the unary op applied to each element first (0: none) */
+    int zero_;           /* 0: no padding bytes (nests are hashed and compared as bytes) */
     double k;            /* the op's constant (POW's exponent; pre's, for a max's elements) */
     mgk_i64 n[MGK_MAXD]; /* sizes: outer dims 0..3, reduction dims 4..7 */
     mgk_ref out, init, x[4];
@@ -1832,14 +1833,15 @@ typedef int mgk_vmask __attribute__((vector_size(MGK_VBYTES)));
 #define MGK_VSEL(c, x, y) ((mgk_vec)(((mgk_vmask)(x) & (c)) | ((mgk_vmask)(y) & ~(c))))
 #define MGK_VMAX(A, B) MGK_VSEL(((A) > (B)) | ((A) != (A)), A, B)
 /* lanes x[l * st], l < nv, into the native vectors V[0 .. MGK_NV) (zeros after); lanes 2 apart
- * in a block that is not its row's last as the even lanes of whole vectors (MGK_EVEN2) */
+ * in a whole block as the even lanes of whole vectors (MGK_EVEN2: one element past the last
+ * lane's is read, at worst the sample's padding, MGK_PAD; this nest does not write x0 or x1) */
 #define MGK_MAXR_LOAD(V, x, st)                                                                    \
     do {                                                                                           \
         MGK_UNROLL                                                                                 \
         for (int k_ = 0; k_ < MGK_NV; k_++) {                                                      \
             if ((st) == 1 && nv == MGK_LANES) MGK_VLOAD((V)[k_], (x) + k_ * MGK_VW);               \
             else                                                                                   \
-                (V)[k_] = (st) == 2 && inner                                                       \
+                (V)[k_] = (st) == 2 && nv == MGK_LANES                                             \
                               ? MGK_EVEN2((x) + k_ * MGK_VW * 2)                                   \
                               : MGK_VGATHER((x) + k_ * MGK_VW * (st), (st), nv - k_ * MGK_VW);     \
         }                                                                                          \
@@ -1859,11 +1861,11 @@ typedef int mgk_vmask __attribute__((vector_size(MGK_VBYTES)));
 #define MGK_ILV_HI(a, b) MGK_SV(a, b, 8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31)
 #endif
 #endif
-/* One block of nv points along dim 3 (o, x0, x1 at its first point; `inner`: another block
- * follows in the row). A gradient stored 2 apart whose window's innermost dim is a pair of
- * neighbours (a 2x2 pool's columns) is stored as whole vectors, the pair's lanes interleaved. */
+/* One block of nv points along dim 3 (o, x0, x1 at its first point). A gradient stored 2 apart
+ * whose window's innermost dim is a pair of neighbours (a 2x2 pool's columns) is stored as whole
+ * vectors, the pair's lanes interleaved. */
 MGK_HOT void mgk_maxr_block(const mgk_nest *N, const int term, const int relu, const int nv,
-                            const int inner, mgk_real *o, const mgk_real *x0, const mgk_real *x1) {
+                            mgk_real *o, const mgk_real *x0, const mgk_real *x1) {
     const mgk_i64 *n = N->n;
     const mgk_ref *O = &N->out, *X = N->x;
     const mgk_i64 s0 = X[0].s[3], s1 = X[1].s[3], os = O->s[3];
@@ -1988,11 +1990,17 @@ MGK_HOT void mgk_maxr(const mgk_nest *N, const mgk_run *R, const int term, const
                         const mgk_real *x1 = R->a[X[1].arr] + MGK_OPOS(&X[1], t, i0, i1, i2, 0) +
                                              (MGK_PS(&X[1]) ? so : 0);
                         for (; i3 < n[3]; i3 += MGK_LANES) {
-                            const int inner = MGK_STRIDE2 && i3 + MGK_LANES < n[3];
-                            if (n[3] - i3 >= MGK_LANES)
-                                mgk_maxr_block(N, term, relu, MGK_LANES, inner, o, x0, x1);
+                            const mgk_i64 left = n[3] - i3, back = MGK_LANES - left;
+                            if (left >= MGK_LANES)
+                                mgk_maxr_block(N, term, relu, MGK_LANES, o, x0, x1);
+                            else if (N->mode != MGK_ACC && n[3] >= MGK_LANES)
+                                /* the row's last points as a whole block ending at its end: its
+                                 * first lanes compute points the block before stored, and store
+                                 * the same bits again (SET and SUM0 store, they do not add) */
+                                mgk_maxr_block(N, term, relu, MGK_LANES, o - back * O->s[3],
+                                               x0 - back * X[0].s[3], x1 - back * X[1].s[3]);
                             else /* the row's partial last block */
-                                mgk_maxr_block(N, term, relu, (int)(n[3] - i3), 0, o, x0, x1);
+                                mgk_maxr_block(N, term, relu, (int)left, o, x0, x1);
                             o += MGK_LANES * O->s[3];
                             x0 += MGK_LANES * X[0].s[3];
                             x1 += MGK_LANES * X[1].s[3];

@@ -332,14 +332,17 @@ static int make_statements(rr *R, int scalar) {
                 cur = f->opnd[f->off[cur]];
             }
             if (ok && nt >= 3 && cls_of(R, cur) == MG_C_VALUE) {
-                /* every element a ReLU of a per-sample value that this window alone reads (a
-                 * CNN's conv -> relu -> pool): the window applies it, and the ReLUs' values and
-                 * gradients are never stored */
+                /* every element a ReLU that this window alone reads, of a per-sample value that
+                 * the ReLU alone reads (a CNN's conv -> relu -> pool): the window applies it, and
+                 * the ReLUs' values and gradients are never stored. (An operand with other
+                 * readers would get the window's gradient at another point of its sum than the
+                 * ReLU's: other bits.) */
                 int relu = 1;
                 for (uint32_t c = k, i = 0; relu && i < nt; i++) {
                     const uint32_t e = i + 1 < nt ? f->opnd[f->off[c] + 1] : c;
                     relu = f->op[e] == MG_OP_RELU && f->uses[e] == 1 && !R->absorbed[e] &&
-                           cls_of(R, f->opnd[f->off[e]]) == MG_C_VALUE;
+                           cls_of(R, f->opnd[f->off[e]]) == MG_C_VALUE &&
+                           f->uses[f->opnd[f->off[e]]] == 1;
                     if (i + 1 < nt) c = f->opnd[f->off[c]];
                 }
                 stmt *s = new_stmt(R, k, S_RED);

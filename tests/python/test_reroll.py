@@ -3380,10 +3380,41 @@ def tied_windows_case(seed: int = 0, repeat_edge: bool = False, relu: bool = Fal
     return dense3_case(r, X, x, feats, w)
 
 
+def wide_windows_case(seed: int = 0, skip: bool = False) -> Case:
+    """2x2 windows, stride 2, over a 4x26 map of tanh(x*w): rows of 13 windows, a whole vector
+    block and a last one of 5 (computed as a whole block ending at the row's end where the
+    gradient stores; with `skip`, a sum over the map also reads it: the windows' gradient adds)."""
+    r = np.random.default_rng(seed)
+    H, W = 4, 26
+    X = r.uniform(-1, 1, size=(6, H * W))
+    x = [Value(float(q)) for q in X[0]]
+    w = [Value(float(q)) for q in r.uniform(-1, 1, size=H * W)]
+    h = [(xi * wi).tanh() for xi, wi in zip(x, w)]
+    feats = [
+        h[i * W + j].max(h[i * W + j + 1]).max(h[(i + 1) * W + j]).max(h[(i + 1) * W + j + 1])
+        for i in range(0, H, 2)
+        for j in range(0, W, 2)
+    ]
+    if skip:
+        feats.append(sum(h, Value(0.0)))
+    return dense3_case(r, X, x, feats, w)
+
+
 @needs_cc
 @pytest.mark.parametrize(
     "name",
-    ["cnn", "cnn-s1", "cnn-pad", "cnn-s2", "overlapping", "ties", "relu ties", "repeated edge"],
+    [
+        "cnn",
+        "cnn-s1",
+        "cnn-pad",
+        "cnn-s2",
+        "overlapping",
+        "ties",
+        "relu ties",
+        "repeated edge",
+        "wide",
+        "wide skip",
+    ],
 )
 def test_max_windows_are_one_nest_and_one_gradient_with_the_lane_loops_bits(name):
     """A max-pool written as `a.max(b).max(c).max(d)` is one max over each window (MGK_T_MAXR)
@@ -3393,7 +3424,8 @@ def test_max_windows_are_one_nest_and_one_gradient_with_the_lane_loops_bits(name
     its derivatives), with ReLU's zeros tying in most windows (half the gradient to each), at
     batch sizes 1 and 4 on two threads; windows that overlap (stride-1 pooling) add their
     gradients point by point into what a skip sum wrote, and so do windows that name an element
-    twice. A window of ReLUs that it alone reads (the CNNs' conv -> relu -> pool; the windows of
+    twice. Rows of 13 windows end in a block computed whole, ending at the row's end, where the
+    gradient stores (and in a partial block where it adds). A window of ReLUs that it alone reads (the CNNs' conv -> relu -> pool; the windows of
     "relu ties") applies the ReLU itself: no ReLU nest and no ReLU' nest is left, with the same
     bits. Values and gradients agree with the scalar program and eager as every case does
     (check_case)."""
@@ -3402,6 +3434,8 @@ def test_max_windows_are_one_nest_and_one_gradient_with_the_lane_loops_bits(name
         if name == "overlapping"
         else tied_windows_case(repeat_edge=name == "repeated edge", relu=name == "relu ties")
         if name in ("ties", "relu ties", "repeated edge")
+        else wide_windows_case(skip=name == "wide skip")
+        if name.startswith("wide")
         else zoo_case(name)
     )
     check_case(case, with_c=True)
@@ -3414,7 +3448,7 @@ def test_max_windows_are_one_nest_and_one_gradient_with_the_lane_loops_bits(name
         listing
     )
     # windows that share elements, or name one twice, add their gradients in
-    mode = "acc" if name in ("overlapping", "repeated edge") else r"sum"
+    mode = "acc" if name in ("overlapping", "repeated edge", "wide skip") else r"sum"
     assert re.search(
         window + rf" {mode} out\[sample_grad\d+ .*max' over r{of}  x0\[sample", listing
     ), listing
@@ -3462,15 +3496,18 @@ def test_max_chains_fold_only_over_a_samples_values():
 
 
 def test_relus_fold_into_a_window_only_when_it_alone_reads_them():
-    """A window whose every element is a ReLU of a per-sample value, read by that window alone,
-    applies the ReLU itself (`max over r of relu`). It keeps its ReLUs as values when one element
-    is not a ReLU, when a ReLU is also a requested output, or when a window names one ReLU twice;
-    every program agrees with eager."""
+    """A window whose every element is a ReLU read by that window alone, of a per-sample value that
+    the ReLU alone reads, applies the ReLU itself (`max over r of relu`). It keeps its ReLUs as
+    values when one element is not a ReLU, when a ReLU is also a requested output, when a window
+    names one ReLU twice, or when a ReLU's operand has another reader (whose gradient would then
+    add the window's share at another point of its sum: other bits); every program agrees with
+    eager."""
     r = np.random.default_rng(5)
     X = r.uniform(-1, 1, size=(6, 16))
     x = [Value(float(q)) for q in X[0]]
     w = [Value(float(q)) for q in r.uniform(-1, 1, size=16)]
-    h = [(xi * wi).relu() for xi, wi in zip(x, w)]
+    c = [xi * wi for xi, wi in zip(x, w)]
+    h = [ci.relu() for ci in c]
 
     def chain(vals: list[Value]) -> Value:
         m = vals[0]
@@ -3496,3 +3533,5 @@ def test_relus_fold_into_a_window_only_when_it_alone_reads_them():
     assert "= relu  x0" in shown, shown
     twice = listing_of([chain([h[0], h[1], h[1], h[2]])])  # one ReLU twice in its window
     assert "of relu" not in twice and "= max over r  x0" in twice, twice
+    read = listing_of([chain(h[0:4]), chain(h[4:8]), c[5].tanh(), c[6] * c[6]])  # c also read
+    assert "= max over r of relu  x0" in read and "= max over r  x0" in read, read
