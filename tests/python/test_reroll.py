@@ -3425,10 +3425,10 @@ def test_max_windows_are_one_nest_and_one_gradient_with_the_lane_loops_bits(name
     batch sizes 1 and 4 on two threads; windows that overlap (stride-1 pooling) add their
     gradients point by point into what a skip sum wrote, and so do windows that name an element
     twice. Rows of 13 windows end in a block computed whole, ending at the row's end, where the
-    gradient stores (and in a partial block where it adds). A window of ReLUs that it alone reads (the CNNs' conv -> relu -> pool; the windows of
-    "relu ties") applies the ReLU itself: no ReLU nest and no ReLU' nest is left, with the same
-    bits. Values and gradients agree with the scalar program and eager as every case does
-    (check_case)."""
+    gradient stores (and in a partial block where it adds). A window of ReLUs that it alone
+    reads (the CNNs' conv -> relu -> pool; the windows of "relu ties") applies the ReLU itself:
+    no ReLU nest and no ReLU' nest is left, with the same bits. Values and gradients agree with
+    the scalar program and eager as every case does (check_case)."""
     case = (
         overlapping_windows_case()
         if name == "overlapping"
