@@ -34,10 +34,9 @@
  * over the weights per sample instead of two.
  * Terms: ONE x0, MUL x0*x1, OP op(x0, x1, k), DA dA(x0, x1, k, x2)*x3, DB dB(...)*x3; MAXR and
  * DMAXR, a max over the reduction points (of pre(x0) with `pre` set) and its gradient, run apart
- * (mgk_maxr). An operand
- * is element base + t*ts + sum_k s[k]*i_k of array `arr` (t: the enclosing sequential loop's
- * iteration), or, with `gather`, the element that position of the index table names.
- * MGK_F_SPLIT (gradient sums over shared weights, never forward values) adds the innermost
+ * (mgk_maxr). An operand is element base + t*ts + sum_k s[k]*i_k of array `arr` (t: the enclosing
+ * sequential loop's iteration), or, with `gather`, the element that position of the index table
+ * names. MGK_F_SPLIT (gradient sums over shared weights, never forward values) adds the innermost
  * reduction dim, where it is at least MGK_LANES long, in MGK_LANES interleaved partial sums, kept
  * over every other reduction dim and the samples and combined once per output in a fixed order: the
  * same bits on every backend and thread count. MGK_F_SCATTER (gradients whose target moves along
@@ -1803,7 +1802,8 @@ MGK_HOT void mgk_split_row(const mgk_nest *N, const mgk_run *R, const int term, 
  * 0 + g) or adds (MGK_ACC) each element's gradient at out, which moves along every dim x0 does:
  * one pass over the window instead of one nest per max and operand. Windows of at most
  * MGK_MAXWIN elements (reroll.c folds no longer chain). With `pre` (a unary op; reroll.c folds
- * ReLU, MGK_OP_RELU, where each element is a ReLU read by its window alone) the elements are
+ * ReLU, MGK_OP_RELU, where each element is a ReLU read by its window alone, of a value the ReLU
+ * alone reads) the elements are
  * pre(x0): the forward computes each as pre's own nest would, and the gradient multiplies each
  * element's share, 0 + g as pre's gradient slot would have held it, by pre's derivative at x0 and
  * pre(x0), as pre's gradient nest would: the same bits as the ReLU nest, the window and the two
