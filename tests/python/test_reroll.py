@@ -3334,6 +3334,14 @@ def test_regressions(name):
     check_case(_regression(name), with_c=HAVE_CC)
 
 
+def max_chain(vals: Sequence[Value]) -> Value:
+    """`vals[0].max(vals[1]).max(vals[2])...`: a window as a micrograd user writes it."""
+    m = vals[0]
+    for v in vals[1:]:
+        m = m.max(v)
+    return m
+
+
 def overlapping_windows_case(seed: int = 0) -> Case:
     """A 3x3 max over every position of a 6x6 ReLU map (stride 1: neighbouring windows share
     elements), each ReLU value also read by a skip sum: the windows' gradient adds into elements
@@ -3346,11 +3354,7 @@ def overlapping_windows_case(seed: int = 0) -> Case:
     feats = []
     for i in range(4):
         for j in range(4):
-            win = [h[(i + a) * 6 + j + b] for a in range(3) for b in range(3)]
-            m = win[0]
-            for v in win[1:]:
-                m = m.max(v)
-            feats.append(m)
+            feats.append(max_chain([h[(i + a) * 6 + j + b] for a in range(3) for b in range(3)]))
     feats.append(sum(h, Value(0.0)))
     return dense3_case(r, X, x, feats, w)
 
@@ -3474,14 +3478,8 @@ def test_max_chains_fold_only_over_a_samples_values():
     w = [Value(float(q)) for q in r.uniform(-1, 1, size=80)]
     h = [(xi * wi).tanh() for xi, wi in zip(x, w)]
 
-    def chain(vals: list[Value]) -> Value:
-        m = vals[0]
-        for v in vals[1:]:
-            m = m.max(v)
-        return m
-
-    feats = [chain(h[0:2]), chain(h[2:5]), chain(h[5:37]), chain(h[37:70])]
-    feats += [chain([*h[70:73], w[0]]), chain([*h[73:76], Value(0.25)])]
+    feats = [max_chain(h[0:2]), max_chain(h[2:5]), max_chain(h[5:37]), max_chain(h[37:70])]
+    feats += [max_chain([*h[70:73], w[0]]), max_chain([*h[73:76], Value(0.25)])]
     case = dense3_case(r, X, x, feats, w)
     check_case(case)
     listing = compile_case(case).describe()
@@ -3509,29 +3507,31 @@ def test_relus_fold_into_a_window_only_when_it_alone_reads_them():
     c = [xi * wi for xi, wi in zip(x, w)]
     h = [ci.relu() for ci in c]
 
-    def chain(vals: list[Value]) -> Value:
-        m = vals[0]
-        for v in vals[1:]:
-            m = m.max(v)
-        return m
-
     def listing_of(feats: list[Value], outputs: Sequence[Value] = ()) -> str:
         case = dense3_case(np.random.default_rng(6), X, x, feats, w)
         case = replace(case, outputs=[*case.outputs, *outputs])
         check_case(case)
         return compile_case(case).describe()
 
-    folded = listing_of([chain(h[0:4]), chain(h[4:8]), chain(h[8:12]), chain(h[12:16])])
+    folded = listing_of(
+        [max_chain(h[0:4]), max_chain(h[4:8]), max_chain(h[8:12]), max_chain(h[12:16])]
+    )
     assert len(re.findall(r"= max over r of relu  x0", folded)) == 1, folded
     assert "= relu  x0" not in folded and "relu'A" not in folded, folded
     t = (x[0] * w[0]).tanh()
-    mixed = listing_of([chain([*h[0:3], t]), chain(h[4:8])])  # one window of three ReLUs and a tanh
+    mixed = listing_of(
+        [max_chain([*h[0:3], t]), max_chain(h[4:8])]
+    )  # one window of three ReLUs and a tanh
     assert "= max over r of relu  x0" in mixed and "= max over r  x0" in mixed, mixed
     assert "= relu  x0" in mixed, mixed
-    shown = listing_of([chain(h[0:4]), chain(h[4:8])], outputs=[h[5]])  # a ReLU also an output
+    shown = listing_of(
+        [max_chain(h[0:4]), max_chain(h[4:8])], outputs=[h[5]]
+    )  # a ReLU also an output
     assert "= max over r of relu  x0" in shown and "= max over r  x0" in shown, shown
     assert "= relu  x0" in shown, shown
-    twice = listing_of([chain([h[0], h[1], h[1], h[2]])])  # one ReLU twice in its window
+    twice = listing_of([max_chain([h[0], h[1], h[1], h[2]])])  # one ReLU twice in its window
     assert "of relu" not in twice and "= max over r  x0" in twice, twice
-    read = listing_of([chain(h[0:4]), chain(h[4:8]), c[5].tanh(), c[6] * c[6]])  # c also read
+    read = listing_of(
+        [max_chain(h[0:4]), max_chain(h[4:8]), c[5].tanh(), c[6] * c[6]]
+    )  # c also read
     assert "= max over r of relu  x0" in read and "= max over r  x0" in read, read
