@@ -15,6 +15,7 @@ import random
 import stat
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 import warnings
@@ -495,6 +496,79 @@ def test_default_flags_add_an_optional_flag_only_where_the_compiler_takes_it(tmp
     tuning = {add for _, add in compiler.TUNING_FLAGS}
     assert set(flags[len(compiler.DEFAULT_FLAGS) :]) <= set(compiler.OPTIONAL_FLAGS) | tuning
     assert (flag in flags) == (answer == "takes")
+
+
+def logging_compiler(path, real: str, log) -> str:
+    """A compiler at `path` that appends each command line it gets to `log`, then runs `real`."""
+    path.write_text(f'#!/bin/sh\necho "$*" >> "{log}"\nexec {real} "$@"\n')
+    path.chmod(0o755)
+    return str(path)
+
+
+@needs_cc
+@posix_only
+@pytest.mark.parametrize("answer", ["refuses", "warns", "takes"])
+def test_probes_started_at_once_record_what_the_serial_probes_find(tmp_path, monkeypatch, answer):
+    """compile() starts the compiler's probes (a link, its version, each optional flag, the
+    target) at once before it freezes the graph; once they are done, find_compiler and
+    default_flags give what their own probes, one after another, give for the same compiler, and
+    run nothing more (but the target, where a flag it was asked with is refused). The temporary
+    directory is gone."""
+    flag = "-fvect-cost-model=cheap"
+    answers = {
+        "refuses": "    echo 'error: unknown argument' >&2; exit 1\n",
+        "warns": "    echo 'warning: argument unused' >&2\n",
+        "takes": "    :\n",
+    }
+    real = tmp_path / "real"
+    real.write_text(
+        "#!/bin/sh\n"
+        'for a in "$@"; do\n'
+        f'  if [ "$a" = "{flag}" ]; then\n' + answers[answer] + "  fi\n"
+        "done\n"
+        f'exec {" ".join(CC.command)} "$@"\n'
+    )
+    real.chmod(0o755)
+    serial_log, early_log = tmp_path / "serial.log", tmp_path / "early.log"
+    serial = compiler.find_compiler(logging_compiler(tmp_path / "cc1", str(real), serial_log))
+    serial_flags = compiler.default_flags(serial)
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))  # the probes' directory
+    cc = logging_compiler(tmp_path / "cc2", str(real), early_log)
+    compiler.toolchain.start_probes(cc)()
+    assert list((tmp_path / "tmp").iterdir()) == []
+    ran = early_log.read_text().splitlines()
+    early = compiler.find_compiler(cc)
+    early_flags = compiler.default_flags(early)
+    more = early_log.read_text().splitlines()[len(ran) :]
+    if answer == "takes":
+        assert more == []  # nothing more ran
+        assert len(ran) == len(serial_log.read_text().splitlines())  # the same probes, at once
+    else:  # the target was asked for with every optional flag: again, with those it takes
+        assert len(more) == 1 and more[0].endswith("-Q --help=target"), more
+    assert (early.version, early_flags) == (serial.version, serial_flags)
+    assert (flag in early_flags) == (answer == "takes")
+    target = compiler.toolchain.resolved_target
+    assert target(early, early_flags) == target(serial, serial_flags)
+
+
+@needs_cc
+@posix_only
+def test_probes_cancelled_or_failed_record_nothing(tmp_path):
+    """Probes cancelled (the freeze raised) are killed and record nothing, so the serial path
+    probes for itself; a compiler that cannot link is reported by find_compiler as before."""
+    log = tmp_path / "log"
+    cc = logging_compiler(tmp_path / "cc", " ".join(CC.command), log)
+    compiler.toolchain.start_probes(cc)(cancel=True)
+    started = len(log.read_text().splitlines()) if log.exists() else 0
+    tc = compiler.find_compiler(cc)
+    assert tc.path == os.path.realpath(cc) and len(log.read_text().splitlines()) > started
+    bad = tmp_path / "badcc"
+    bad.write_text("#!/bin/sh\nexit 1\n")
+    bad.chmod(0o755)
+    compiler.toolchain.start_probes(str(bad))()
+    with pytest.raises(mc.CompileError, match="cannot build a shared library"):
+        compiler.find_compiler(str(bad))
 
 
 TUNED_CPUS = {  # what gcc 12 reports for -march=native on them: the store split, the loop width

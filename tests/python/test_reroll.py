@@ -3535,3 +3535,63 @@ def test_relus_fold_into_a_window_only_when_it_alone_reads_them():
         [max_chain(h[0:4]), max_chain(h[4:8]), c[5].tanh(), c[6] * c[6]]
     )  # c also read
     assert "= max over r of relu  x0" in read and "= max over r  x0" in read, read
+
+
+def recurrent_windows_case(seed: int = 0, steps: int = 6, skip: bool = False) -> Case:
+    """An Elman-like cell over `steps` rows of 12 inputs whose step reads its row through max
+    windows: c_j = x_tj * w_j + h_(t-1),(j mod 3) * g_j, three windows of 4 ReLUs of them, and
+    h_t = tanh(A m + U h_(t-1)). The windows depend on the previous state, so they stay in the
+    sequential loop the steps roll into (their positions advancing with t); with `skip` a sum
+    over the step's ReLUs reads them too, so the windows keep them and add their gradients."""
+    r = np.random.default_rng(seed)
+    n = 12
+    X = r.uniform(-1, 1, size=(6, steps * n))
+    x = [Value(float(q)) for q in X[0]]
+    w = [Value(float(q)) for q in r.uniform(-1, 1, size=n)]
+    g = [Value(float(q)) for q in r.uniform(-1, 1, size=n)]
+    U = [[Value(float(q)) for q in r.uniform(-0.5, 0.5, size=3)] for _ in range(3)]
+    A = [[Value(float(q)) for q in r.uniform(-1, 1, size=3 + skip)] for _ in range(3)]
+    h = [Value(0.0) for _ in range(3)]
+    for t in range(steps):
+        v = [(x[t * n + j] * w[j] + h[j % 3] * g[j]).relu() for j in range(n)]
+        m = [max_chain(v[4 * k : 4 * k + 4]) for k in range(3)]
+        if skip:
+            m.append(sum(v, Value(0.0)))
+        h = [
+            (
+                sum((a * mk for a, mk in zip(A[u], m)), Value(0.0))
+                + sum((q * hq for q, hq in zip(U[u], h)), Value(0.0))
+            ).tanh()
+            for u in range(3)
+        ]
+    params = w + g + [q for row in U for q in row] + [q for row in A for q in row]
+    return dense3_case(r, X, x, h, params)
+
+
+@needs_cc
+@pytest.mark.parametrize("skip", [False, True])
+def test_max_windows_inside_a_sequential_loop(skip):
+    """Windows that read the recurrent state stay in the sequential loop the steps roll into, a
+    window nest and a gradient nest whose positions advance with t (the ReLUs folded in, or, with
+    a sum also reading them, kept): the lane loops (-DMGK_NO_VECTOR), the vector path and the
+    tape agree bit for bit at batch sizes 1 and 4 on two threads, and every program agrees with
+    eager (check_case)."""
+    case = recurrent_windows_case(skip=skip)
+    check_case(case, with_c=True)
+    tape = compile_case(case)
+    listing = tape.describe()
+    of = "" if skip else " of relu"
+    loops = listing.split("  loop t = ")
+    assert len(loops) == 3, listing  # one loop forward, one backward
+    fwd, bwd = (part.split("\n  nest")[0] for part in loops[1:])
+    window = r"\(3 \| 4\) set out\[sample\d+ \+\d+\*t .*= max over r"
+    assert re.search(window + rf"{of}  x0\[sample\d+ \+\d+\*t", fwd), listing
+    # a step's gradient adds into what the next step's gradient wrote (the state's fan-out)
+    grad = r"\(3 \| 4\) acc out\[sample_grad\d+ \+\d+\*t .*= 0 \+ max' over r"
+    assert re.search(grad.replace(r"= 0 \+ ", r"\+= ") + of, bwd), listing
+    assert (" = relu  x0" in listing) == skip, listing
+    flags = [*compiler.default_flags(compiler.find_compiler()), "-DMGK_NO_VECTOR"]
+    plain = compile_case(case, backend="c", flags=flags)
+    assert_tape_bits(plain, tape, case, "recurrent windows, lane loops", batches=(1, 4), threads=2)
+    vector = compile_case(case, backend="c")
+    assert_tape_bits(vector, compile_case(case), case, "recurrent windows", (1, 4), 2)

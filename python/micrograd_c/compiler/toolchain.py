@@ -15,7 +15,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -237,10 +237,39 @@ def _version_of(cmd: list[str]) -> str:
             r = run_command(cmd + [flag], timeout=30)
         except (OSError, subprocess.TimeoutExpired):
             continue
-        text = (r.stdout + r.stderr).strip()
+        text = _first_line(r)
         if text:
-            return text.splitlines()[0]
+            return text
     return "unknown"
+
+
+def _first_line(r: subprocess.CompletedProcess[str]) -> str:
+    text = (r.stdout + r.stderr).strip()
+    return text.splitlines()[0] if text else ""
+
+
+# The probes' commands, each written once: the serial path below and start_probes run the same.
+def _link_probe(cmd: list[str], d: str) -> tuple[list[str], str]:
+    """The command that builds a shared library from a one-line source in directory ``d``, and
+    the library it makes."""
+    src, out = os.path.join(d, "probe.c"), os.path.join(d, "probe.so")
+    with open(src, "w") as f:
+        f.write("#include <math.h>\ndouble mg_probe(double x) { return sqrt(x); }\n")
+    return cmd + ["-shared", "-fPIC", "-o", out, src, "-lm"], out
+
+
+def _flag_probe(command: list[str], flag: str, d: str, tag: str = "") -> list[str]:
+    """The command that compiles a trivial source in directory ``d`` with ``flag`` (its object
+    ``n<tag>.o``, so that several run at once)."""
+    src = os.path.join(d, "n.c")
+    if not os.path.exists(src):
+        with open(src, "w") as f:
+            f.write("int mg_native(void) { return 1; }\n")
+    return command + [flag, "-c", "-o", os.path.join(d, f"n{tag}.o"), src]
+
+
+def _flag_ok(r: subprocess.CompletedProcess[str]) -> bool:
+    return r.returncode == 0 and not r.stderr.strip()
 
 
 def _probe(cmd: list[str]) -> Toolchain | None:
@@ -252,11 +281,9 @@ def _probe(cmd: list[str]) -> Toolchain | None:
     tc = None
     if path:
         with tempfile.TemporaryDirectory(prefix="micrograd_c-probe-") as d:
-            src, out = os.path.join(d, "probe.c"), os.path.join(d, "probe.so")
-            with open(src, "w") as f:
-                f.write("#include <math.h>\ndouble mg_probe(double x) { return sqrt(x); }\n")
+            argv, out = _link_probe(cmd, d)
             try:
-                r = run_command(cmd + ["-shared", "-fPIC", "-o", out, src, "-lm"], timeout=60)
+                r = run_command(argv, timeout=60)
                 if r.returncode == 0 and os.path.exists(out):
                     tc = Toolchain(cmd, os.path.realpath(path), _version_of(cmd))
             except (OSError, subprocess.TimeoutExpired):
@@ -304,14 +331,8 @@ def _accepts(tc: Toolchain, flag: str) -> bool:
     if (tc.path, flag) not in _accepted:
         ok = False
         with tempfile.TemporaryDirectory(prefix="micrograd_c-probe-") as d:
-            src = os.path.join(d, "n.c")
-            with open(src, "w") as f:
-                f.write("int mg_native(void) { return 1; }\n")
             try:
-                r = run_command(
-                    tc.command + [flag, "-c", "-o", os.path.join(d, "n.o"), src], timeout=60
-                )
-                ok = r.returncode == 0 and not r.stderr.strip()
+                ok = _flag_ok(run_command(_flag_probe(tc.command, flag, d), timeout=60))
             except (OSError, subprocess.TimeoutExpired):
                 ok = False
         _accepted[(tc.path, flag)] = ok
@@ -358,20 +379,28 @@ def resolved_target(tc: Toolchain, flags: Sequence[str]) -> str:
     return _targets[key]
 
 
-def _gcc_target(tc: Toolchain, flags: Sequence[str]) -> str:
-    try:
-        # in the C locale: a translated gcc prints "[enabled]" in its own language
-        r = run_command(
-            tc.command + list(flags) + ["-Q", "--help=target"],
-            timeout=60,
-            env={**os.environ, "LC_ALL": "C"},
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return ""
+def _gcc_target_probe(command: list[str], flags: Sequence[str]) -> list[str]:
+    return command + list(flags) + ["-Q", "--help=target"]
+
+
+def _c_locale() -> dict[str, str]:
+    # a translated gcc prints "[enabled]" in its own language
+    return {**os.environ, "LC_ALL": "C"}
+
+
+def _gcc_target_text(r: subprocess.CompletedProcess[str]) -> str:
     if r.returncode != 0 or ("-march=" not in r.stdout and "-mcpu=" not in r.stdout):
         return ""
     lines = (" ".join(line.split()) for line in r.stdout.splitlines())
     return "gcc-target\n" + "\n".join(line for line in lines if line.startswith("-"))
+
+
+def _gcc_target(tc: Toolchain, flags: Sequence[str]) -> str:
+    try:
+        r = run_command(_gcc_target_probe(tc.command, flags), timeout=60, env=_c_locale())
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return _gcc_target_text(r)
 
 
 def _clang_target(tc: Toolchain, flags: Sequence[str]) -> str:
@@ -406,3 +435,107 @@ def _cpu_features() -> str:
             if name.strip() == field:
                 return f"cpu {field}: " + " ".join(sorted(value.split()))
     return "cpu: " + (platform.processor() or platform.machine())
+
+
+# ---- the probes at once, in the background ----------------------------------------------------
+
+
+def start_probes(cc: str | None = None, flags: bool = True) -> Callable[..., None]:
+    """Start, all at once and without waiting, the compiler runs that :func:`find_compiler` (and,
+    with ``flags``, :func:`default_flags` and its target) make one after another for the compiler
+    they would try first: ``cc``, else ``$CC``, else the first of :data:`CANDIDATES` on the PATH.
+    The returned function ``finish(cancel=False)`` waits for them and records each result where
+    those functions look first, so that they then run nothing of it; ``finish(True)`` kills them
+    and records nothing. :func:`compile` starts them before it freezes the graph, so that on a
+    machine with a second CPU they run while it freezes: the first compile of a process ran 7
+    compiler processes one after another for 0.12 s before gcc could start on the source.
+
+    The same commands run as the serial path's, their results read the same way. What cannot be
+    started, fails or times out is not recorded (those functions then run their own probe and
+    report it); the target, asked for with every optional flag, only where the compiler
+    accepted each of them (the flags :func:`default_flags` then passes)."""
+
+    def nothing(cancel: bool = False) -> None:
+        return None
+
+    explicit = cc or os.environ.get("CC")
+    try:
+        cmd = shlex.split(explicit) if explicit else []
+    except ValueError:  # find_compiler reports it
+        return nothing
+    if not explicit:
+        cmd = next(([n] for n in CANDIDATES if shutil.which(n)), [])
+    path = shutil.which(cmd[0]) if cmd else None
+    if not path:
+        return nothing
+    key, rpath = "\0".join(cmd), os.path.realpath(path)
+    native = DEFAULT_FLAGS + list(OPTIONAL_FLAGS)
+    tkey = (rpath, *cmd, "\0", *native)
+    todo_flags = [f for f in OPTIONAL_FLAGS if (rpath, f) not in _accepted] if flags else []
+    want_target = flags and any("native" in f for f in native) and tkey not in _targets
+    if key in _toolchains and not todo_flags and not want_target:
+        return nothing
+    d = tempfile.mkdtemp(prefix="micrograd_c-probe-")
+    jobs: list[tuple[str, Any, list[str], dict[str, str] | None]] = []
+    lib = ""
+    try:
+        if key not in _toolchains:
+            argv, lib = _link_probe(cmd, d)
+            jobs += [("link", None, argv, None), ("version", None, cmd + ["--version"], None)]
+        for i, f in enumerate(todo_flags):
+            jobs.append(("flag", f, _flag_probe(cmd, f, d, str(i)), None))
+        if want_target:
+            jobs.append(("target", None, _gcc_target_probe(cmd, native), _c_locale()))
+    except OSError:
+        shutil.rmtree(d, ignore_errors=True)
+        return nothing
+    posix = os.name == "posix"
+    kw: dict[str, Any] = {"start_new_session": True} if posix else {}
+    running: list[tuple[subprocess.Popen[str], Any, Any]] = []
+    with _interrupts_deferred():  # a Ctrl-C between a start and its record would orphan it
+        for _, _, argv, env in jobs:
+            out = tempfile.TemporaryFile("w+", errors="replace")
+            err = tempfile.TemporaryFile("w+", errors="replace")
+            try:
+                p = subprocess.Popen(argv, stdout=out, stderr=err, text=True, env=env, **kw)
+            except OSError:
+                out.close()
+                err.close()
+                break
+            running.append((p, out, err))
+
+    def finish(cancel: bool = False) -> None:
+        try:
+            if cancel or len(running) < len(jobs):
+                return
+            deadline = time.monotonic() + 60
+            got: list[subprocess.CompletedProcess[str]] = []
+            for (p, out, err), (_, _, argv, _) in zip(running, jobs):
+                _wait_until(p, deadline)
+                out.seek(0)
+                err.seek(0)
+                got.append(subprocess.CompletedProcess(argv, p.returncode, out.read(), err.read()))
+            results = {(kind, arg): r for (kind, arg, _, _), r in zip(jobs, got)}
+            link = results.get(("link", None))
+            if link is not None and link.returncode == 0 and os.path.exists(lib):
+                version = _first_line(results[("version", None)]) or _version_of(cmd)
+                _toolchains.setdefault(key, Toolchain(cmd, rpath, version))
+            for f in todo_flags:
+                _accepted.setdefault((rpath, f), _flag_ok(results[("flag", f)]))
+            if want_target and all(_accepted.get((rpath, f)) for f in OPTIONAL_FLAGS):
+                text = _gcc_target_text(results[("target", None)])
+                if text:
+                    _targets.setdefault(tkey, text)
+        except (OSError, subprocess.TimeoutExpired):
+            pass  # recorded nothing more: the serial path probes for itself
+        finally:
+            for p, out, err in running:
+                if p.poll() is None:
+                    _kill_group(p, posix)
+                    p.wait()
+                out.close()
+                err.close()
+            running.clear()
+            shutil.rmtree(d, ignore_errors=True)
+
+    return finish
