@@ -116,6 +116,49 @@ typedef struct ad {
     size_t nest_cap, bwd_cap;
 } ad;
 
+/* An alias nest runs one point after another. Where its outputs repeat only across the values
+ * of one short outer dim d (a padded convolution's kernel gradient along the two edge columns:
+ * each side writes the kernel's middle column), and the outer dims before d fix the element
+ * (their strides, each larger than the span of the smaller ones and of the dims from d on), it
+ * runs as n[d] nests, i_d = 0, 1, ... in turn: every element then gets its terms in the order
+ * the one nest gave them, and each part is alias-free, so it may run in vector blocks (its sums
+ * then in a block's order: the same on every backend and thread count). d, or -1. */
+#define MG_UNALIAS_MAX 4
+static int unalias_dim(const mgk_nest *G) {
+    for (int d = 0; d < MGK_MAXO; d++) {
+        if (G->n[d] < 2 || G->n[d] > MG_UNALIAS_MAX) continue;
+        mgk_nest P = *G;
+        P.n[d] = 1;
+        if (!mg_ref__injective(&P.out, P.n, NULL)) continue;
+        mgk_i64 span = 0, s[MGK_MAXO], m[MGK_MAXO];
+        int k = 0, ok = 1;
+        for (int j = 0; j < MGK_MAXO; j++) {
+            const mgk_i64 sj = G->out.s[j] < 0 ? -G->out.s[j] : G->out.s[j];
+            if (G->n[j] < 2) continue;
+            if (j >= d) span += sj * (G->n[j] - 1);
+            else if (sj == 0) ok = 0; /* its points interleave with d's on one element */
+            else {
+                s[k] = sj;
+                m[k++] = G->n[j];
+            }
+        }
+        for (int i = 1; i < k; i++) /* insertion sort by stride */
+            for (int j = i; j > 0 && s[j] < s[j - 1]; j--) {
+                const mgk_i64 a = s[j], b = m[j];
+                s[j] = s[j - 1];
+                m[j] = m[j - 1];
+                s[j - 1] = a;
+                m[j - 1] = b;
+            }
+        for (int i = 0; i < k && ok; i++) {
+            ok = s[i] > span;
+            span += s[i] * (m[i] - 1);
+        }
+        if (ok) return d;
+    }
+    return -1;
+}
+
 /* The gradient nest for operand X of F; `term` and the refs x0..x3 are in F's dims. With
  * `outer_only` (the initial value of a sum, added once per output) F's reduction dims are not
  * part of it. */
@@ -180,13 +223,31 @@ static int grad_nest(ad *A, size_t f, const mgk_ref *X, int term, const mgk_ref 
     info.has_gather = 0;
     const mgk_ref *refs[6] = {&G.out, &G.init, &G.x[0], &G.x[1], &G.x[2], &G.x[3]};
     for (int j = 0; j < 6; j++) info.has_gather |= refs[j]->gather != 0;
-    if (!mg_tape__push_nest(t, &A->nest_cap, &G, &info)) return -1;
-    mg_instr in;
-    memset(&in, 0, sizeof in);
-    in.kind = MG_I_NEST;
-    in.a = (uint32_t)(t->nnests - 1);
-    in.cone = MG_FZ_LOSS_CONE;
-    return mg_tape__push_instr(t, &t->bwd, &t->nbwd, &A->bwd_cap, &in) ? 0 : -1;
+    const int d = info.alias && !scatter && !window && !info.has_gather ? unalias_dim(&G) : -1;
+    const mgk_i64 parts = d < 0 ? 1 : G.n[d];
+    if (d >= 0) {
+        info.alias = 0;
+        info.work /= (double)parts;
+    }
+    for (mgk_i64 v = 0; v < parts; v++) {
+        mgk_nest P = G;
+        if (d >= 0) { /* the part at i_d = v */
+            mgk_ref *prefs[6] = {&P.out, &P.init, &P.x[0], &P.x[1], &P.x[2], &P.x[3]};
+            for (int j = 0; j < 6; j++) {
+                prefs[j]->base += v * prefs[j]->s[d];
+                prefs[j]->s[d] = 0;
+            }
+            P.n[d] = 1;
+        }
+        if (!mg_tape__push_nest(t, &A->nest_cap, &P, &info)) return -1;
+        mg_instr in;
+        memset(&in, 0, sizeof in);
+        in.kind = MG_I_NEST;
+        in.a = (uint32_t)(t->nnests - 1);
+        in.cone = MG_FZ_LOSS_CONE;
+        if (!mg_tape__push_instr(t, &t->bwd, &t->nbwd, &A->bwd_cap, &in)) return -1;
+    }
+    return 0;
 }
 
 /* The gradient nests of forward nest f. */

@@ -2519,9 +2519,10 @@ def test_plain_lane_loops_compute_the_vector_paths_bits(name):
     vector paths, bit for bit: one order of additions per lane whatever holds the lanes (for
     numbers; which of two NaNs an addition keeps depends on how the C compiler ordered its
     operands). cnn-s1's kernel-weight gradients are split sums over 26 rows of 26 (3 blocks and 2
-    last terms each); cnn-pad's along the edge columns are split sums whose lanes are rows 28
-    elements apart (mgk_point1's lanes in registers), and so is cnn-s2's bias gradient (rows 25
-    apart); cnn-s2's stride-2 convolution sums products over its input's every other element
+    last terms each); cnn-pad's along the edge columns run as one nest per side (both write the
+    kernel's middle column; autodiff.c's unalias_dim) in tiles of channels, the input broadcast;
+    cnn-s2's bias gradient is a split sum whose lanes are rows 25 elements apart (mgk_point1's
+    lanes in registers); cnn-s2's stride-2 convolution sums products over its input's every other element
     (mgk_block: whole blocks as the even lanes of two vectors, the last lane by lane);
     mlp-tails' layers end their rows in quarter blocks (mgk_tile_q)."""
     case = zoo_case(name)
@@ -2529,8 +2530,11 @@ def test_plain_lane_loops_compute_the_vector_paths_bits(name):
     listing = tape.describe()
     if name == "cnn-s1":
         assert "[split sums]" in listing
-    if name in ("cnn-pad", "cnn-s2"):  # a split sum over strided lanes
-        assert re.search(r"\+(25|28)\*r3\]  \[split sums\]", listing), listing
+    if name == "cnn-s2":  # a split sum over strided lanes
+        assert re.search(r"\+25\*r3\]  \[split sums\]", listing), listing
+    if name == "cnn-pad":  # the edge columns' kernel gradient, one alias-free part per side
+        edge = r"\(3, 2, 2 \| 26\) acc out\[grad\d+ .*\+28\*r3\]  \[blocks\] \[tiles: rows\]"
+        assert len(re.findall(edge, listing)) == 2, listing
     if name == "cnn-s2":  # products over stride-2 lanes, in a whole block and a last one
         assert re.search(r"\(2, 12, 12 \|.*x0\*x1.*\+2\*i3 .*\[blocks\]", listing), listing
     flags = [*compiler.default_flags(compiler.find_compiler()), "-DMGK_NO_VECTOR"]
@@ -2538,17 +2542,19 @@ def test_plain_lane_loops_compute_the_vector_paths_bits(name):
     assert_tape_bits(plain, tape, case, "plain-lane", batches=(1, 4), threads=1)
 
 
-def windows_case(seed: int = 0) -> Case:
-    """Overlapping windows of 3 over 10 hidden values, each product with a weight per offset: the
-    hidden values' gradient adds, row by row, into outputs that the next row adds into again (an
-    alias nest, rows of 3 with nothing to sum)."""
+def windows_case(seed: int = 0, width: int = 5) -> Case:
+    """Overlapping windows of `width` over 12 hidden values, each product with a weight per
+    offset: the hidden values' gradient adds, row by row, into outputs that the next row adds
+    into again (an alias nest, rows of `width` with nothing to sum; autodiff.c runs one of at
+    most 4 rows as a nest per row instead, unalias_dim)."""
     r = np.random.default_rng(seed)
-    X = r.uniform(-1, 1, size=(6, 10))
+    n = 12
+    X = r.uniform(-1, 1, size=(6, n))
     x = [Value(float(q)) for q in X[0]]
-    v = [Value(float(q)) for q in r.uniform(-1, 1, size=10)]
+    v = [Value(float(q)) for q in r.uniform(-1, 1, size=n)]
     h = [(xi * vi).tanh() for xi, vi in zip(x, v)]
-    w = [Value(float(q)) for q in r.uniform(-1, 1, size=3)]
-    p = [(h[i + a] * w[a]).tanh() for i in range(8) for a in range(3)]
+    w = [Value(float(q)) for q in r.uniform(-1, 1, size=width)]
+    p = [(h[i + a] * w[a]).tanh() for i in range(n - width + 1) for a in range(width)]
     return dense3_case(r, X, x, p, v + w)
 
 
@@ -2580,6 +2586,35 @@ def test_unblocked_rows_of_single_terms_run_as_elementwise_rows_in_the_interpret
     listing = prog.describe()
     assert listing.count("[compiled]") == len(re.findall(r"nest \d+:", listing)), listing
     assert_tape_bits(prog, tape, case, f"{name} rows", batches=(1, 4), threads=2)
+
+
+@needs_cc
+@pytest.mark.parametrize("name", ["windows", "cnn-pad"])
+def test_an_alias_gradient_runs_as_a_nest_per_offset_in_the_same_order(name):
+    """A gradient whose outputs repeat only across a short outer dim (overlapping windows of 3:
+    the hidden values' gradient from each offset; a padded convolution's kernel gradient along
+    its two edge columns) runs as one alias-free nest per value of that dim, in blocks, instead of
+    point by point: each element still gets its terms in the order the one nest gave them, so
+    the tape, generated code and its lane loops (-DMGK_NO_VECTOR) agree bit for bit at batch
+    sizes 1 and 4 on two threads, and every program agrees with eager."""
+    case = windows_case(width=3) if name == "windows" else zoo_case(name)
+    check_case(case, with_c=True)
+    tape = compile_case(case)
+    listing = tape.describe()
+    if name == "windows":  # was (3, 10 | ) acc out[sample_grad.. +1*i2 +1*i3]: one alias nest
+        parts = re.findall(
+            r"\(10 \| \) (?:sum|acc) out\[sample_grad\d+ \+1\*i3\] .*mul'A.*", listing
+        )
+        assert len(parts) == 3 and all("[blocks]" in p for p in parts), listing
+        assert not re.search(r"out\[sample_grad\d+ \+1\*i2 \+1\*i3\]", listing), listing
+    else:
+        edge = r"\(3, 2, 2 \| 26\) acc out\[grad\d+ .*\+28\*r3\]  \[blocks\] \[tiles: rows\]"
+        assert len(re.findall(edge, listing)) == 2, listing
+    flags = [*compiler.default_flags(compiler.find_compiler()), "-DMGK_NO_VECTOR"]
+    plain = compile_case(case, backend="c", flags=flags)
+    assert_tape_bits(plain, tape, case, f"{name} lane loops", batches=(1, 4), threads=2)
+    vector = compile_case(case, backend="c")
+    assert_tape_bits(vector, compile_case(case), case, name, batches=(1, 4), threads=2)
 
 
 @needs_cc
