@@ -571,6 +571,94 @@ def test_probes_cancelled_or_failed_record_nothing(tmp_path):
         compiler.find_compiler(str(bad))
 
 
+@needs_cc
+@posix_only
+def test_probes_of_a_compiler_that_cannot_link_record_no_flags(tmp_path):
+    """A command that does not link (the same compiler with an argument that breaks linking) is
+    recorded as not working, and none of its flag probes (which would be keyed by the same
+    compiler's path) is: the compiler without that argument then gets its usual flags."""
+    cc = tmp_path / "cc"
+    cc.write_text(
+        "#!/bin/sh\n"
+        'if [ "$1" = "--nolink" ]; then shift; for a in "$@"; do\n'
+        '  [ "$a" = "-shared" ] && exit 1; done; echo "warning: --nolink" >&2; fi\n'
+        f'exec {" ".join(CC.command)} "$@"\n'
+    )
+    cc.chmod(0o755)
+    compiler.toolchain.start_probes(f"{cc} --nolink")()
+    with pytest.raises(mc.CompileError, match="cannot build a shared library"):
+        compiler.find_compiler(f"{cc} --nolink")
+    assert compiler.default_flags(compiler.find_compiler(str(cc))) == compiler.default_flags(CC)
+
+
+@needs_cc
+@posix_only
+def test_probes_pass_their_time_limit_as_the_serial_ones_do(tmp_path, monkeypatch):
+    """A link probe that hangs is killed at the serial path's time limit and recorded as not
+    working (find_compiler then fails at once, as after its own probe); a version query that
+    hangs is asked again with -v. Nothing is left running and the directory is gone."""
+    monkeypatch.setattr(compiler.toolchain, "_PROBE_TIMEOUT", 1.0)
+    monkeypatch.setattr(compiler.toolchain, "_VERSION_TIMEOUT", 1.0)
+    log = tmp_path / "log"
+    hang = tmp_path / "hangcc"
+    hang.write_text(
+        f'#!/bin/sh\necho "$*" >> "{log}"\n'
+        'for a in "$@"; do [ "$a" = "-shared" ] && exec sleep 30; done\n'
+        f'exec {" ".join(CC.command)} "$@"\n'
+    )
+    hang.chmod(0o755)
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    t0 = time.monotonic()
+    compiler.toolchain.start_probes(str(hang))()
+    assert time.monotonic() - t0 < 10
+    links = [line for line in log.read_text().splitlines() if "-shared" in line]
+    with pytest.raises(mc.CompileError, match="cannot build a shared library"):
+        compiler.find_compiler(str(hang))
+    assert [line for line in log.read_text().splitlines() if "-shared" in line] == links
+    assert list((tmp_path / "tmp").iterdir()) == []
+    ver = tmp_path / "vercc"  # --version hangs, -v answers
+    ver.write_text(
+        '#!/bin/sh\n[ "$1" = "--version" ] && exec sleep 30\n'
+        '[ "$1" = "-v" ] && { echo "vercc 1.0"; exit 0; }\n'
+        f'exec {" ".join(CC.command)} "$@"\n'
+    )
+    ver.chmod(0o755)
+    compiler.toolchain.start_probes(str(ver), flags=False)()
+    assert compiler.find_compiler(str(ver)).version == "vercc 1.0"
+
+
+@needs_cc
+@posix_only
+def test_probes_interrupted_while_starting_leave_nothing_running(tmp_path, monkeypatch):
+    """A KeyboardInterrupt while the probes start (here: the third one's start) kills the ones
+    already running and removes their directory; probes already recorded are not started again
+    (a compiler whose every flag and target is known starts nothing)."""
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    real_popen, started = subprocess.Popen, []
+
+    def popen(*a: object, **kw: object) -> subprocess.Popen[str]:
+        if len(started) == 2:
+            raise KeyboardInterrupt
+        p = real_popen(*a, **kw)  # type: ignore[call-overload]
+        started.append(p)
+        return p
+
+    monkeypatch.setattr(subprocess, "Popen", popen)
+    cc = logging_compiler(tmp_path / "cc", " ".join(CC.command), tmp_path / "log")
+    probes = compiler.toolchain.Probes()
+    with pytest.raises(KeyboardInterrupt):
+        probes.start(cc)
+    assert len(started) == 2 and all(p.poll() is not None for p in started)
+    assert list((tmp_path / "tmp").iterdir()) == []
+    monkeypatch.setattr(subprocess, "Popen", real_popen)
+    compiler.default_flags(compiler.find_compiler(cc))
+    again = compiler.toolchain.Probes()
+    again.start(cc)
+    assert again._running == [] and list((tmp_path / "tmp").iterdir()) == []
+
+
 TUNED_CPUS = {  # what gcc 12 reports for -march=native on them: the store split, the loop width
     "znver1": ("enabled", "128"),
     "sandybridge": ("enabled", "none"),

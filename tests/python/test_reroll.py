@@ -2522,9 +2522,9 @@ def test_plain_lane_loops_compute_the_vector_paths_bits(name):
     last terms each); cnn-pad's along the edge columns run as one nest per side (both write the
     kernel's middle column; autodiff.c's unalias_dim) in tiles of channels, the input broadcast;
     cnn-s2's bias gradient is a split sum whose lanes are rows 25 elements apart (mgk_point1's
-    lanes in registers); cnn-s2's stride-2 convolution sums products over its input's every other element
-    (mgk_block: whole blocks as the even lanes of two vectors, the last lane by lane);
-    mlp-tails' layers end their rows in quarter blocks (mgk_tile_q)."""
+    lanes in registers); cnn-s2's stride-2 convolution sums products over its input's every
+    other element (mgk_block: whole blocks as the even lanes of two vectors, the last lane by
+    lane); mlp-tails' layers end their rows in quarter blocks (mgk_tile_q)."""
     case = zoo_case(name)
     tape = compile_case(case)
     listing = tape.describe()

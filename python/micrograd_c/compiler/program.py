@@ -16,7 +16,7 @@ import numpy as np
 from .. import _core
 from ..engine import Value
 from .codecache import CompiledProgram, _remove, build_library, load_library
-from .toolchain import CompileError, default_flags, find_compiler, start_probes
+from .toolchain import CompileError, Probes, default_flags, find_compiler
 
 _SIZE_MAX = 2**64 - 1  # the largest count libmg takes (size_t, uint64_t)
 
@@ -273,20 +273,19 @@ def compile(
         raise TypeError(f"cache must be a directory path, not {type(cache).__name__}")
     if float32 and backend != "c":
         raise ValueError("float32 storage is a property of compiled code: use backend='c'")
-    # the compiler's probes run while the graph freezes (toolchain.start_probes)
-    probes = start_probes(cc, flags is None) if backend != "tape" else None
-    t0 = time.perf_counter()
+    probes = Probes()  # the compiler's, run while the graph freezes
     try:
+        if backend != "tape":
+            probes.start(cc, flags is None)
+        t0 = time.perf_counter()
         tape = _core.Tape(
             loss, list(inputs), list(targets), list(params), list(outputs), raise_loops
         )
+        freeze_s = time.perf_counter() - t0
     except BaseException:
-        if probes is not None:
-            probes(cancel=True)
+        probes.finish(cancel=True)
         raise
-    freeze_s = time.perf_counter() - t0
-    if probes is not None:
-        probes()
+    probes.finish()
     info: dict[str, Any] = {
         "freeze_seconds": freeze_s,
         "nslots": tape.nslots,

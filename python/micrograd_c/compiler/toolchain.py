@@ -229,12 +229,15 @@ class Toolchain:
 
 
 _toolchains: dict[str, Toolchain | None] = {}
+# Seconds a probe may take (each command; a version query, each of its two forms).
+_PROBE_TIMEOUT = 60.0
+_VERSION_TIMEOUT = 30.0
 
 
-def _version_of(cmd: list[str]) -> str:
-    for flag in ("--version", "-v"):
+def _version_of(cmd: list[str], flags: Sequence[str] = ("--version", "-v")) -> str:
+    for flag in flags:
         try:
-            r = run_command(cmd + [flag], timeout=30)
+            r = run_command(cmd + [flag], timeout=_VERSION_TIMEOUT)
         except (OSError, subprocess.TimeoutExpired):
             continue
         text = _first_line(r)
@@ -283,7 +286,7 @@ def _probe(cmd: list[str]) -> Toolchain | None:
         with tempfile.TemporaryDirectory(prefix="micrograd_c-probe-") as d:
             argv, out = _link_probe(cmd, d)
             try:
-                r = run_command(argv, timeout=60)
+                r = run_command(argv, timeout=_PROBE_TIMEOUT)
                 if r.returncode == 0 and os.path.exists(out):
                     tc = Toolchain(cmd, os.path.realpath(path), _version_of(cmd))
             except (OSError, subprocess.TimeoutExpired):
@@ -332,7 +335,7 @@ def _accepts(tc: Toolchain, flag: str) -> bool:
         ok = False
         with tempfile.TemporaryDirectory(prefix="micrograd_c-probe-") as d:
             try:
-                ok = _flag_ok(run_command(_flag_probe(tc.command, flag, d), timeout=60))
+                ok = _flag_ok(run_command(_flag_probe(tc.command, flag, d), timeout=_PROBE_TIMEOUT))
             except (OSError, subprocess.TimeoutExpired):
                 ok = False
         _accepted[(tc.path, flag)] = ok
@@ -397,7 +400,9 @@ def _gcc_target_text(r: subprocess.CompletedProcess[str]) -> str:
 
 def _gcc_target(tc: Toolchain, flags: Sequence[str]) -> str:
     try:
-        r = run_command(_gcc_target_probe(tc.command, flags), timeout=60, env=_c_locale())
+        r = run_command(
+            _gcc_target_probe(tc.command, flags), timeout=_PROBE_TIMEOUT, env=_c_locale()
+        )
     except (OSError, subprocess.TimeoutExpired):
         return ""
     return _gcc_target_text(r)
@@ -440,102 +445,160 @@ def _cpu_features() -> str:
 # ---- the probes at once, in the background ----------------------------------------------------
 
 
-def start_probes(cc: str | None = None, flags: bool = True) -> Callable[..., None]:
-    """Start, all at once and without waiting, the compiler runs that :func:`find_compiler` (and,
-    with ``flags``, :func:`default_flags` and its target) make one after another for the compiler
-    they would try first: ``cc``, else ``$CC``, else the first of :data:`CANDIDATES` on the PATH.
-    The returned function ``finish(cancel=False)`` waits for them and records each result where
-    those functions look first, so that they then run nothing of it; ``finish(True)`` kills them
-    and records nothing. :func:`compile` starts them before it freezes the graph, so that on a
-    machine with a second CPU they run while it freezes: the first compile of a process ran 7
-    compiler processes one after another for 0.12 s before gcc could start on the source.
+class Probes:
+    """The compiler runs that :func:`find_compiler` (and, with ``flags``, :func:`default_flags`
+    and its target) make one after another for the compiler they would try first (``cc``, else
+    ``$CC``, else the first of :data:`CANDIDATES` on the PATH), started at once without waiting
+    (:meth:`start`); :meth:`finish` waits for them and records each result where those functions
+    look first, so that they then run none of it; :meth:`finish` with ``cancel`` kills them and
+    records nothing. :func:`compile` starts them before it freezes the graph, so that on a machine
+    with a second CPU they run while it freezes: the first compile of a process ran 7 compiler
+    processes one after another for 0.12 s before gcc could start on the source.
 
-    The same commands run as the serial path's, their results read the same way. What cannot be
-    started, fails or times out is not recorded (those functions then run their own probe and
-    report it); the target, asked for with every optional flag, only where the compiler
-    accepted each of them (the flags :func:`default_flags` then passes)."""
+    They are the serial path's commands with its time limits (each from the start), and their
+    results, a time limit passed included, are read as it reads them, so what is recorded is what
+    it would record: a compiler that does not link (or whose link probe times out) is recorded as
+    not working and no flag of it is; a version query that prints nothing or times out is asked
+    again with ``-v``; the target, asked for with every optional flag where the compiler's flags
+    are not known yet (the common case, gcc taking them all), is recorded only where it took them
+    all, and is asked for with the flags it took where they are known. An object made before
+    :meth:`start` is called can always be finished: every process is recorded as it starts
+    (:meth:`start` kills those it started where it is interrupted), and :meth:`finish` removes the
+    probes' directory whatever happened."""
 
-    def nothing(cancel: bool = False) -> None:
-        return None
+    def __init__(self) -> None:
+        self._running: list[tuple[str, Any, list[str], subprocess.Popen[str], Any, Any]] = []
+        self._dir = ""
+        self._cmd: list[str] = []
+        self._key = self._rpath = self._lib = ""
+        self._flags: list[str] = []  # the optional flags being probed
+        self._target: tuple[str, ...] = ()  # the key the target is recorded under, or ()
+        self._target_flags: list[str] = []
+        self._t0 = 0.0
 
-    explicit = cc or os.environ.get("CC")
-    try:
-        cmd = shlex.split(explicit) if explicit else []
-    except ValueError:  # find_compiler reports it
-        return nothing
-    if not explicit:
-        cmd = next(([n] for n in CANDIDATES if shutil.which(n)), [])
-    path = shutil.which(cmd[0]) if cmd else None
-    if not path:
-        return nothing
-    key, rpath = "\0".join(cmd), os.path.realpath(path)
-    native = DEFAULT_FLAGS + list(OPTIONAL_FLAGS)
-    tkey = (rpath, *cmd, "\0", *native)
-    todo_flags = [f for f in OPTIONAL_FLAGS if (rpath, f) not in _accepted] if flags else []
-    want_target = flags and any("native" in f for f in native) and tkey not in _targets
-    if key in _toolchains and not todo_flags and not want_target:
-        return nothing
-    d = tempfile.mkdtemp(prefix="micrograd_c-probe-")
-    jobs: list[tuple[str, Any, list[str], dict[str, str] | None]] = []
-    lib = ""
-    try:
-        if key not in _toolchains:
-            argv, lib = _link_probe(cmd, d)
-            jobs += [("link", None, argv, None), ("version", None, cmd + ["--version"], None)]
-        for i, f in enumerate(todo_flags):
-            jobs.append(("flag", f, _flag_probe(cmd, f, d, str(i)), None))
-        if want_target:
-            jobs.append(("target", None, _gcc_target_probe(cmd, native), _c_locale()))
-    except OSError:
-        shutil.rmtree(d, ignore_errors=True)
-        return nothing
-    posix = os.name == "posix"
-    kw: dict[str, Any] = {"start_new_session": True} if posix else {}
-    running: list[tuple[subprocess.Popen[str], Any, Any]] = []
-    with _interrupts_deferred():  # a Ctrl-C between a start and its record would orphan it
-        for _, _, argv, env in jobs:
-            out = tempfile.TemporaryFile("w+", errors="replace")
-            err = tempfile.TemporaryFile("w+", errors="replace")
-            try:
-                p = subprocess.Popen(argv, stdout=out, stderr=err, text=True, env=env, **kw)
-            except OSError:
-                out.close()
-                err.close()
-                break
-            running.append((p, out, err))
-
-    def finish(cancel: bool = False) -> None:
+    def start(self, cc: str | None = None, flags: bool = True) -> None:
+        """Start the probes that are not recorded yet (nothing where none is needed)."""
+        explicit = cc or os.environ.get("CC")
         try:
-            if cancel or len(running) < len(jobs):
+            cmd = shlex.split(explicit) if explicit else []
+        except ValueError:  # find_compiler reports it
+            return
+        if not explicit:
+            cmd = next(([n] for n in CANDIDATES if shutil.which(n)), [])
+        path = shutil.which(cmd[0]) if cmd else None
+        if not path:
+            return
+        key, rpath = "\0".join(cmd), os.path.realpath(path)
+        if key in _toolchains and _toolchains[key] is None:
+            return  # not working: find_compiler says so without running anything
+        todo = [f for f in OPTIONAL_FLAGS if (rpath, f) not in _accepted] if flags else []
+        target_flags: list[str] = []
+        tkey: tuple[str, ...] = ()
+        want_target = False
+        if flags:  # every optional flag where some are not known yet, else those it takes
+            known = [f for f in OPTIONAL_FLAGS if not todo and _accepted[(rpath, f)]]
+            target_flags = DEFAULT_FLAGS + (list(OPTIONAL_FLAGS) if todo else known)
+            tkey = (rpath, *cmd, "\0", *target_flags)
+            want_target = any("native" in f for f in target_flags) and tkey not in _targets
+        if key in _toolchains and not todo and not want_target:
+            return
+        self._cmd, self._key, self._rpath, self._flags = cmd, key, rpath, todo
+        self._target, self._target_flags = (tkey if want_target else ()), target_flags
+        posix = os.name == "posix"
+        kw: dict[str, Any] = {"start_new_session": True} if posix else {}
+        try:
+            with _interrupts_deferred():  # a Ctrl-C between a start and its record would orphan it
+                self._dir = tempfile.mkdtemp(prefix="micrograd_c-probe-")
+                jobs: list[tuple[str, Any, list[str], dict[str, str] | None]] = []
+                if key not in _toolchains:
+                    argv, self._lib = _link_probe(cmd, self._dir)
+                    jobs += [
+                        ("link", None, argv, None),
+                        ("version", None, cmd + ["--version"], None),
+                    ]
+                for i, f in enumerate(todo):
+                    jobs.append(("flag", f, _flag_probe(cmd, f, self._dir, str(i)), None))
+                if want_target:
+                    jobs.append(("target", None, _gcc_target_probe(cmd, target_flags), _c_locale()))
+                self._t0 = time.monotonic()
+                for kind, arg, argv, env in jobs:
+                    out = tempfile.TemporaryFile("w+", errors="replace")
+                    err = tempfile.TemporaryFile("w+", errors="replace")
+                    try:
+                        p = subprocess.Popen(argv, stdout=out, stderr=err, text=True, env=env, **kw)
+                    except BaseException:
+                        out.close()
+                        err.close()
+                        raise
+                    self._running.append((kind, arg, argv, p, out, err))
+        except OSError:  # could not start them all: the serial path probes for itself
+            self.finish(cancel=True)
+        except BaseException:
+            self.finish(cancel=True)
+            raise
+
+    def _result(
+        self, kind: str, arg: Any, timeout: float
+    ) -> subprocess.CompletedProcess[str] | None:
+        """The finished run of a probe, or None where it passed its time limit (then killed)."""
+        for k, a, argv, p, out, err in self._running:
+            if (k, a) != (kind, arg):
+                continue
+            try:
+                _wait_until(p, self._t0 + timeout)
+            except subprocess.TimeoutExpired:
+                return None
+            out.seek(0)
+            err.seek(0)
+            return subprocess.CompletedProcess(argv, p.returncode, out.read(), err.read())
+        raise KeyError(kind)
+
+    def finish(self, cancel: bool = False) -> None:
+        """Wait for the probes and record their results (``cancel``: kill them, record nothing);
+        the probes' directory is removed either way. Raises only what interrupts the wait."""
+        try:
+            if cancel or not self._running:
                 return
-            deadline = time.monotonic() + 60
-            got: list[subprocess.CompletedProcess[str]] = []
-            for (p, out, err), (_, _, argv, _) in zip(running, jobs):
-                _wait_until(p, deadline)
-                out.seek(0)
-                err.seek(0)
-                got.append(subprocess.CompletedProcess(argv, p.returncode, out.read(), err.read()))
-            results = {(kind, arg): r for (kind, arg, _, _), r in zip(jobs, got)}
-            link = results.get(("link", None))
-            if link is not None and link.returncode == 0 and os.path.exists(lib):
-                version = _first_line(results[("version", None)]) or _version_of(cmd)
-                _toolchains.setdefault(key, Toolchain(cmd, rpath, version))
-            for f in todo_flags:
-                _accepted.setdefault((rpath, f), _flag_ok(results[("flag", f)]))
-            if want_target and all(_accepted.get((rpath, f)) for f in OPTIONAL_FLAGS):
-                text = _gcc_target_text(results[("target", None)])
-                if text:
-                    _targets.setdefault(tkey, text)
-        except (OSError, subprocess.TimeoutExpired):
-            pass  # recorded nothing more: the serial path probes for itself
+            cmd, key, rpath = self._cmd, self._key, self._rpath
+            tc = _toolchains.get(key)
+            if key not in _toolchains:
+                link = self._result("link", None, _PROBE_TIMEOUT)
+                tc = None
+                if link is not None and link.returncode == 0 and os.path.exists(self._lib):
+                    v = self._result("version", None, _VERSION_TIMEOUT)
+                    version = (_first_line(v) if v is not None else "") or _version_of(cmd, ["-v"])
+                    tc = Toolchain(cmd, rpath, version)
+                _toolchains.setdefault(key, tc)
+            if tc is None:
+                return  # no flags of a compiler that does not work (as find_compiler probes)
+            for f in self._flags:
+                r = self._result("flag", f, _PROBE_TIMEOUT)
+                _accepted.setdefault((rpath, f), r is not None and _flag_ok(r))
+            flags = DEFAULT_FLAGS + [f for f in OPTIONAL_FLAGS if _accepted.get((rpath, f))]
+            if self._target and flags == self._target_flags:
+                r = self._result("target", None, _PROBE_TIMEOUT)
+                text = _gcc_target_text(r) if r is not None else ""
+                _targets.setdefault(
+                    self._target, text or _clang_target(tc, flags) or _cpu_features()
+                )
+        except OSError:
+            pass  # recorded no more: the serial path probes for itself
         finally:
-            for p, out, err in running:
+            posix = os.name == "posix"
+            for _, _, _, p, out, err in self._running:
                 if p.poll() is None:
                     _kill_group(p, posix)
                     p.wait()
                 out.close()
                 err.close()
-            running.clear()
-            shutil.rmtree(d, ignore_errors=True)
+            self._running.clear()
+            if self._dir:
+                shutil.rmtree(self._dir, ignore_errors=True)
+                self._dir = ""
 
-    return finish
+
+def start_probes(cc: str | None = None, flags: bool = True) -> Callable[..., None]:
+    """:class:`Probes` started: its ``finish``."""
+    probes = Probes()
+    probes.start(cc, flags)
+    return probes.finish
