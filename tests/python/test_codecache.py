@@ -611,7 +611,7 @@ def test_probes_pass_their_time_limit_as_the_serial_ones_do(tmp_path, monkeypatc
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
     t0 = time.monotonic()
     compiler.toolchain.start_probes(str(hang))()
-    assert time.monotonic() - t0 < 10
+    assert time.monotonic() - t0 < 25  # not the 30 s the link would hang for
     links = [line for line in log.read_text().splitlines() if "-shared" in line]
     with pytest.raises(mc.CompileError, match="cannot build a shared library"):
         compiler.find_compiler(str(hang))

@@ -251,7 +251,7 @@ def _first_line(r: subprocess.CompletedProcess[str]) -> str:
     return text.splitlines()[0] if text else ""
 
 
-# The probes' commands, each written once: the serial path below and start_probes run the same.
+# The probes' commands, each written once: the serial path below and Probes run the same.
 def _link_probe(cmd: list[str], d: str) -> tuple[list[str], str]:
     """The command that builds a shared library from a one-line source in directory ``d``, and
     the library it makes."""
@@ -540,7 +540,7 @@ class Probes:
     def _result(
         self, kind: str, arg: Any, timeout: float
     ) -> subprocess.CompletedProcess[str] | None:
-        """The finished run of a probe, or None where it passed its time limit (then killed)."""
+        """The finished run of a probe, or None where it passed its time limit (finish kills it)."""
         for k, a, argv, p, out, err in self._running:
             if (k, a) != (kind, arg):
                 continue
