@@ -1481,18 +1481,7 @@ def test_recurrent(data):
 @given(data=st.data())
 def test_conv_stacks(data):
     """Sliding windows, 1-D and 2-D, stacked, with pooling and skip connections."""
-    ctx = Ctx(data)
-    x, X, img = input_image(ctx, max_c=3, max_h=8, max_w=12)
-    for k in range(ctx.int(1, 3, "layers")):
-        img, spec = conv(ctx, img, one_d=ctx.flag("1-D"))
-        img = unflat(unary(ctx, flat(img), f"activation {k}"), shape(img))
-        ctx.history.append(img)
-        if ctx.flag("pool"):
-            img = pool(ctx, img)
-        if ctx.flag("skip"):
-            img = mix(ctx, img)
-        ctx.tap(flat(img))
-    check_case(finish(ctx, x, X, flat(img)))
+    check_case(conv_stack(Ctx(data)))
 
 
 # ---- the zoo's model families, small ------------------------------------------------------------
@@ -3087,6 +3076,41 @@ def test_generated_code_is_warning_free_as_compile_builds_it(name, tmp_path):
 
 
 # ---- compiled C: the generators again, fewer examples (each one compiles) -----------------------
+
+
+def conv_stack(ctx: Ctx) -> Case:
+    """test_conv_stacks' graphs: 1 to 3 sliding-window layers, 1-D or 2-D, each with an
+    activation, pooling and a skip connection at random."""
+    x, X, img = input_image(ctx, max_c=3, max_h=8, max_w=12)
+    for k in range(ctx.int(1, 3, "layers")):
+        img, spec = conv(ctx, img, one_d=ctx.flag("1-D"))
+        img = unflat(unary(ctx, flat(img), f"activation {k}"), shape(img))
+        ctx.history.append(img)
+        if ctx.flag("pool"):
+            img = pool(ctx, img)
+        if ctx.flag("skip"):
+            img = mix(ctx, img)
+        ctx.tap(flat(img))
+    return finish(ctx, x, X, flat(img))
+
+
+@needs_cc
+@examples(6)
+@given(data=st.data())
+def test_compiled_conv_stacks_match_their_lane_loops_and_the_tape(data):
+    """test_conv_stacks' graphs compiled: generated code, the same code built with
+    -DMGK_NO_VECTOR (every block, tile, window and split sum as plain lane loops) and the tape
+    agree bit for bit at batch sizes 1, 3 and 4 on two threads (windows, edge gradients split by
+    offset, scattered and alias gradients among them), and with eager (check_case)."""
+    ctx = Ctx(data)
+    case = conv_stack(ctx)
+    note(f"stack: {ctx.log}")
+    check_case(case, with_c=True)
+    flags = [*compiler.default_flags(compiler.find_compiler()), "-DMGK_NO_VECTOR"]
+    plain = compile_case(case, backend="c", flags=flags)
+    assert_tape_bits(plain, compile_case(case), case, "lane loops", batches=(1, 3, 4), threads=2)
+    vector = compile_case(case, backend="c")
+    assert_tape_bits(vector, compile_case(case), case, "vectors", batches=(1, 3, 4), threads=2)
 
 
 @needs_cc
