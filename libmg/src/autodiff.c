@@ -15,8 +15,27 @@
 
 #include <string.h>
 
-/* Whether a ref names distinct elements at distinct points of the dims it moves along: strides
- * sorted by size, each larger than the span of all smaller ones (a sufficient condition). */
+/* Whether the k dims of strides s (absolute) and sizes m, over a block of span `span` below them,
+ * fix their indices from the element: sorted by stride, each stride larger than the span of the
+ * block and of all smaller ones (mixed radix; a sufficient condition). Sorts s and m. */
+static int radix_separate(mgk_i64 *s, mgk_i64 *m, int k, mgk_i64 span) {
+    for (int i = 1; i < k; i++) /* insertion sort by stride */
+        for (int j = i; j > 0 && s[j] < s[j - 1]; j--) {
+            const mgk_i64 a = s[j], b = m[j];
+            s[j] = s[j - 1];
+            m[j] = m[j - 1];
+            s[j - 1] = a;
+            m[j - 1] = b;
+        }
+    for (int i = 0; i < k; i++) {
+        if (s[i] <= span) return 0;
+        span += s[i] * (m[i] - 1);
+    }
+    return 1;
+}
+
+/* Whether a ref names distinct elements at distinct points of the dims it moves along (a
+ * sufficient condition, radix_separate). */
 int mg_ref__injective(const mgk_ref *X, const mgk_i64 *n, const mgk_idx *ix) {
     (void)ix;
     if (X->gather) return 0;
@@ -27,20 +46,7 @@ int mg_ref__injective(const mgk_ref *X, const mgk_i64 *n, const mgk_idx *ix) {
         s[k] = X->s[d] < 0 ? -X->s[d] : X->s[d];
         m[k++] = n[d];
     }
-    for (int i = 1; i < k; i++) /* insertion sort by stride */
-        for (int j = i; j > 0 && s[j] < s[j - 1]; j--) {
-            mgk_i64 a = s[j], b = m[j];
-            s[j] = s[j - 1];
-            m[j] = m[j - 1];
-            s[j - 1] = a;
-            m[j - 1] = b;
-        }
-    mgk_i64 span = 0;
-    for (int i = 0; i < k; i++) {
-        if (s[i] <= span) return 0;
-        span += s[i] * (m[i] - 1);
-    }
-    return 1;
+    return radix_separate(s, m, k, 0);
 }
 
 int mg_ref__each(const mg_tape *t, size_t nest, const mgk_ref *X,
@@ -119,7 +125,7 @@ typedef struct ad {
 /* An alias nest runs one point after another. Where its outputs repeat only across the values
  * of one short outer dim d (a padded convolution's kernel gradient along the two edge columns:
  * each side writes the kernel's middle column), and the outer dims before d fix the element
- * (their strides, each larger than the span of the smaller ones and of the dims from d on), it
+ * (radix_separate, the dims from d on as the block below them), it
  * runs as n[d] nests, i_d = 0, 1, ... in turn: every element then gets its terms in the order
  * the one nest gave them, and each part is alias-free, so it may run in vector blocks (its sums
  * then in a block's order: the same on every backend and thread count). d, or -1. */
@@ -142,19 +148,7 @@ static int unalias_dim(const mgk_nest *G) {
                 m[k++] = G->n[j];
             }
         }
-        for (int i = 1; i < k; i++) /* insertion sort by stride */
-            for (int j = i; j > 0 && s[j] < s[j - 1]; j--) {
-                const mgk_i64 a = s[j], b = m[j];
-                s[j] = s[j - 1];
-                m[j] = m[j - 1];
-                s[j - 1] = a;
-                m[j - 1] = b;
-            }
-        for (int i = 0; i < k && ok; i++) {
-            ok = s[i] > span;
-            span += s[i] * (m[i] - 1);
-        }
-        if (ok) return d;
+        if (ok && radix_separate(s, m, k, span)) return d;
     }
     return -1;
 }

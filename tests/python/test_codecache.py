@@ -498,6 +498,13 @@ def test_default_flags_add_an_optional_flag_only_where_the_compiler_takes_it(tmp
     assert (flag in flags) == (answer == "takes")
 
 
+def probes_at_once(cc: str, flags: bool = True, cancel: bool = False) -> None:
+    """What compile() does around the freeze: the probes started, then finished (or cancelled)."""
+    probes = compiler.toolchain.Probes()
+    probes.start(cc, flags)
+    probes.finish(cancel=cancel)
+
+
 def logging_compiler(path, real: str, log) -> str:
     """A compiler at `path` that appends each command line it gets to `log`, then runs `real`."""
     path.write_text(f'#!/bin/sh\necho "$*" >> "{log}"\nexec {real} "$@"\n')
@@ -535,7 +542,7 @@ def test_probes_started_at_once_record_what_the_serial_probes_find(tmp_path, mon
     (tmp_path / "tmp").mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))  # the probes' directory
     cc = logging_compiler(tmp_path / "cc2", str(real), early_log)
-    compiler.toolchain.start_probes(cc)()
+    probes_at_once(cc)
     assert list((tmp_path / "tmp").iterdir()) == []
     ran = early_log.read_text().splitlines()
     early = compiler.find_compiler(cc)
@@ -559,14 +566,14 @@ def test_probes_cancelled_or_failed_record_nothing(tmp_path):
     probes for itself; a compiler that cannot link is reported by find_compiler as before."""
     log = tmp_path / "log"
     cc = logging_compiler(tmp_path / "cc", " ".join(CC.command), log)
-    compiler.toolchain.start_probes(cc)(cancel=True)
+    probes_at_once(cc, cancel=True)
     started = len(log.read_text().splitlines()) if log.exists() else 0
     tc = compiler.find_compiler(cc)
     assert tc.path == os.path.realpath(cc) and len(log.read_text().splitlines()) > started
     bad = tmp_path / "badcc"
     bad.write_text("#!/bin/sh\nexit 1\n")
     bad.chmod(0o755)
-    compiler.toolchain.start_probes(str(bad))()
+    probes_at_once(str(bad))
     with pytest.raises(mc.CompileError, match="cannot build a shared library"):
         compiler.find_compiler(str(bad))
 
@@ -585,7 +592,7 @@ def test_probes_of_a_compiler_that_cannot_link_record_no_flags(tmp_path):
         f'exec {" ".join(CC.command)} "$@"\n'
     )
     cc.chmod(0o755)
-    compiler.toolchain.start_probes(f"{cc} --nolink")()
+    probes_at_once(f"{cc} --nolink")
     with pytest.raises(mc.CompileError, match="cannot build a shared library"):
         compiler.find_compiler(f"{cc} --nolink")
     assert compiler.default_flags(compiler.find_compiler(str(cc))) == compiler.default_flags(CC)
@@ -610,7 +617,7 @@ def test_probes_pass_their_time_limit_as_the_serial_ones_do(tmp_path, monkeypatc
     (tmp_path / "tmp").mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
     t0 = time.monotonic()
-    compiler.toolchain.start_probes(str(hang))()
+    probes_at_once(str(hang))
     assert time.monotonic() - t0 < 25  # not the 30 s the link would hang for
     links = [line for line in log.read_text().splitlines() if "-shared" in line]
     with pytest.raises(mc.CompileError, match="cannot build a shared library"):
@@ -624,7 +631,7 @@ def test_probes_pass_their_time_limit_as_the_serial_ones_do(tmp_path, monkeypatc
         f'exec {" ".join(CC.command)} "$@"\n'
     )
     ver.chmod(0o755)
-    compiler.toolchain.start_probes(str(ver), flags=False)()
+    probes_at_once(str(ver), flags=False)
     assert compiler.find_compiler(str(ver)).version == "vercc 1.0"
 
 

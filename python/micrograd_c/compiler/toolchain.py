@@ -15,7 +15,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -378,8 +378,13 @@ def resolved_target(tc: Toolchain, flags: Sequence[str]) -> str:
         return ""
     key = (tc.path, *tc.command, "\0", *flags)
     if key not in _targets:
-        _targets[key] = _gcc_target(tc, flags) or _clang_target(tc, flags) or _cpu_features()
+        _targets[key] = _target_from(_gcc_target(tc, flags), tc, flags)
     return _targets[key]
+
+
+def _target_from(gcc_text: str, tc: Toolchain, flags: Sequence[str]) -> str:
+    """The target text given gcc's answer (``""``: none): else clang's, else the CPU's."""
+    return gcc_text or _clang_target(tc, flags) or _cpu_features()
 
 
 def _gcc_target_probe(command: list[str], flags: Sequence[str]) -> list[str]:
@@ -496,7 +501,7 @@ class Probes:
         tkey: tuple[str, ...] = ()
         want_target = False
         if flags:  # every optional flag where some are not known yet, else those it takes
-            known = [f for f in OPTIONAL_FLAGS if not todo and _accepted[(rpath, f)]]
+            known = [] if todo else [f for f in OPTIONAL_FLAGS if _accepted[(rpath, f)]]
             target_flags = DEFAULT_FLAGS + (list(OPTIONAL_FLAGS) if todo else known)
             tkey = (rpath, *cmd, "\0", *target_flags)
             want_target = any("native" in f for f in target_flags) and tkey not in _targets
@@ -578,9 +583,7 @@ class Probes:
             if self._target and flags == self._target_flags:
                 r = self._result("target", None, _PROBE_TIMEOUT)
                 text = _gcc_target_text(r) if r is not None else ""
-                _targets.setdefault(
-                    self._target, text or _clang_target(tc, flags) or _cpu_features()
-                )
+                _targets.setdefault(self._target, _target_from(text, tc, flags))
         except OSError:
             pass  # recorded no more: the serial path probes for itself
         finally:
@@ -595,10 +598,3 @@ class Probes:
             if self._dir:
                 shutil.rmtree(self._dir, ignore_errors=True)
                 self._dir = ""
-
-
-def start_probes(cc: str | None = None, flags: bool = True) -> Callable[..., None]:
-    """:class:`Probes` started: its ``finish``."""
-    probes = Probes()
-    probes.start(cc, flags)
-    return probes.finish
