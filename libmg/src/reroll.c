@@ -2,7 +2,9 @@
  *
  * 1. Statements. A left-leaning chain of additions whose inner nodes have one use,
  *    `((b + w0*x0) + w1*x1) + ...`, becomes one reduction `b + sum_r term_r` (a single-use
- *    product is absorbed into its term); libmg's DOT and SUM nodes are reductions already. A
+ *    product is absorbed into its term; the values it adds as they are are of one op, so a tree
+ *    of additions folds level by level); libmg's DOT and SUM nodes are reductions already (a
+ *    SUM absorbs its single-use products too). A
  *    chain of max over per-sample values, `a.max(b).max(c).max(d)`, becomes a max over its
  *    elements (MGK_T_MAXR: a max-pool's window, one nest and one gradient nest), of their
  *    ReLUs' operands when each element is a ReLU it alone reads (the nest's `pre`); its
@@ -232,8 +234,9 @@ static int term_shape_of(const rr *R, uint32_t rgt) {
     return MGK_T_MUL | a << 4 | b << 8;
 }
 
-/* Runs of one operand-class pattern in a DOT or SUM node: more than MAXSEG and the node stays a
- * variadic op (a loop over it would read through a table mixing shared and per-sample slots). */
+/* Runs of one operand-class pattern in a DOT or SUM node (a SUM's terms: term_shape_of): more
+ * than MAXSEG and the node stays a variadic op (a loop over it would read through a table mixing
+ * shared and per-sample slots). */
 static size_t class_runs(const rr *R, uint32_t k) {
     const mg_fz *f = R->f;
     const uint32_t *o = f->opnd + f->off[k];
@@ -251,7 +254,7 @@ static size_t class_runs(const rr *R, uint32_t k) {
         }
     } else {
         for (uint32_t i = 0; i < no; i++) {
-            int shape = cls_of(R, o[i]);
+            int shape = term_shape_of(R, o[i]);
             runs += shape != prev;
             prev = shape;
         }
@@ -269,13 +272,22 @@ static int make_statements(rr *R, int scalar) {
         const uint32_t *o = f->opnd + f->off[k];
         uint32_t no = f->off[k + 1] - f->off[k];
         if (!scalar && op == MG_OP_ADD) {
-            /* the chain: the left spine while its nodes are additions used once */
+            /* the chain: the left spine while its nodes are additions used once, and while the
+             * values it adds as they are (not products it absorbs) are of one op: in a tree of
+             * additions, `(a + b) + (c + d)` (a 2x2 average pool summed pairwise), the walk
+             * stops at a + b, which becomes the init, so each level of the tree is a group of
+             * its own. (A run of terms of two ops reads statements of two groups, whose slots
+             * no stride joins: every pool window was a nest of its own, 6x slower.) */
             size_t nt = 0, nmul = 0, runs = 0;
-            int prev = -1;
+            int prev = -1, op1 = -1;
             uint32_t cur = k;
             while (f->op[cur] == MG_OP_ADD &&
                    (cur == k || (f->uses[cur] == 1 && !R->absorbed[cur]))) {
                 uint32_t rgt = f->opnd[f->off[cur] + 1];
+                if (!(f->op[rgt] == MG_OP_MUL && f->uses[rgt] == 1)) {
+                    if (op1 < 0) op1 = f->op[rgt];
+                    else if (f->op[rgt] != op1) break; /* the rest is this one's init */
+                }
                 int shape = term_shape_of(R, rgt);
                 if (shape != prev) {
                     if (runs == MAXRUNS)
@@ -390,10 +402,18 @@ static int make_statements(rr *R, int scalar) {
                     if (!add_term(R, MGK_T_MUL, o[i], o[m + i])) return 0;
                 s = &R->st[R->stmt_of[k]];
                 s->nt = m;
-            } else {
+            } else { /* a product it alone reads is a term, as in a chain of additions */
                 s->mode = MGK_SUM0;
-                for (uint32_t i = 0; i < no; i++)
-                    if (!add_term(R, MGK_T_ONE, o[i], UINT32_MAX)) return 0;
+                for (uint32_t i = 0; i < no; i++) {
+                    const uint32_t e = o[i];
+                    if (f->op[e] == MG_OP_MUL && f->uses[e] == 1 && !R->absorbed[e]) {
+                        R->absorbed[e] = 1;
+                        if (!add_term(R, MGK_T_MUL, f->opnd[f->off[e]], f->opnd[f->off[e] + 1]))
+                            return 0;
+                    } else if (!add_term(R, MGK_T_ONE, e, UINT32_MAX)) {
+                        return 0;
+                    }
+                }
                 s = &R->st[R->stmt_of[k]];
                 s->nt = no;
             }

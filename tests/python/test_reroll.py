@@ -3669,6 +3669,55 @@ def test_max_trees_keep_their_shape_without_index_tables(form):
     assert_tape_bits(compile_case(case, backend="c"), compile_case(case), case, form, (1, 4), 2)
 
 
+def pairwise_pool_case(seed: int = 0) -> Case:
+    """2x2 windows, stride 2, over a 6x8 map of relu(x*w), each window's mean written as a tree
+    of additions, `((a + b) + (c + d)) * 0.25`."""
+    r = np.random.default_rng(seed)
+    H, W = 6, 8
+    X = r.uniform(-1, 1, size=(6, H * W))
+    x = [Value(float(q)) for q in X[0]]
+    w = [Value(float(q)) for q in r.uniform(-1, 1, size=H * W)]
+    h = [(xi * wi).relu() for xi, wi in zip(x, w)]
+    feats = [
+        ((h[i * W + j] + h[i * W + j + 1]) + (h[(i + 1) * W + j] + h[(i + 1) * W + j + 1])) * 0.25
+        for i in range(0, H, 2)
+        for j in range(0, W, 2)
+    ]
+    return dense3_case(r, X, x, feats, w)
+
+
+def vsum_dense_case(seed: int = 0) -> Case:
+    """A hidden layer of 8 tanh units over 20 inputs, each unit `mc.vsum([w * x ...]) + b`."""
+    r = np.random.default_rng(seed)
+    X = r.uniform(-1, 1, size=(6, 20))
+    x = [Value(float(q)) for q in X[0]]
+    W = [[Value(float(q)) for q in r.uniform(-0.5, 0.5, size=20)] for _ in range(8)]
+    b = [Value(float(q)) for q in r.uniform(-0.5, 0.5, size=8)]
+    feats = [(mc.vsum([wi * xi for wi, xi in zip(row, x)]) + bj).tanh() for row, bj in zip(W, b)]
+    return dense3_case(r, X, x, feats, [q for row in W for q in row] + b)
+
+
+@needs_cc
+@pytest.mark.parametrize("name", ["pairwise pool", "vsum of products"])
+def test_sums_written_as_trees_or_vsums_are_loops(name):
+    """A tree of additions, `(a + b) + (c + d)`, folds level by level: a chain stops where the
+    values it adds change op, so a + b is the init of the top (which had read a, b and the sum
+    of c and d as one run of terms that no stride joins: a nest per window, a 4-channel CNN's
+    average pool 6x slower). `mc.vsum` over products its alone reads absorbs them as terms, as
+    a chain of additions does (each product was stored per sample and the weights read unpacked:
+    an MLP 7x slower). Nothing reads through a table, no nest is a single point, and every
+    program agrees with eager (check_case)."""
+    case = pairwise_pool_case() if name == "pairwise pool" else vsum_dense_case()
+    check_case(case, with_c=True)
+    listing = compile_case(case).describe()
+    assert "@table" not in listing, listing
+    assert not re.search(r"nest \d+: \( \|", listing), listing  # no nest of one point
+    if name == "vsum of products":
+        assert " = mul " not in listing, listing  # the products are the sum's terms
+        assert re.search(r"[1-9]\d* parameters packed", listing), listing
+    assert_tape_bits(compile_case(case, backend="c"), compile_case(case), case, name, (1, 4), 2)
+
+
 def recurrent_windows_case(seed: int = 0, steps: int = 6, skip: bool = False) -> Case:
     """An Elman-like cell over `steps` rows of 12 inputs whose step reads its row through max
     windows: c_j = x_tj * w_j + h_(t-1),(j mod 3) * g_j, three windows of 4 ReLUs of them, and

@@ -82,7 +82,8 @@ def test_l2_term_is_computed_once_per_batch_and_trains_as_the_definition(batch):
     progs = {be: l2_mlp(be)[1] for be in BACKENDS}
     for be, prog in progs.items():
         rng = shared_range(prog)
-        assert rng is not None and rng[1] - rng[0] >= 2, prog.describe()[:400]
+        # the L2's sum (its squares are the sum's terms, not values of their own)
+        assert rng is not None and rng[1] - rng[0] >= 1, prog.describe()[:400]
         assert once_per_batch(prog)
         p0 = prog.parameters.copy()
         for threads in (1, 2, 3):
@@ -145,7 +146,7 @@ def test_values_an_output_reads_stay_per_sample():
     loss = (out - y[0]) ** 2 + 1e-2 * F.vsum([p * p for p in params])
     prog = mc.compile(loss, inputs=x, targets=y, params=params, outputs=[out], backend="tape")
     rng = shared_range(prog)
-    assert rng is not None and rng[1] - rng[0] < 4 + 2  # the L2's squares and sum, not exp(s)
+    assert rng is not None and rng[1] - rng[0] < 4 + 2  # the L2's sum (and terms), not exp(s)
     X = np.random.default_rng(1).uniform(-1, 1, size=(20, 3))
     Y = X.sum(axis=1, keepdims=True)
     p0 = prog.parameters.copy()
