@@ -420,6 +420,52 @@ def test_layouts_benchmark_prints_a_row_per_family():
 
 
 @needs_cc
+def test_formulations_benchmark_finds_no_table_and_no_single_point_nest():
+    """benchmarks/formulations.py compiles each group's formulations and prints a row each: the
+    pools written as balanced or right-leaning trees, summed pairwise or with vsum, and a
+    convolution's outputs as vsums of products read no index table and run no one-point nest
+    (each was a cliff: a nest per window, or products stored per sample), and the first epoch's
+    loss of a formulation of the same model agrees with the canonical one's (the max pools; the
+    vsum, whose sum starts from 0 and adds the bias last: to rounding); an unknown group is a
+    usage error."""
+    import re
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    script = os.path.join(root, "benchmarks", "formulations.py")
+    r = subprocess.run(
+        [sys.executable, script, "--groups", "maxpool,avgpool,conv", "--samples", "6"]
+        + ["--repeat", "1"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert r.returncode == 0, r.stderr[-4000:]
+    assert "CPU: " in r.stdout, r.stdout
+    rows = re.findall(
+        r"^\| ([^|]+) \| [\d.]+ s \| \d+ KB \| (\d+) \| (\d+) \|(?: [\d,]+ \|){2}"
+        r"(?: [\d.]+x \|){2} ([\d.]+) \|$",
+        r.stdout,
+        re.M,
+    )
+    assert len(rows) == 8, r.stdout
+    assert all(tables == "0" and points == "0" for _, tables, points, _ in rows), r.stdout
+    loss = {label: float(v) for label, _, _, v in rows}
+    same = [
+        ("a.max(b).max(c.max(d))", "a.max(b).max(c).max(d)"),
+        ("a.max(b.max(c.max(d)))", "a.max(b).max(c).max(d)"),
+        ("mc.vsum([w * x ...]) + b", "sum(gen, b)"),
+    ]
+    for a, b in same:  # the same model (its sums in another order: to rounding)
+        assert abs(loss[a] - loss[b]) <= 1e-9 * abs(loss[b]), r.stdout
+    bad = subprocess.run(
+        [sys.executable, script, "--groups", "nope"], capture_output=True, text=True, timeout=60
+    )
+    assert bad.returncode == 2 and "unknown group(s) nope" in bad.stderr, bad.stderr
+
+
+@needs_cc
 def test_compile_costs_fits_every_nest_function_and_reports_the_split():
     """benchmarks/compile_costs.py, which kernel_cost's weights come from, runs on the MLP: a
     line per nest function (all of them, each in one of the two parts) and the parts' loads."""
