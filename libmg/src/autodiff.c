@@ -172,6 +172,10 @@ static mgk_i64 window_classes(const mgk_nest *G, mgk_i64 *m) {
         m[d] = 1;
         if (G->n[d] > 1) dims[nd++] = d;
     }
+    /* an element named at two points of one class (a window naming it twice, the pool's repeated
+     * edge; mg_ref__injective passes over dims the ref does not move along) stays an alias */
+    for (int d = 0; d < MGK_MAXD; d++)
+        if (G->n[d] > 1 && G->out.s[d] == 0) return 0;
     mgk_i64 best = 0, c[MGK_MAXO] = {1, 1, 1, 1};
     for (int code = 0; code < 1 << (2 * nd); code++) { /* m = 1..4 along each moving dim */
         mgk_i64 classes = 1;

@@ -353,6 +353,27 @@ MGK_HOT mgk_real mgk_term(const int term, const int op, const double k, const mg
      ((N)->x[0].s[7] == 0 || (N)->x[0].s[7] == 1) &&                                               \
      ((term) == MGK_T_ONE || (N)->x[1].s[7] == 0 || (N)->x[1].s[7] == 1))
 
+/* gcc 12.2's loop vectorizer miscompiles a loop over samples around a sum of two terms whose
+ * operands step backwards (-1) along the reduction: it adds three products per sample, not two
+ * (a recurrent model's weight gradient hoisted after a reversed loop of two steps, at batch sizes
+ * of 3 and more: `for (s...) for (r = 0; r < 2; r++) a += g[40 - r + s*ss] * h[30 - r + s*ss]`
+ * gives wrong sums at -O2; clang, -O1 and -fno-tree-loop-vectorize give the right ones). Where a
+ * term operand steps backwards along a reduction dim (constant in generated code: no other nest
+ * pays), an empty asm that takes the sum through memory each sample keeps that loop scalar.
+ * test_reroll.py's test_a_reversed_two_step_gradient_sums_the_samples_of_a_batch holds it. */
+#define MGK_REVERSED_R(N)                                                                          \
+    ((N)->x[0].s[4] < 0 || (N)->x[0].s[5] < 0 || (N)->x[0].s[6] < 0 || (N)->x[0].s[7] < 0 ||       \
+     (N)->x[1].s[4] < 0 || (N)->x[1].s[5] < 0 || (N)->x[1].s[6] < 0 || (N)->x[1].s[7] < 0 ||       \
+     (N)->x[2].s[7] < 0 || (N)->x[3].s[7] < 0)
+#if defined(__GNUC__) && !defined(__clang__)
+#define MGK_REVERSED_FENCE(N, v)                                                                   \
+    do {                                                                                           \
+        if (MGK_REVERSED_R(N)) __asm__("" : "+m"(v));                                              \
+    } while (0)
+#else
+#define MGK_REVERSED_FENCE(N, v) ((void)0)
+#endif
+
 /* One output point, scalar (also what is neither blocked nor tiled): positions at the outer point
  * are po (out), pi (init), p0..p3 (term operands). `step`: the run applies SGD (MGK_F_STEP).
  * `nbr`: samples to sum over (a shared output, a parameter's gradient, in a batch), outermost. */
@@ -515,6 +536,7 @@ MGK_HOT void mgk_point1(const mgk_nest *N, const mgk_run *R, const int term, con
                                 for (r7 = 0; r7 < n[7]; r7++) part[r7 % MGK_LANES] += MGK_TERM7(r7);
                             } else {
                                 for (r7 = 0; r7 < n[7]; r7++) acc += MGK_TERM7(r7);
+                                MGK_REVERSED_FENCE(N, acc);
                             }
 #undef MGK_TERM7
                         }

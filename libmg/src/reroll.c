@@ -272,25 +272,29 @@ static int make_statements(rr *R, int scalar) {
         const uint32_t *o = f->opnd + f->off[k];
         uint32_t no = f->off[k + 1] - f->off[k];
         if (!scalar && op == MG_OP_ADD) {
-            /* the chain: the left spine while its nodes are additions used once, and while the
-             * values it adds as they are (not products it absorbs) are of one op, and additions
-             * among them of one tree depth (R->level, see mg_reroll): in a tree of additions,
-             * `(a + b) + (c + d)` (a 2x2 average pool summed pairwise, a neuron's products
-             * summed pairwise), the walk stops at a + b, which becomes the init, so each level
-             * of the tree is a group of its own. (A run of terms of two ops or depths reads
-             * statements of two groups, whose slots no stride joins: every pool window was a
-             * nest of its own, 6x slower, and the pairwise MLP 55,041 statements, 250x.) */
+            /* the chain: the left spine while its nodes are additions used once. Where the first
+             * computed value it adds as it is (not a product it absorbs, not a leaf: a bias) is
+             * itself an addition, the walk also stops at the first such value of another op or
+             * tree depth (R->level, see
+             * mg_reroll): in a tree of additions, `(a + b) + (c + d)` (a 2x2 average pool summed
+             * pairwise, a neuron's products summed pairwise), it stops at a + b, which becomes
+             * the init, so each level of the tree is a group of its own. (Terms of two ops or
+             * depths are statements of two groups, whose slots no stride joins: every pool window
+             * was a nest of its own, 6x slower, and the pairwise MLP 55,041 statements, 250x.)
+             * Other chains of values of several ops (x.tanh() + y.relu() + ...) keep their runs
+             * of terms, each fitted on its own (make_segments). */
             size_t nt = 0, nmul = 0, runs = 0;
             int prev = -1, op1 = -1;
             uint32_t cur = k, depth1 = 0;
             while (f->op[cur] == MG_OP_ADD &&
                    (cur == k || (f->uses[cur] == 1 && !R->absorbed[cur]))) {
                 uint32_t rgt = f->opnd[f->off[cur] + 1];
-                if (!(f->op[rgt] == MG_OP_MUL && f->uses[rgt] == 1)) {
+                if (!(f->op[rgt] == MG_OP_MUL && f->uses[rgt] == 1) &&
+                    cls_of(R, rgt) == MG_C_VALUE) {
                     if (op1 < 0) {
                         op1 = f->op[rgt];
                         depth1 = R->level[rgt];
-                    } else if (f->op[rgt] != op1 || R->level[rgt] != depth1) {
+                    } else if (op1 == MG_OP_ADD && (f->op[rgt] != op1 || R->level[rgt] != depth1)) {
                         break; /* the rest is this one's init */
                     }
                 }
