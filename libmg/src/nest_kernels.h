@@ -361,10 +361,10 @@ MGK_HOT mgk_real mgk_term(const int term, const int op, const double k, const mg
  * term operand steps backwards along a reduction dim (constant in generated code: no other nest
  * pays), an empty asm that takes the sum through memory each sample keeps that loop scalar.
  * test_reroll.py's test_a_reversed_two_step_gradient_sums_the_samples_of_a_batch holds it. */
+#define MGK_REVERSED_X(X) ((X).s[4] < 0 || (X).s[5] < 0 || (X).s[6] < 0 || (X).s[7] < 0)
 #define MGK_REVERSED_R(N)                                                                          \
-    ((N)->x[0].s[4] < 0 || (N)->x[0].s[5] < 0 || (N)->x[0].s[6] < 0 || (N)->x[0].s[7] < 0 ||       \
-     (N)->x[1].s[4] < 0 || (N)->x[1].s[5] < 0 || (N)->x[1].s[6] < 0 || (N)->x[1].s[7] < 0 ||       \
-     (N)->x[2].s[7] < 0 || (N)->x[3].s[7] < 0)
+    (MGK_REVERSED_X((N)->x[0]) || MGK_REVERSED_X((N)->x[1]) || MGK_REVERSED_X((N)->x[2]) ||        \
+     MGK_REVERSED_X((N)->x[3]))
 #if defined(__GNUC__) && !defined(__clang__)
 #define MGK_REVERSED_FENCE(N, v)                                                                   \
     do {                                                                                           \

@@ -2,9 +2,9 @@
  *
  * 1. Statements. A left-leaning chain of additions whose inner nodes have one use,
  *    `((b + w0*x0) + w1*x1) + ...`, becomes one reduction `b + sum_r term_r` (a single-use
- *    product is absorbed into its term; the values it adds as they are are of one op, so a tree
- *    of additions folds level by level); libmg's DOT and SUM nodes are reductions already (a
- *    SUM absorbs its single-use products too). A
+ *    product is absorbed into its term; where the values it adds are additions, they are of one
+ *    tree depth, so a tree of additions folds level by level); libmg's DOT and SUM nodes are
+ *    reductions already (a SUM absorbs its single-use products too). A
  *    chain of max over per-sample values, `a.max(b).max(c).max(d)`, becomes a max over its
  *    elements (MGK_T_MAXR: a max-pool's window, one nest and one gradient nest), of their
  *    ReLUs' operands when each element is a ReLU it alone reads (the nest's `pre`); its
@@ -275,14 +275,13 @@ static int make_statements(rr *R, int scalar) {
             /* the chain: the left spine while its nodes are additions used once. Where the first
              * computed value it adds as it is (not a product it absorbs, not a leaf: a bias) is
              * itself an addition, the walk also stops at the first such value of another op or
-             * tree depth (R->level, see
-             * mg_reroll): in a tree of additions, `(a + b) + (c + d)` (a 2x2 average pool summed
-             * pairwise, a neuron's products summed pairwise), it stops at a + b, which becomes
-             * the init, so each level of the tree is a group of its own. (Terms of two ops or
-             * depths are statements of two groups, whose slots no stride joins: every pool window
-             * was a nest of its own, 6x slower, and the pairwise MLP 55,041 statements, 250x.)
-             * Other chains of values of several ops (x.tanh() + y.relu() + ...) keep their runs
-             * of terms, each fitted on its own (make_segments). */
+             * tree depth (R->level, see mg_reroll): in a tree of additions, `(a + b) + (c + d)`
+             * (a 2x2 average pool summed pairwise, a neuron's products summed pairwise), it stops
+             * at a + b, which becomes the init, so each level of the tree is a group of its own.
+             * (Terms of two ops or depths are statements of two groups, whose slots no stride
+             * joins: every pool window was a nest of its own, 6x slower, and the pairwise MLP
+             * 55,041 statements, 250x.) Other chains of values of several ops (x.tanh() +
+             * y.relu() + ...) keep their runs of terms, each fitted on its own (make_segments). */
             size_t nt = 0, nmul = 0, runs = 0;
             int prev = -1, op1 = -1;
             uint32_t cur = k, depth1 = 0;

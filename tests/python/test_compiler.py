@@ -359,6 +359,15 @@ def test_generated_code_built_in_any_number_of_parts(nparts, monkeypatch):
     assert np.array_equal(prog.parameters, tape.parameters)
 
 
+def run_benchmark(name: str, *args: str, timeout: int = 600) -> subprocess.CompletedProcess[str]:
+    """benchmarks/`name` run in a child Python with `args`, its output captured as text."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    script = os.path.join(root, "benchmarks", name)
+    return subprocess.run(
+        [sys.executable, script, *args], capture_output=True, text=True, timeout=timeout
+    )
+
+
 @needs_cc
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
 def test_threads_benchmark_compares_two_threads_with_two_processes(tmp_path):
@@ -366,16 +375,9 @@ def test_threads_benchmark_compares_two_threads_with_two_processes(tmp_path):
     round by round, and prints each row's images/s and its ratio to one thread (1.00x for one
     thread itself); the processes' fits run from the same parameters as this process's."""
     import re
-    import subprocess
-    import sys
 
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    r = subprocess.run(
-        [sys.executable, os.path.join(root, "benchmarks", "threads.py")]
-        + ["--samples", "256", "--repeat", "2", "--data-dir", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=600,
+    r = run_benchmark(
+        "threads.py", "--samples", "256", "--repeat", "2", "--data-dir", str(tmp_path)
     )
     assert r.returncode == 0, r.stderr[-4000:]
     assert "CPU: " in r.stdout and "256 images (random images)" in r.stdout, r.stdout
@@ -392,17 +394,9 @@ def test_layouts_benchmark_prints_a_row_per_family():
     compile time and four figures; the permuted-pixel MLP is the MLP's 3 + 6 nests (no table),
     the bidirectional and the stacked RNN roll into a few; an unknown family is a usage error."""
     import re
-    import subprocess
-    import sys
 
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    script = os.path.join(root, "benchmarks", "layouts.py")
-    r = subprocess.run(
-        [sys.executable, script, "--families", "perm_mlp,birnn,stacked", "--samples", "8"]
-        + ["--repeat", "1"],
-        capture_output=True,
-        text=True,
-        timeout=600,
+    r = run_benchmark(
+        "layouts.py", "--families", "perm_mlp,birnn,stacked", "--samples", "8", "--repeat", "1"
     )
     assert r.returncode == 0, r.stderr[-4000:]
     assert "CPU: " in r.stdout, r.stdout
@@ -413,9 +407,7 @@ def test_layouts_benchmark_prints_a_row_per_family():
     assert rows["perm_mlp"] == "3+6", r.stdout
     assert sum(map(int, rows["birnn"].split("+"))) <= 40, r.stdout
     assert sum(map(int, rows["stacked"].split("+"))) <= 70, r.stdout
-    bad = subprocess.run(
-        [sys.executable, script, "--families", "nope"], capture_output=True, text=True, timeout=60
-    )
+    bad = run_benchmark("layouts.py", "--families", "nope", timeout=60)
     assert bad.returncode == 2 and "unknown families ['nope']" in bad.stderr, bad.stderr
 
 
@@ -429,17 +421,9 @@ def test_formulations_benchmark_finds_no_table_and_no_single_point_nest():
     vsum, whose sum starts from 0 and adds the bias last: to rounding); an unknown group is a
     usage error."""
     import re
-    import subprocess
-    import sys
 
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    script = os.path.join(root, "benchmarks", "formulations.py")
-    r = subprocess.run(
-        [sys.executable, script, "--groups", "maxpool,avgpool,conv", "--samples", "6"]
-        + ["--repeat", "1"],
-        capture_output=True,
-        text=True,
-        timeout=600,
+    r = run_benchmark(
+        "formulations.py", "--groups", "maxpool,avgpool,conv", "--samples", "6", "--repeat", "1"
     )
     assert r.returncode == 0, r.stderr[-4000:]
     assert "CPU: " in r.stdout, r.stdout
@@ -459,9 +443,7 @@ def test_formulations_benchmark_finds_no_table_and_no_single_point_nest():
     ]
     for a, b in same:  # the same model (its sums in another order: to rounding)
         assert abs(loss[a] - loss[b]) <= 1e-9 * abs(loss[b]), r.stdout
-    bad = subprocess.run(
-        [sys.executable, script, "--groups", "nope"], capture_output=True, text=True, timeout=60
-    )
+    bad = run_benchmark("formulations.py", "--groups", "nope", timeout=60)
     assert bad.returncode == 2 and "unknown group(s) nope" in bad.stderr, bad.stderr
 
 
@@ -470,17 +452,8 @@ def test_compile_costs_fits_every_nest_function_and_reports_the_split():
     """benchmarks/compile_costs.py, which kernel_cost's weights come from, runs on the MLP: a
     line per nest function (all of them, each in one of the two parts) and the parts' loads."""
     import re
-    import subprocess
-    import sys
 
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    r = subprocess.run(
-        [sys.executable, os.path.join(root, "benchmarks", "compile_costs.py")]
-        + ["--families", "mlp", "--rounds", "1"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    r = run_benchmark("compile_costs.py", "--families", "mlp", "--rounds", "1")
     assert r.returncode == 0, r.stderr[-4000:]
     assert "mlp: 9 nest functions" in r.stdout, r.stdout
     rows = re.findall(

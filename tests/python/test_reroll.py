@@ -3444,16 +3444,24 @@ def tied_windows_case(seed: int = 0, repeat_edge: bool = False, relu: bool = Fal
     return dense3_case(r, X, x, feats, w)
 
 
+def product_map(
+    r: np.random.Generator, n: int, act: str
+) -> tuple[np.ndarray, list[Value], list[Value], list[Value]]:
+    """6 rows of n inputs and n weights drawn uniform in [-1, 1) from `r` (in that order), and
+    the map act(x * w): (X, x, w, h)."""
+    X = r.uniform(-1, 1, size=(6, n))
+    x = [Value(float(q)) for q in X[0]]
+    w = [Value(float(q)) for q in r.uniform(-1, 1, size=n)]
+    return X, x, w, [getattr(xi * wi, act)() for xi, wi in zip(x, w)]
+
+
 def wide_windows_case(seed: int = 0, skip: bool = False) -> Case:
     """2x2 windows, stride 2, over a 4x26 map of tanh(x*w): rows of 13 windows, a whole vector
     block and a last one of 5 (computed as a whole block ending at the row's end where the
     gradient stores; with `skip`, a sum over the map also reads it: the windows' gradient adds)."""
     r = np.random.default_rng(seed)
     H, W = 4, 26
-    X = r.uniform(-1, 1, size=(6, H * W))
-    x = [Value(float(q)) for q in X[0]]
-    w = [Value(float(q)) for q in r.uniform(-1, 1, size=H * W)]
-    h = [(xi * wi).tanh() for xi, wi in zip(x, w)]
+    X, x, w, h = product_map(r, H * W, "tanh")
     feats = [
         h[i * W + j].max(h[i * W + j + 1]).max(h[(i + 1) * W + j]).max(h[(i + 1) * W + j + 1])
         for i in range(0, H, 2)
@@ -3787,10 +3795,7 @@ def pairwise_pool_case(seed: int = 0) -> Case:
     of additions, `((a + b) + (c + d)) * 0.25`."""
     r = np.random.default_rng(seed)
     H, W = 6, 8
-    X = r.uniform(-1, 1, size=(6, H * W))
-    x = [Value(float(q)) for q in X[0]]
-    w = [Value(float(q)) for q in r.uniform(-1, 1, size=H * W)]
-    h = [(xi * wi).relu() for xi, wi in zip(x, w)]
+    X, x, w, h = product_map(r, H * W, "relu")
     feats = [
         ((h[i * W + j] + h[i * W + j + 1]) + (h[(i + 1) * W + j] + h[(i + 1) * W + j + 1])) * 0.25
         for i in range(0, H, 2)
