@@ -2016,6 +2016,38 @@ def test_a_value_computed_again_is_computed_once():
     assert info["statements"] < scalar["statements"] - 2 * 24, (info, scalar)
 
 
+def test_merged_copies_sum_their_gradients_before_the_chain_rule():
+    """What merging a value written twice changes (docs/ARCHITECTURE.md, freeze.c's cse): the
+    copies' gradients add up before they are multiplied through, where eager and the scalar
+    program carry each copy's on. Where the distributive law fails (an infinite operand,
+    gradients that overflow) eager's NaN becomes a number: `a = x*q; b = x*q` with `a + b**2` at
+    x = inf gives eager q.grad = inf + -inf = NaN, the merged program inf * (1 + 2b) = -inf; with
+    `a*1e300 - b*1e300` at x = 1e10, NaN against 0. The scalar program keeps both copies and
+    eager's NaN, through backward and fit (found by the hostile review of 2026-11-29)."""
+
+    def build(xv: float, qv: float, form: int) -> tuple[list[Value], Value, Value]:
+        x, q = [Value(xv)], Value(qv)
+        a, b = x[0] * q, x[0] * q
+        return x, q, a + b**2 if form == 0 else a * 1e300 - b * 1e300
+
+    for xv, qv, form, merged in ((math.inf, -0.7, 0, -math.inf), (1e10, 0.5, 1, 0.0)):
+        x, q, loss = build(xv, qv, form)
+        loss.backward()
+        assert math.isnan(q.grad)
+        for raise_loops in (False, True):
+            x, q, loss = build(xv, qv, form)
+            prog = mc.compile(loss, inputs=x, params=[q], raise_loops=raise_loops)
+            prog.forward(np.array([xv]))
+            prog.backward()
+            g = float(prog.grad[0])
+            assert math.isnan(g) if not raise_loops else g == merged, (raise_loops, g)
+            if form == 1:  # and through a step of SGD
+                prog.parameters[:] = [qv]
+                prog.fit(np.array([[xv]]), epochs=1, lr=0.1, batch_size=1, shuffle=False)
+                w = float(prog.parameters[0])
+                assert math.isnan(w) if not raise_loops else w == qv, (raise_loops, w)
+
+
 def unit_strides(describe: str) -> list[str]:
     """The refs of per-sample values (and their gradients) in a program's listing that move along
     a nest's vector dim (i3) by more than one slot."""

@@ -140,13 +140,17 @@ def test_program_arguments_are_one_line_errors(backend, call, exc, words):
         (dict(timeout=math.nan), ValueError, "timeout must be a positive number"),
         (dict(timeout="1"), TypeError, "timeout must be a number"),
         (dict(backend="gpu"), ValueError, "backend must be 'auto', 'tape' or 'c'"),
+        (dict(targets=None), TypeError, "targets must be a sequence of Values (an empty list"),
+        (dict(outputs=mc.Value(1.0)), TypeError, "outputs must be a sequence of Values"),
+        (dict(params=3), TypeError, "params must be a sequence of Values"),
     ],
 )
 def test_compile_arguments_are_one_line_errors(kw, exc, words):
     x = mc.inputs(1)
     w = mc.Value(0.5)
+    kw = {"params": [w], **kw}
     with pytest.raises(exc) as e:
-        mc.compile((w * x[0] - 1.0) ** 2, x, params=[w], **kw)
+        mc.compile((w * x[0] - 1.0) ** 2, x, **kw)
     assert words in str(e.value) and "\n" not in str(e.value)
 
 

@@ -59,6 +59,22 @@ def _real(name: str, value: Any) -> float:
     return float(value)
 
 
+def _values(name: str, value: Any) -> list[Any]:
+    """A sequence argument of Values (``inputs``, ``targets``, ``params``, ``outputs``) as a list,
+    or a one-line ``TypeError`` naming it: None, a lone Value or a number is not a sequence."""
+    if value is None or isinstance(value, (Value, str, bytes, numbers.Number)):
+        raise TypeError(
+            f"{name} must be a sequence of Values (an empty list for none), "
+            f"not {type(value).__name__}"
+        )
+    try:
+        return list(value)
+    except TypeError:
+        raise TypeError(
+            f"{name} must be a sequence of Values, not {type(value).__name__}"
+        ) from None
+
+
 def inputs(n: int, value: float = 0.0) -> list[Value]:
     """Return ``n`` placeholder Values (leaves) to build a graph over, for :func:`compile`."""
     if n < 0:
@@ -273,14 +289,21 @@ def compile(
         raise TypeError(f"cache must be a directory path, not {type(cache).__name__}")
     if float32 and backend != "c":
         raise ValueError("float32 storage is a property of compiled code: use backend='c'")
+    seqs = [
+        _values(name, value)
+        for name, value in (
+            ("inputs", inputs),
+            ("targets", targets),
+            ("params", params),
+            ("outputs", outputs),
+        )
+    ]
     probes = Probes()  # the compiler's, run while the graph freezes
     try:
         if backend != "tape":
             probes.start(cc, flags is None)
         t0 = time.perf_counter()
-        tape = _core.Tape(
-            loss, list(inputs), list(targets), list(params), list(outputs), raise_loops
-        )
+        tape = _core.Tape(loss, seqs[0], seqs[1], seqs[2], seqs[3], raise_loops)
         freeze_s = time.perf_counter() - t0
     except BaseException:
         probes.finish(cancel=True)
