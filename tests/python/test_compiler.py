@@ -66,6 +66,34 @@ def test_mlp_program_matches_eager(backend):
     assert np.array_equal(prog.parameters, [p.data for p in model.parameters()])
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("sizes", [(13, [11, 3]), (21, [9, 10, 4])])
+def test_packed_weights_follow_every_call(backend, sizes):
+    """The nests read wide layers' weights from a packed copy laid out input by input (the
+    parameters' transpose, copied 8 rows at a time: 14 or 22 rows are not a multiple of 8),
+    while ``parameters`` and ``grad`` stay in the caller's order. Every call copies them across,
+    so what is written through the view before a call is what it reads, ``grad`` is the eager
+    gradient in the caller's order, and ``step`` moves each parameter by its own gradient."""
+    model, prog = mlp_program(backend, sizes=sizes, seed=5, activation="tanh")
+    assert prog.info["packed"] > 0
+    r = np.random.default_rng(5)
+    for _ in range(3):
+        p = r.uniform(-0.5, 0.5, len(prog.parameters))
+        prog.parameters[:] = p
+        for v, pv in zip(model.parameters(), p):
+            v.data = float(pv)
+        xs, t = list(r.uniform(-1, 1, sizes[0])), int(r.integers(sizes[1][-1]))
+        prog.forward(xs, [t])
+        prog.backward()
+        loss, _, egrads = eager_loss_and_grads(model, xs, t)
+        assert close(prog.loss, loss)
+        assert all(close(a, b) for a, b in zip(prog.grad, egrads))
+        assert len({float(g) for g in egrads}) > len(egrads) // 2  # a transposed copy would show
+        prog.step(0.5)
+        assert np.allclose(prog.parameters, p - 0.5 * np.array(egrads), rtol=1e-12, atol=1e-15)
+        assert not prog.grad.any()
+
+
 OPS1 = ["relu", "tanh", "exp", "sigmoid", "square", "neg"]
 
 
