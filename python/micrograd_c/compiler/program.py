@@ -62,17 +62,15 @@ def _real(name: str, value: Any) -> float:
 def _values(name: str, value: Any) -> list[Any]:
     """A sequence argument of Values (``inputs``, ``targets``, ``params``, ``outputs``) as a list,
     or a one-line ``TypeError`` naming it: None, a lone Value or a number is not a sequence."""
+    message = (
+        f"{name} must be a sequence of Values (an empty list for none), not {type(value).__name__}"
+    )
     if value is None or isinstance(value, (Value, str, bytes, numbers.Number)):
-        raise TypeError(
-            f"{name} must be a sequence of Values (an empty list for none), "
-            f"not {type(value).__name__}"
-        )
+        raise TypeError(message)
     try:
         return list(value)
     except TypeError:
-        raise TypeError(
-            f"{name} must be a sequence of Values, not {type(value).__name__}"
-        ) from None
+        raise TypeError(message) from None
 
 
 def inputs(n: int, value: float = 0.0) -> list[Value]:
