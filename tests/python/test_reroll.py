@@ -90,9 +90,12 @@ def examples(n: int) -> settings:
 
 @pytest.fixture(scope="module", autouse=True)
 def private_cache(tmp_path_factory):
-    """Compiled libraries go to a cache of this module's own."""
+    """Compiled libraries go to a cache of this module's own, or to $MG_TEST_CACHE_DIR where
+    ./dev test sets it: one cache for its python and pyasan stages, which compile the same
+    programs (the same C, the same flags), so the second stage loads what the first built."""
+    where = os.environ.get("MG_TEST_CACHE_DIR") or str(tmp_path_factory.mktemp("reroll-cache"))
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("MICROGRAD_C_CACHE_DIR", str(tmp_path_factory.mktemp("reroll-cache")))
+        mp.setenv("MICROGRAD_C_CACHE_DIR", where)
         yield
 
 
