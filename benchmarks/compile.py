@@ -17,6 +17,10 @@ Systems (rows), each at every batch size of --batches (1, 32, 128, 256):
   micrograd_c compiled   backend="c", micrograd_c's default compiler and flags (strict FP), at 1
                          thread and, above batch 1, at each count of --threads (fit(threads=));
                          batches run through fit(batch_size=) as they are in this build;
+  micrograd_c compiled, fit per batch
+                         the same program trained by one fit() call per batch from a Python loop
+                         over the batches (a training loop over a data loader; what JAX jit step
+                         does), 1 thread: what each call costs beyond its samples;
   micrograd_c tape       the interpreter, 1 thread;
   micrograd_c float32    compile(..., float32=True) (batch 1 and 32): float32 slots on libmg's one
                          driver, fed the images as float32 (what it rounds float64 ones to anyway);
@@ -659,6 +663,24 @@ def main() -> None:
 
             return System(label, batch, threads, timed(reset, epoch), kind=kind, float32=f32)
 
+        def mg_calls(label: str, prog: Any, batch: int) -> System:
+            """The same training as mg_system's, one fit call per batch from a Python loop (what
+            a training loop over a data loader does; the JAX jit step row's counterpart)."""
+
+            def reset() -> None:
+                prog.parameters[:] = init
+
+            def epoch() -> float:
+                total = 0.0
+                for k in range(0, n, batch):
+                    rows = slice(k, k + batch)
+                    total += prog.fit(
+                        X[rows], Y[rows], lr=lr_of[batch], batch_size=batch, shuffle=False
+                    )[0] * len(X[rows])
+                return total / n
+
+            return System(label, batch, 1, timed(reset, epoch), kind="calls")
+
         info = tape.info
         compile_lines: list[str] = [
             f"freeze (tape) {freeze_s * 1e3:.1f} ms: {info['ninstr']} instructions, "
@@ -692,6 +714,8 @@ def main() -> None:
                         systems.append(
                             mg_system(f"micrograd_c compiled{tag}", prog, b, th, "compiled")
                         )
+                    if ci == 0:
+                        systems.append(mg_calls("micrograd_c compiled, fit per batch", prog, b))
             except mc.CompileError as e:
                 compile_lines.append(f"micrograd_c compile{tag}: failed: {first_line(e)}")
                 for b in batches:
@@ -1170,7 +1194,11 @@ def main() -> None:
         print(head)
         print("-" * len(head))
         for b in batches:
-            ours = [s for s in runnable if s.batch == b and s.kind in ("compiled", "tape", "f32")]
+            ours = [
+                s
+                for s in runnable
+                if s.batch == b and s.kind in ("compiled", "calls", "tape", "f32")
+            ]
             for s in ours:
                 cells = "".join(f" {fmt_ratio(ratio(s, find(k, b)), 13)}" for _, k in refs)
                 print(f"{s.name[:36]:36s} {b:5d}{cells}")

@@ -795,6 +795,14 @@ PYBIND11_MODULE(_core, m, py::mod_gil_used()) {
             },
             py::arg("X"))
         .def(
+            "trim",
+            [](Tape &tp) {
+                auto lock = lock_run(tp);
+                return mg_tape_trim(tp.t.get());
+            },
+            "Frees the working memory batched fit and predict calls keep for the next call; "
+            "returns the bytes freed.")
+        .def(
             "emit_c",
             [](Tape &tp, const std::string &prefix, bool inference_only, bool float32,
                size_t max_kernels) {

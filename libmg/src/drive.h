@@ -552,9 +552,9 @@ static int predict_rows(mg_tape *t, const double *X, size_t n, double *out) {
     const size_t ss = sample_stride(t), cap = in_flight(t), sub = n < cap ? n : cap;
     if (sub < 2) return 0; /* slots for at most the rows there are, in whole tiles */
     const size_t held = (sub + MGK_TS_MAX - 1) / MGK_TS_MAX * MGK_TS_MAX;
-    mgk_real *bd = mg_tape__alloc(t, held, ss * sizeof(mgk_real));
-    mgk_real *scratch = mg_tape__alloc(t, 2 * t->nary_max + 2, sizeof(mgk_real));
-    mgk_idx *scratch_ix = mg_tape__alloc(t, t->nary_max + 1, sizeof(mgk_idx));
+    mgk_real *bd = mg_tape__ws(t, MG_WS_BD, held, ss * sizeof(mgk_real), NULL); /* kept */
+    mgk_real *scratch = mg_tape__ws(t, MG_WS_SCR, 2 * t->nary_max + 2, sizeof(mgk_real), NULL);
+    mgk_idx *scratch_ix = mg_tape__ws(t, MG_WS_SIX, t->nary_max + 1, sizeof(mgk_idx), NULL);
     int done = bd && scratch && scratch_ix;
     if (done) {
         fill_frozen(t, bd, held, ss);
@@ -583,9 +583,6 @@ static int predict_rows(mg_tape *t, const double *X, size_t n, double *out) {
                         (double)*slot_at(t, R, 0, (mgk_idx)t->outputs[j], (mgk_i64)q);
         }
     }
-    void *bufs[] = {bd, scratch, scratch_ix};
-    for (size_t i = 0; i < 3; i++)
-        if (bufs[i]) t->alloc.free_fn(bufs[i], t->alloc.ctx);
     if (!done) { /* the call goes on a row at a time: no error */
         t->err[0] = '\0';
         t->status = MG_OK;
@@ -745,6 +742,7 @@ typedef struct fit_chunk {
 /* the most items of a phase */
 #define MG_FIT_ITEMS (MG_FIT_STEP_ITEMS + MG_FIT_DEFER_MAX)
 _Static_assert(MG_FIT_CHUNKS <= MG_FIT_ITEMS, "a phase of chunks fits the items");
+_Static_assert(MG_WS_PG - MG_WS_G == MG_FIT_CHUNKS, "mg_tape::ws holds a buffer per chunk");
 
 /* An item of the step phase that runs a nest (fit_run::defer): its rows [lo2, hi2) of dim 2
  * (hi2 = 0: every row). */
@@ -1107,16 +1105,6 @@ static int check_fit_args(mg_tape *t, const double *X, const double *Y, size_t n
     return check_targets(t, X, o->X32, Y, n, "fit");
 }
 
-static void free_chunks(mg_tape *t, fit_run *F) {
-    for (size_t c = 0; c < MG_FIT_CHUNKS;
-         c++) { /* the first chunk's bd and bg hold every chunk's */
-        void *bufs[] = {c ? NULL : F->ch[c].bd, c ? NULL : F->ch[c].bg, F->ch[c].g, F->ch[c].pg,
-                        F->ch[c].scratch,       F->ch[c].scratch_ix};
-        for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
-            if (bufs[i]) t->alloc.free_fn(bufs[i], t->alloc.ctx);
-    }
-}
-
 MG_DRV_LINK int MG_DRV(fit)(mg_tape *t, const double *X, const double *Y, size_t n,
                             const mg_fit_options *opt, double *mean_loss) {
     if (!t) return MG_EINVAL;
@@ -1208,29 +1196,37 @@ MG_DRV_LINK int MG_DRV(fit)(mg_tape *t, const double *X, const double *Y, size_t
         if (F.ndefer) F.calls -= nests;
     }
     F.fuse = threads == 1 && !t->kern_contracts && !F.ndefer;
-    /* the chunks' per-sample arrays one after the other (defer_item runs over both at once) */
-    mgk_real *bd_all = mg_tape__alloc(t, nch * held, F.ss * sizeof(mgk_real));
-    mgk_real *bg_all = bd_all ? mg_tape__alloc(t, nch * held, F.ss * sizeof(mgk_real)) : NULL;
-    if (!bg_all) {
-        if (bd_all) t->alloc.free_fn(bd_all, t->alloc.ctx);
-        st = MG_ENOMEM;
-    }
+    /* the chunks' per-sample arrays one after the other (defer_item runs over both at once);
+     * these buffers stay on the tape for the next call (mg_tape::ws), zeroed again below */
+    int fresh_bg = 0;
+    mgk_real *bd_all = mg_tape__ws(t, MG_WS_BD, nch * held, F.ss * sizeof(mgk_real), NULL);
+    mgk_real *bg_all =
+        bd_all ? mg_tape__ws(t, MG_WS_BG, nch * held, F.ss * sizeof(mgk_real), &fresh_bg) : NULL;
+    if (!bg_all) st = MG_ENOMEM;
+    else if (fresh_bg) memset(bg_all, 0, nch * held * F.ss * sizeof(mgk_real));
     for (size_t c = 0; c < nch && st == MG_OK; c++) {
         fit_chunk *ch = &F.ch[c];
+        const int i = (int)c;
+        int fresh_g = 0, fresh_pg = 0;
         ch->bd = bd_all + c * held * F.ss;
         ch->bg = bg_all + c * held * F.ss;
-        ch->g = mg_tape__alloc(t, t->input0 + MGK_PAD, sizeof(mgk_real));
-        ch->pg = mg_tape__alloc(t, t->npacked + MGK_PAD, sizeof(mgk_real));
-        ch->scratch = mg_tape__alloc(t, 2 * t->nary_max + 2, sizeof(mgk_real));
-        ch->scratch_ix = mg_tape__alloc(t, t->nary_max + 1, sizeof(mgk_idx));
+        ch->g = mg_tape__ws(t, MG_WS_G + i, t->input0 + MGK_PAD, sizeof(mgk_real), &fresh_g);
+        ch->pg = mg_tape__ws(t, MG_WS_PG + i, t->npacked + MGK_PAD, sizeof(mgk_real), &fresh_pg);
+        ch->scratch = mg_tape__ws(t, MG_WS_SCR + i, 2 * t->nary_max + 2, sizeof(mgk_real), NULL);
+        ch->scratch_ix = mg_tape__ws(t, MG_WS_SIX + i, t->nary_max + 1, sizeof(mgk_idx), NULL);
         if (!ch->bd || !ch->bg || !ch->g || !ch->pg || !ch->scratch || !ch->scratch_ix) {
             st = MG_ENOMEM;
             break;
         }
         fill_frozen(t, ch->bd, held, F.ss);
-        memset(ch->bg, 0, held * F.ss * sizeof(mgk_real));
-        memset(ch->g, 0, (t->input0 + MGK_PAD) * sizeof(mgk_real));
-        memset(ch->pg, 0, (t->npacked + MGK_PAD) * sizeof(mgk_real));
+        /* what a batch reads of these before writing it: in g and bg nothing (run_chunk zeroes
+         * the gradients that nests add into, backward its per-sample ones); in pg the packed
+         * gradients that no nest steps, which a one-thread step zeroes as it goes (step_item), so
+         * a one-thread batch leaves them zero for the next; threads zero them in run_chunk.
+         * Zeroing all three every call was 12% of a loop of fit calls of 32 MLP samples. */
+        if (fresh_g) memset(ch->g, 0, (t->input0 + MGK_PAD) * sizeof(mgk_real));
+        if (fresh_pg || (threads == 1 && !t->ws_pg_zero))
+            memset(ch->pg, 0, (t->npacked + MGK_PAD) * sizeof(mgk_real));
     }
     if (st == MG_OK) {
         pack_in(t);
@@ -1254,7 +1250,7 @@ MG_DRV_LINK int MG_DRV(fit)(mg_tape *t, const double *X, const double *Y, size_t
         total = F.total;
         pack_out(t);
     }
-    free_chunks(t, &F);
+    t->ws_pg_zero = st == MG_OK && threads == 1; /* see the zeroing above */
     t->alloc.free_fn(perm, t->alloc.ctx);
     if (st == MG_ENOMEM)
         return mg_tape__fail(t, MG_ENOMEM, "fit: out of memory for the chunks' slots");

@@ -142,6 +142,19 @@ static inline void mg_pack__next(const mg_pack *P, mgk_i64 *idx) {
     for (int q = P->nd - 1; q >= 0 && ++idx[q] == P->n[q]; q--) idx[q] = 0;
 }
 
+/* The buffers of mg_tape::ws: a batched fit's per-sample slots and gradients (every chunk's, one
+ * after the other; predict's rows use the first), and per chunk its shared-slot and packed
+ * gradients, its variadic ops' scratch and operand lists (drive.h asserts two chunks). */
+enum {
+    MG_WS_BD,
+    MG_WS_BG,
+    MG_WS_G,                  /* + chunk */
+    MG_WS_PG = MG_WS_G + 2,   /* + chunk */
+    MG_WS_SCR = MG_WS_PG + 2, /* + chunk */
+    MG_WS_SIX = MG_WS_SCR + 2,
+    MG_WS_N = MG_WS_SIX + 2
+};
+
 struct mg_tape {
     mg_allocator alloc;
     int status;
@@ -208,6 +221,13 @@ struct mg_tape {
     float *data32, *grad32, *pw32, *pg32;
     uint64_t fingerprint;
     size_t nodes;
+    /* working memory of batched fits and predicts (drive.h: MG_WS_*), kept from one call to the
+     * next (a training loop that calls fit once per batch allocated and faulted in its chunks'
+     * arrays every call), until mg_tape_trim() or mg_tape_free(); bytes of each buffer */
+    void *ws[MG_WS_N];
+    size_t ws_bytes[MG_WS_N];
+    int ws_pg_zero; /* the last batched fit ran on one thread: it left the chunks' pg zero where
+                       the next one reads before writing (drive.h) */
 };
 
 /* ---- stage entry points (internal) ------------------------------------------------------------
@@ -221,6 +241,11 @@ int mg_tape__fail(mg_tape *t, int status, const char *fmt, ...)
     ;
 
 void *mg_tape__alloc(mg_tape *t, size_t count, size_t size); /* NULL on overflow or ENOMEM */
+/* Working buffer `which` (MG_WS_*) of at least count * size bytes, kept on the tape: its previous
+ * one where that is large enough (its contents are whatever the last call left), else a new one
+ * (the old freed; uninitialised), and then *fresh (if not NULL) is set to 1. NULL on overflow or
+ * ENOMEM (recorded), the buffer then freed. */
+void *mg_tape__ws(mg_tape *t, int which, size_t count, size_t size, int *fresh);
 int mg_tape__grow(mg_tape *t, void **buf, size_t *cap, size_t elem, size_t need);
 int mg_tape__push_nest(mg_tape *t, size_t *cap, const mgk_nest *nest, const mg_nest_info *info);
 int mg_tape__push_instr(mg_tape *t, mg_instr **prog, size_t *len, size_t *cap, const mg_instr *in);

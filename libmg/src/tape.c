@@ -25,6 +25,32 @@ void *mg_tape__alloc(mg_tape *t, size_t count, size_t size) {
     return p;
 }
 
+void *mg_tape__ws(mg_tape *t, int which, size_t count, size_t size, int *fresh) {
+    if (count && size > SIZE_MAX / count) {
+        mg_tape__fail(t, MG_ENOMEM, "allocation of %zu x %zu bytes overflows", count, size);
+        return NULL;
+    }
+    const size_t want = count * size, bytes = want ? want : 1;
+    if (t->ws[which] && t->ws_bytes[which] >= bytes) return t->ws[which];
+    if (t->ws[which]) t->alloc.free_fn(t->ws[which], t->alloc.ctx);
+    t->ws[which] = mg_tape__alloc(t, bytes, 1);
+    t->ws_bytes[which] = t->ws[which] ? bytes : 0;
+    if (fresh) *fresh = 1;
+    return t->ws[which];
+}
+
+size_t mg_tape_trim(mg_tape *t) {
+    size_t freed = 0;
+    for (int i = 0; t && i < MG_WS_N; i++) {
+        if (t->ws[i]) t->alloc.free_fn(t->ws[i], t->alloc.ctx);
+        freed += t->ws_bytes[i];
+        t->ws[i] = NULL;
+        t->ws_bytes[i] = 0;
+    }
+    if (t) t->ws_pg_zero = 0;
+    return freed;
+}
+
 int mg_tape__grow(mg_tape *t, void **buf, size_t *cap, size_t elem, size_t need) {
     if (need <= *cap) return 1;
     size_t nc = *cap ? *cap : 64;
@@ -64,6 +90,7 @@ int mg_tape__push_instr(mg_tape *t, mg_instr **prog, size_t *len, size_t *cap, c
 
 void mg_tape_free(mg_tape *t) {
     if (!t) return;
+    mg_tape_trim(t);
     mg_allocator a = t->alloc;
     void *bufs[] = {t->outputs,  t->data,   t->grad,         t->nests,         t->info,
                     t->fwd,      t->bwd,    t->ix,           t->packs,         t->pw,
@@ -177,6 +204,7 @@ int mg_tape_attach(mg_tape *t, const mg_compiled *c) {
             memset(*bufs[i], 0, (lens[i] + MG_F32_PAD) * sizeof(float));
         }
     }
+    mg_tape_trim(t); /* the working buffers hold the other storage type's, or other modes' */
     t->kern = c->kernels;
     t->f32 = f32;
     t->kern_contracts = c->step_probe && step_rounds_otherwise(c->step_probe, f32);
@@ -185,6 +213,7 @@ int mg_tape_attach(mg_tape *t, const mg_compiled *c) {
 
 void mg_tape_detach(mg_tape *t) {
     if (!t) return;
+    mg_tape_trim(t);
     t->kern = NULL;
     t->f32 = 0;
     t->kern_contracts = 0;

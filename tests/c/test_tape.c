@@ -467,6 +467,41 @@ static void test_tape__fit_starts_from_zero_gradients(void) {
     clf_free(&c);
 }
 
+/* A batched fit keeps its working memory for the next call and mg_tape_trim() frees it: calls of
+ * one batch each, on 1 and 2 threads in turn, train bitwise as one call over the batches, before
+ * and after a trim; predict reuses that memory and still gives fit's outputs. */
+static void test_tape__calls_of_one_batch_train_as_one_call(void) {
+    clf c;
+    clf_build(&c);
+    CHECK(c.t != NULL);
+    if (!c.t) return;
+    double X[12][2], Y[12], ref[6], want[6];
+    for (int i = 0; i < 12; i++) {
+        X[i][0] = 0.1 * i - 0.5;
+        X[i][1] = 0.3 - 0.07 * i;
+        Y[i] = i % 3 == 0;
+    }
+    CHECK(mg_tape_trim(NULL) == 0 && mg_tape_trim(c.t) == 0); /* nothing kept yet */
+    memcpy(ref, mg_tape_data(c.t), sizeof ref);
+    CHECK(fit(c.t, &X[0][0], Y, 12, 4, 0.5, 0, 0, 0, 1, NULL) == MG_OK);
+    memcpy(want, mg_tape_data(c.t), sizeof want);
+    CHECK(memcmp(want, ref, sizeof ref) != 0); /* it trained */
+    static const size_t turns[2][3] = {{2, 1, 1}, {1, 2, 1}};
+    for (int round = 0; round < 4; round++) {
+        memcpy(mg_tape_data(c.t), ref, sizeof ref);
+        for (int k = 0; k < 3; k++)
+            CHECK(fit(c.t, &X[4 * k][0], Y + 4 * k, 4, 4, 0.5, 0, 0, 0, turns[round % 2][k],
+                      NULL) == MG_OK);
+        CHECK(memcmp(want, mg_tape_data(c.t), sizeof want) == 0);
+        if (round == 1) CHECK(mg_tape_trim(c.t) > 0 && mg_tape_trim(c.t) == 0);
+    }
+    double out[12][2], row[2];
+    CHECK(mg_tape_predict(c.t, &X[0][0], 12, &out[0][0]) == MG_OK);
+    CHECK(mg_tape_predict(c.t, X[5], 1, row) == MG_OK);
+    CHECK(memcmp(row, out[5], sizeof row) == 0);
+    clf_free(&c);
+}
+
 static void test_tape__attach_refuses_code_for_another_program(void) {
     clf c;
     clf_build(&c);
@@ -570,6 +605,7 @@ int main(void) {
     RUN(test_tape__batches_larger_than_the_data_train);
     RUN(test_tape__float_inputs_train_as_their_doubles);
     RUN(test_tape__fit_starts_from_zero_gradients);
+    RUN(test_tape__calls_of_one_batch_train_as_one_call);
     RUN(test_tape__attach_refuses_code_for_another_program);
     RUN(test_tape__last_error_and_status);
     RUN(test_tape__predict_refuses_outputs_of_targets_and_overflowing_rows);

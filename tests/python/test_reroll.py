@@ -225,6 +225,46 @@ def fit_params(
     return np.array(prog.parameters), losses
 
 
+def check_calls_of_one_batch(
+    prog: mc.Program, case: Case, p0: np.ndarray, batch: int, lr: float
+) -> None:
+    """A loop of fit calls of one batch each trains bitwise as one call over the same batches,
+    whatever thread counts the calls take in turn: a batched fit keeps its working memory (each
+    chunk's gradients) for the next call, and a call must not read what the one before left
+    there, after more threads (which leave the gradients) or one (which zeroes them as it steps).
+    After the last call, :meth:`Program.trim` frees that memory and the next call allocates it
+    again."""
+    n = len(case.X)
+    Y = case.Y
+
+    def one_call(threads: int) -> np.ndarray:
+        prog.parameters[:] = p0
+        prog.fit(case.X, Y, lr=lr, batch_size=batch, shuffle=False, threads=threads)
+        return np.array(prog.parameters)
+
+    want = one_call(1)
+    for turn in ((2, 1, 1, 3), (1, 2, 2, 1)):
+        prog.parameters[:] = p0
+        for i, k in enumerate(range(0, n, batch)):
+            rows = slice(k, k + batch)
+            prog.fit(
+                case.X[rows],
+                None if Y is None else Y[rows],
+                lr=lr,
+                batch_size=batch,
+                shuffle=False,
+                threads=turn[i % len(turn)],
+            )
+        assert_bitwise(
+            np.array(prog.parameters),
+            want,
+            f"fit batch {batch}: calls of one batch, threads {turn}",
+        )
+    assert n < 2 or prog.trim() > 0  # a batch of one sample runs on the tape's own arrays
+    assert prog.trim() == 0
+    assert_bitwise(one_call(2), want, f"fit batch {batch}: after trim, 2 threads")
+
+
 class NotFinite(Exception):
     """The graph overflows (or leaves a domain) on some sample: the generator's fault, not a
     property's; the example is rejected."""
@@ -378,6 +418,8 @@ def check_properties(
                     assert_bitwise(
                         got_l, ref_l, f"fit batch {batch}: {threads} threads vs 1 (losses)"
                     )
+                if batch > 1:
+                    check_calls_of_one_batch(rer, case, p0, batch, lr)
                 s, s_l = fit_params(sca, case, p0, batch, 1, lr)
                 if (
                     not (np.all(np.isfinite(s)) and np.all(np.isfinite(s_l)))

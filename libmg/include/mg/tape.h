@@ -228,6 +228,11 @@ typedef struct mg_fit_options {
  * @param[out] mean_loss the mean loss over the epoch (may be NULL)
  * @return MG_OK, MG_EINVAL (no loss, bad arguments or targets: see mg_tape_last_error()),
  *         MG_ENOMEM (working memory; the parameters are then unchanged).
+ *
+ * A batched epoch (batch_size above 1) keeps its working memory (the samples in flight and each
+ * chunk's gradients: about twice the tape's own gradient arrays) on the tape for the next call,
+ * so that a loop calling this once per batch does not allocate it every time; mg_tape_trim()
+ * frees it.
  */
 MG_API int mg_tape_fit(mg_tape *t, const double *X, const double *Y, size_t n,
                        const mg_fit_options *opt, double *mean_loss);
@@ -249,6 +254,14 @@ MG_API int mg_tape_fit(mg_tape *t, const double *X, const double *Y, size_t n,
  *         output computed from a target, or rows that overflow the address space.
  */
 MG_API int mg_tape_predict(mg_tape *t, const double *X, size_t n, double *out);
+
+/**
+ * @brief Frees the working memory that batched mg_tape_fit() and mg_tape_predict() calls keep on
+ * the tape for the next call (mg_tape_free() frees it too). The next such call allocates it again.
+ * @param t the tape (NULL: nothing to free)
+ * @return the bytes freed (0 when none was kept).
+ */
+MG_API size_t mg_tape_trim(mg_tape *t);
 
 /**
  * @brief Copies the tape's parameters into the graph values they were frozen from.

@@ -36,6 +36,8 @@ def kernel_isa() -> str:
 
 def _count(name: str, value: Any, least: int, most: int = _SIZE_MAX) -> int:
     """An integer argument in ``[least, most]``, or a one-line ``TypeError``/``ValueError``."""
+    if type(value) is int and least <= value <= most:  # the common case, without the checks below
+        return value
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"{name} must be an integer, not {type(value).__name__} ({value!r})")
     if value < least:
@@ -47,6 +49,8 @@ def _count(name: str, value: Any, least: int, most: int = _SIZE_MAX) -> int:
 
 def _flag(name: str, value: Any) -> bool:
     """A bool argument (numpy's included), or a one-line ``TypeError``: ``"no"`` is not False."""
+    if value is True or value is False:
+        return value
     if not isinstance(value, (bool, np.bool_)):
         raise TypeError(f"{name} must be True or False, not {type(value).__name__} ({value!r})")
     return bool(value)
@@ -54,6 +58,8 @@ def _flag(name: str, value: Any) -> bool:
 
 def _real(name: str, value: Any) -> float:
     """A real-number argument (int, float, numpy scalars; not bool or str) as a float."""
+    if type(value) is float:  # the common case: the ABC check below costs a microsecond
+        return value
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a number, not {type(value).__name__} ({value!r})")
     return float(value)
@@ -202,6 +208,13 @@ class Program:
         row by row. It takes no targets: a program with an output computed from a target (a loss
         among its outputs) raises ``ValueError``; :meth:`forward` takes them."""
         return self.tape.predict(X)
+
+    def trim(self) -> int:
+        """Free the working memory that batched :meth:`fit` and :meth:`predict` calls keep for
+        the next call (the samples in flight and each chunk's gradients, about twice the size of
+        the parameters' gradients), so that a loop calling ``fit`` once per batch does not allocate
+        it every time; returns the bytes freed. The next such call allocates it again."""
+        return self.tape.trim()
 
     def write_back(self) -> int:
         """Copy the trained parameters into the Values they were frozen from; returns how many."""
