@@ -17,7 +17,7 @@ Systems (rows), each at every batch size of --batches (1, 32, 128, 256):
   micrograd_c compiled   backend="c", micrograd_c's default compiler and flags (strict FP), at 1
                          thread and, above batch 1, at each count of --threads (fit(threads=));
                          batches run through fit(batch_size=) as they are in this build;
-  micrograd_c compiled, fit per batch
+  micrograd_c fit() per batch
                          the same program trained by one fit() call per batch from a Python loop
                          over the batches (a training loop over a data loader; what JAX jit step
                          does), 1 thread: what each call costs beyond its samples;
@@ -715,7 +715,7 @@ def main() -> None:
                             mg_system(f"micrograd_c compiled{tag}", prog, b, th, "compiled")
                         )
                     if ci == 0:
-                        systems.append(mg_calls("micrograd_c compiled, fit per batch", prog, b))
+                        systems.append(mg_calls("micrograd_c fit() per batch", prog, b))
             except mc.CompileError as e:
                 compile_lines.append(f"micrograd_c compile{tag}: failed: {first_line(e)}")
                 for b in batches:

@@ -233,7 +233,9 @@ def check_calls_of_one_batch(
     chunk's gradients) for the next call, and a call must not read what the one before left
     there, after more threads (which leave the gradients) or one (which zeroes them as it steps).
     After the last call, :meth:`Program.trim` frees that memory and the next call allocates it
-    again."""
+    again. (These cases' batches are in flight whole. Where a model's chunks run in parts, a
+    short last batch is cut into parts for the call's batch size, so a call of that batch alone
+    adds in another order: the same to rounding; see docs/ARCHITECTURE.md.)"""
     n = len(case.X)
     Y = case.Y
 
