@@ -222,7 +222,7 @@ struct mg_tape {
     uint64_t fingerprint;
     size_t nodes;
     /* working memory of batched fits and predicts (drive.h: MG_WS_*), kept from one call to the
-     * next (a training loop that calls fit once per batch allocated and faulted in its chunks'
+     * next (a training loop that calls fit once per batch allocated and zeroed its chunks'
      * arrays every call), until mg_tape_trim() or mg_tape_free(); bytes of each buffer */
     void *ws[MG_WS_N];
     size_t ws_bytes[MG_WS_N];
