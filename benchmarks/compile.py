@@ -645,15 +645,18 @@ def main() -> None:
         def mg_system(
             label: str, prog: Any, batch: int, threads: int, kind: str, f32: bool = False
         ) -> System:
+            """An epoch in one fit call, or (kind "calls") one fit call per batch from a Python
+            loop, as a training loop over a data loader does: the JAX jit step row's
+            counterpart. The epoch's mean loss either way."""
             data = X32 if f32 else X
 
             def reset() -> None:
                 prog.parameters[:] = init
 
-            def epoch() -> float:
+            def fit_rows(rows: slice) -> float:
                 return prog.fit(
-                    data,
-                    Y,
+                    data[rows],
+                    Y[rows],
                     epochs=1,
                     lr=lr_of[batch],
                     batch_size=batch,
@@ -661,25 +664,15 @@ def main() -> None:
                     threads=threads,
                 )[0]
 
-            return System(label, batch, threads, timed(reset, epoch), kind=kind, float32=f32)
-
-        def mg_calls(label: str, prog: Any, batch: int) -> System:
-            """The same training as mg_system's, one fit call per batch from a Python loop (what
-            a training loop over a data loader does; the JAX jit step row's counterpart)."""
-
-            def reset() -> None:
-                prog.parameters[:] = init
-
             def epoch() -> float:
-                total = 0.0
-                for k in range(0, n, batch):
-                    rows = slice(k, k + batch)
-                    total += prog.fit(
-                        X[rows], Y[rows], lr=lr_of[batch], batch_size=batch, shuffle=False
-                    )[0] * len(X[rows])
+                if kind != "calls":
+                    return fit_rows(slice(None))
+                total = sum(
+                    fit_rows(slice(k, k + batch)) * min(batch, n - k) for k in range(0, n, batch)
+                )
                 return total / n
 
-            return System(label, batch, 1, timed(reset, epoch), kind="calls")
+            return System(label, batch, threads, timed(reset, epoch), kind=kind, float32=f32)
 
         info = tape.info
         compile_lines: list[str] = [
@@ -715,7 +708,9 @@ def main() -> None:
                             mg_system(f"micrograd_c compiled{tag}", prog, b, th, "compiled")
                         )
                     if ci == 0:
-                        systems.append(mg_calls("micrograd_c fit() per batch", prog, b))
+                        systems.append(
+                            mg_system("micrograd_c fit() per batch", prog, b, 1, "calls")
+                        )
             except mc.CompileError as e:
                 compile_lines.append(f"micrograd_c compile{tag}: failed: {first_line(e)}")
                 for b in batches:
